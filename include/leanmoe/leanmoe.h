@@ -1,0 +1,242 @@
+// leanmoe public C++ API: a memory-lean Mixture-of-Experts layer (SwiGLU experts, top-K or
+// token-rounding routing) with a CPU reference backend and a CUDA (sm_90a) backend.
+//
+// Plain types only: raw pointers + shape + strides + dtype + device, an opaque stream, and
+// exceptions (leanmoe::Error) whose message names the argument and the rule it broke.
+// No torch header appears here or anywhere in the core. Shape letters follow SPEC.md:
+//   T tokens, d model width, n expert intermediate width, E experts, K experts per token,
+//   R routed (token, expert) rows (R = T*K for top-K; varies with token rounding).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#include "leanmoe/bf16.h"
+
+namespace leanmoe {
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+class Error : public std::invalid_argument {
+ public:
+  explicit Error(const std::string& what) : std::invalid_argument(what) {}
+};
+
+// ---------------------------------------------------------------------------------------------
+// Tensors
+// ---------------------------------------------------------------------------------------------
+enum class DType { bf16, f32, i32 };
+enum class Device { cpu, cuda };
+
+const char* dtype_name(DType);
+const char* device_name(Device);
+size_t dtype_size(DType);
+
+// A non-owning view. Strides are in elements. An empty view (data == nullptr, ndim == 0) means
+// "not given" where an argument is optional.
+struct Tensor {
+  static constexpr int kMaxDims = 4;
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  int device_index = 0;
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {0, 0, 0, 0};
+  int64_t stride[kMaxDims] = {0, 0, 0, 0};
+
+  // A contiguous (row-major) view.
+  static Tensor contiguous(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape,
+                           int device_index = 0);
+  int64_t numel() const;
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  bool is_contiguous() const;
+  bool defined() const { return data != nullptr || ndim != 0; }
+  int64_t size(int i) const { return shape[i]; }
+  template <class T>
+  T* ptr() const { return static_cast<T*>(data); }
+  std::string describe() const;  // e.g. "bf16[4096, 768] on cpu"
+};
+
+// ---------------------------------------------------------------------------------------------
+// Layer configuration
+// ---------------------------------------------------------------------------------------------
+enum class RouterConvention {
+  topk_then_softmax,  // Mixtral, SonicMoE: K largest logits, softmax over those K
+  softmax_then_topk,  // OLMoE, Qwen3-MoE, Granite: softmax over E, top-K of p (optionally renormalised)
+};
+enum class Routing { topk, token_rounding };
+enum class RoundingMode { nearest, up, down };
+
+const char* router_convention_name(RouterConvention);
+const char* routing_name(Routing);
+const char* rounding_mode_name(RoundingMode);
+
+struct MoEConfig {
+  int64_t d = 0;  // model width
+  int64_t n = 0;  // expert intermediate width (half of the SwiGLU up-projection)
+  int64_t E = 0;  // experts
+  int64_t K = 0;  // experts per token
+  RouterConvention router = RouterConvention::softmax_then_topk;
+  bool norm_topk_prob = false;  // softmax_then_topk only: renormalise the K probabilities to sum to 1
+  Routing routing = Routing::topk;
+  int64_t tile = 128;  // token rounding: expert row counts become multiples of this
+  RoundingMode rounding_mode = RoundingMode::nearest;
+  float aux_loss_coef = 0.f;  // load-balancing loss  E * sum_e f_e * P_e
+  float z_loss_coef = 0.f;    // router z-loss  mean_t logsumexp(z_t)^2
+  bool check_finite = false;  // reject NaN/Inf in x and the weights (costs one pass over each)
+
+  std::string describe() const;
+};
+
+// Upper bound of routed rows R for T tokens (exact T*K for top-K routing; token rounding may add
+// up to tile-1 rows per expert, never more than T per expert).
+int64_t max_routed_rows(const MoEConfig& cfg, int64_t T);
+
+// Expert FLOPs of one layer (SPEC §1): forward 6*T*K*d*n, backward 12*T*K*d*n.
+double forward_flops(const MoEConfig& cfg, int64_t T);
+double backward_flops(const MoEConfig& cfg, int64_t T);
+
+// Weights, in the HuggingFace transformers v5 layout:
+//   router       [E, d]
+//   gate_up_proj [E, 2n, d]  (rows 0..n-1 gate, rows n..2n-1 up)
+//   down_proj    [E, d, n]
+struct MoEWeights {
+  Tensor router;
+  Tensor gate_up_proj;
+  Tensor down_proj;
+};
+
+// Gradients, same shapes and dtype as the weights / input. Any may be left undefined to skip it,
+// except that skipping d_gate_up_proj or d_down_proj is only allowed with a callback that wants
+// no buffer (see ExpertGradCallback).
+struct MoEGrads {
+  Tensor dx;              // [T, d]
+  Tensor d_router;        // [E, d]
+  Tensor d_gate_up_proj;  // [E, 2n, d]
+  Tensor d_down_proj;     // [E, d, n]
+};
+
+// ---------------------------------------------------------------------------------------------
+// Saved state: exactly what SPEC §3 allows to live between forward and backward.
+// ---------------------------------------------------------------------------------------------
+// All views point into one caller-owned buffer of LayerPlan::saved_bytes bytes (except x, which
+// is the caller's own input: it is referenced, never copied). Nothing here grows with T*K*d.
+struct SavedState {
+  int64_t T = 0;
+  int64_t rows_capacity = 0;  // R_max
+  Tensor x;              // [T, d] the layer input (a reference to the caller's tensor)
+  Tensor h;              // [R_max, 2n] pre-activation [g, u], storage dtype, expert-sorted rows
+  Tensor row_gate;       // [R_max] f32: gate value s of each sorted row
+  Tensor row_token;      // [R_max] i32: token of each sorted row (stable by token inside an expert)
+  Tensor token_rows;     // [R_max] i32: reverse map, token t's rows are token_rows[token_offsets[t]..[t+1])
+  Tensor token_offsets;  // [T+1] i32
+  Tensor expert_offsets; // [E+1] i32: expert e owns sorted rows [expert_offsets[e], expert_offsets[e+1])
+  Tensor topk_experts;   // [T, K] i32: the plain top-K choice (router backward, aux loss, rounding)
+
+  // Every view above, for tests and accounting.
+  static constexpr int kNumViews = 8;
+  const Tensor* views(int i) const;
+  size_t bytes_excluding_x() const;
+};
+
+// Sizes a caller allocates up front (no allocation happens inside forward/backward).
+struct LayerPlan {
+  int64_t T = 0;
+  int64_t rows_capacity = 0;          // R_max
+  size_t saved_bytes = 0;             // buffer behind SavedState (excluding x)
+  size_t forward_workspace_bytes = 0;
+  size_t backward_workspace_bytes = 0;
+};
+
+LayerPlan plan_layer(const MoEConfig& cfg, int64_t T, DType dtype, Device device);
+
+// Carves a SavedState out of `buffer` (plan.saved_bytes bytes on `device`).
+SavedState make_saved_state(const MoEConfig& cfg, int64_t T, DType dtype, Device device, void* buffer,
+                            size_t buffer_bytes, int device_index = 0);
+
+struct Workspace {
+  void* data = nullptr;
+  size_t bytes = 0;
+};
+
+// Opaque stream handle: a cudaStream_t for the CUDA backend (nullptr = default stream), ignored on CPU.
+using Stream = void*;
+
+// ---------------------------------------------------------------------------------------------
+// Forward / backward
+// ---------------------------------------------------------------------------------------------
+// out    [T, d] storage dtype.
+// losses optional f32 [2] on the same device: receives {aux_loss, z_loss} (unscaled).
+// saved  from make_saved_state(); filled here, read by backward.
+void forward(const MoEConfig& cfg, const Tensor& x, const MoEWeights& w, const Tensor& out,
+             const Tensor& losses, SavedState& saved, Workspace ws, Stream stream = nullptr);
+
+enum class ExpertWeight { down_proj, gate_up_proj };
+const char* expert_weight_name(ExpertWeight);
+
+// Called from inside backward the moment an expert weight gradient is complete (enqueued on
+// `stream` for the GPU): down_proj (dW2) first, right after the last read of W2, then
+// gate_up_proj (dW1), right after the last read of W1. The callback may update that weight in
+// place and reuse the gradient buffer: backward never reads that weight or gradient again.
+using ExpertGradCallback = std::function<void(ExpertWeight which, const Tensor& grad)>;
+
+// d_out    [T, d] storage dtype: gradient of the loss w.r.t. out.
+// d_losses optional f32 [2] on the device: gradient w.r.t. {aux_loss, z_loss}; when not given,
+//          cfg.aux_loss_coef and cfg.z_loss_coef are used (the loss is main + coef * aux + coef * z).
+void backward(const MoEConfig& cfg, const Tensor& d_out, const Tensor& d_losses, const MoEWeights& w,
+              const SavedState& saved, const MoEGrads& grads, Workspace ws,
+              const ExpertGradCallback& on_expert_grad = nullptr, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// Backends and memory
+// ---------------------------------------------------------------------------------------------
+bool backend_available(Device device);
+Device best_device();  // cuda when a backend and a GPU are present, else cpu
+std::string backend_description(Device device);
+
+// Owning buffer on a device, allocated through that device's backend.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Device device, size_t bytes);
+  ~Buffer();
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&& o) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+  Tensor view(DType dtype, std::initializer_list<int64_t> shape) const;
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_ = Device::cpu;
+};
+
+// Copies between host memory and a device (plain memcpy on cpu).
+void copy_to_device(Device device, void* dst, const void* src, size_t bytes);
+void copy_to_host(Device device, void* dst, const void* src, size_t bytes);
+void synchronize(Device device);
+
+// A layer's memory, owned: the saved-state buffer and the two workspaces, sized by plan_layer.
+class LayerMemory {
+ public:
+  LayerMemory(const MoEConfig& cfg, int64_t T, DType dtype, Device device);
+  const LayerPlan& plan() const { return plan_; }
+  SavedState& saved() { return saved_; }
+  Workspace forward_workspace() const { return {fwd_ws_.data(), fwd_ws_.bytes()}; }
+  Workspace backward_workspace() const { return {bwd_ws_.data(), bwd_ws_.bytes()}; }
+
+ private:
+  LayerPlan plan_;
+  Buffer saved_buf_, fwd_ws_, bwd_ws_;
+  SavedState saved_;
+};
+
+}  // namespace leanmoe

@@ -1,0 +1,265 @@
+// Backend-independent parts of the public API: tensor helpers, planning, the saved-state layout,
+// owned buffers, and the dispatch of forward/backward to the backend of the input's device.
+#include <algorithm>
+#include <sstream>
+
+#include "backend.h"
+#include "validate.h"
+
+namespace leanmoe {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::bf16: return "bf16";
+    case DType::f32: return "f32";
+    case DType::i32: return "i32";
+  }
+  return "?";
+}
+const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
+size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
+
+const char* router_convention_name(RouterConvention r) {
+  return r == RouterConvention::topk_then_softmax ? "topk_then_softmax" : "softmax_then_topk";
+}
+const char* routing_name(Routing r) { return r == Routing::topk ? "topk" : "token_rounding"; }
+const char* rounding_mode_name(RoundingMode m) {
+  return m == RoundingMode::nearest ? "nearest" : m == RoundingMode::up ? "up" : "down";
+}
+const char* expert_weight_name(ExpertWeight w) {
+  return w == ExpertWeight::down_proj ? "down_proj" : "gate_up_proj";
+}
+
+Tensor Tensor::contiguous(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape,
+                          int device_index) {
+  if (shape.size() > size_t(kMaxDims)) throw Error("Tensor::contiguous: at most 4 dims");
+  Tensor t;
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.device_index = device_index;
+  t.ndim = int(shape.size());
+  int i = 0;
+  for (int64_t s : shape) t.shape[i++] = s;
+  int64_t st = 1;
+  for (int k = t.ndim - 1; k >= 0; --k) {
+    t.stride[k] = st;
+    st *= t.shape[k];
+  }
+  return t;
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return ndim == 0 ? 0 : n;
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t st = 1;
+  for (int k = ndim - 1; k >= 0; --k) {
+    if (shape[k] != 1 && stride[k] != st) return false;
+    st *= shape[k];
+  }
+  return true;
+}
+
+std::string Tensor::describe() const {
+  if (!defined()) return "an undefined tensor";
+  std::ostringstream s;
+  s << dtype_name(dtype) << "[";
+  for (int i = 0; i < ndim; ++i) s << (i ? ", " : "") << shape[i];
+  s << "] on " << device_name(device);
+  if (!is_contiguous()) s << " (non-contiguous)";
+  return s.str();
+}
+
+std::string MoEConfig::describe() const {
+  std::ostringstream s;
+  s << "d=" << d << " n=" << n << " E=" << E << " K=" << K << " router=" << router_convention_name(router)
+    << (norm_topk_prob ? "(norm)" : "") << " routing=" << routing_name(routing);
+  if (routing == Routing::token_rounding) s << "(tile " << tile << ", " << rounding_mode_name(rounding_mode) << ")";
+  return s.str();
+}
+
+int64_t max_routed_rows(const MoEConfig& cfg, int64_t T) {
+  if (cfg.routing == Routing::topk) return T * cfg.K;
+  // Rounding moves each expert's count by less than one tile and never above T.
+  int64_t bound = T * cfg.K;
+  if (cfg.rounding_mode != RoundingMode::down) bound += cfg.E * (cfg.tile - 1);
+  return std::min(bound, T * cfg.E);
+}
+
+double forward_flops(const MoEConfig& c, int64_t T) { return 6.0 * double(T) * c.K * c.d * c.n; }
+double backward_flops(const MoEConfig& c, int64_t T) { return 12.0 * double(T) * c.K * c.d * c.n; }
+
+// ---------------------------------------------------------------------------------------------
+// Saved-state layout: one buffer, each view 256-byte aligned (the GPU's vector loads want 16).
+// ---------------------------------------------------------------------------------------------
+namespace {
+constexpr size_t kAlign = 256;
+size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+struct SavedLayout {
+  size_t h, row_gate, row_token, token_rows, token_offsets, expert_offsets, topk_experts, total;
+};
+
+SavedLayout saved_layout(const MoEConfig& cfg, int64_t T, DType dtype) {
+  const int64_t R = max_routed_rows(cfg, T);
+  SavedLayout l{};
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    size_t at = off;
+    off = align_up(off + bytes);
+    return at;
+  };
+  l.h = take(size_t(R) * 2 * cfg.n * dtype_size(dtype));
+  l.row_gate = take(size_t(R) * 4);
+  l.row_token = take(size_t(R) * 4);
+  l.token_rows = take(size_t(R) * 4);
+  l.token_offsets = take(size_t(T + 1) * 4);
+  l.expert_offsets = take(size_t(cfg.E + 1) * 4);
+  l.topk_experts = take(size_t(T) * cfg.K * 4);
+  l.total = off;
+  return l;
+}
+}  // namespace
+
+const Tensor* SavedState::views(int i) const {
+  const Tensor* all[kNumViews] = {&x, &h, &row_gate, &row_token, &token_rows,
+                                  &token_offsets, &expert_offsets, &topk_experts};
+  return (i >= 0 && i < kNumViews) ? all[i] : nullptr;
+}
+
+size_t SavedState::bytes_excluding_x() const {
+  size_t b = 0;
+  for (int i = 1; i < kNumViews; ++i)
+    if (const Tensor* t = views(i)) b += t->nbytes();
+  return b;
+}
+
+LayerPlan plan_layer(const MoEConfig& cfg, int64_t T, DType dtype, Device device) {
+  detail::validate_config(cfg, "plan_layer");
+  if (T <= 0) throw Error("plan_layer: argument 'T': must be > 0, got " + std::to_string(T));
+  detail::Backend& be = detail::backend_for(device, "device");
+  LayerPlan p;
+  p.T = T;
+  p.rows_capacity = max_routed_rows(cfg, T);
+  p.saved_bytes = saved_layout(cfg, T, dtype).total;
+  p.forward_workspace_bytes = be.forward_workspace_bytes(cfg, T, dtype);
+  p.backward_workspace_bytes = be.backward_workspace_bytes(cfg, T, dtype);
+  return p;
+}
+
+SavedState make_saved_state(const MoEConfig& cfg, int64_t T, DType dtype, Device device, void* buffer,
+                            size_t buffer_bytes, int device_index) {
+  detail::validate_config(cfg, "make_saved_state");
+  const SavedLayout l = saved_layout(cfg, T, dtype);
+  if (buffer == nullptr) throw Error("make_saved_state: argument 'buffer': must not be null");
+  if (buffer_bytes < l.total)
+    throw Error("make_saved_state: argument 'buffer_bytes': must be >= plan_layer().saved_bytes = " +
+                std::to_string(l.total) + ", got " + std::to_string(buffer_bytes));
+  char* b = static_cast<char*>(buffer);
+  const int64_t R = max_routed_rows(cfg, T);
+  auto v = [&](size_t off, DType t, std::initializer_list<int64_t> shape) {
+    return Tensor::contiguous(b + off, t, device, shape, device_index);
+  };
+  SavedState s;
+  s.T = T;
+  s.rows_capacity = R;
+  s.h = v(l.h, dtype, {R, 2 * cfg.n});
+  s.row_gate = v(l.row_gate, DType::f32, {R});
+  s.row_token = v(l.row_token, DType::i32, {R});
+  s.token_rows = v(l.token_rows, DType::i32, {R});
+  s.token_offsets = v(l.token_offsets, DType::i32, {T + 1});
+  s.expert_offsets = v(l.expert_offsets, DType::i32, {cfg.E + 1});
+  s.topk_experts = v(l.topk_experts, DType::i32, {T, cfg.K});
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch
+// ---------------------------------------------------------------------------------------------
+namespace detail {
+Backend& backend_for(Device device, const char* arg) {
+  if (device == Device::cpu) return cpu_backend();
+  if (Backend* b = cuda_backend()) return *b;
+  throw Error(std::string("leanmoe: argument '") + arg +
+              "': device cuda has no backend (library built without CUDA, or no GPU visible)");
+}
+
+#ifndef LEANMOE_WITH_CUDA
+Backend* cuda_backend() { return nullptr; }
+#endif
+}  // namespace detail
+
+void forward(const MoEConfig& cfg, const Tensor& x, const MoEWeights& w, const Tensor& out, const Tensor& losses,
+             SavedState& saved, Workspace ws, Stream stream) {
+  detail::Backend& be = detail::backend_for(x.device, "x");
+  detail::ForwardArgs a{cfg, x, w, out, losses, saved, ws, stream};
+  detail::validate_forward(a, be);
+  saved.x = x;
+  be.forward(a);
+}
+
+void backward(const MoEConfig& cfg, const Tensor& d_out, const Tensor& d_losses, const MoEWeights& w,
+              const SavedState& saved, const MoEGrads& grads, Workspace ws,
+              const ExpertGradCallback& on_expert_grad, Stream stream) {
+  detail::Backend& be = detail::backend_for(d_out.device, "d_out");
+  detail::BackwardArgs a{cfg, d_out, d_losses, w, saved, grads, ws, on_expert_grad, stream};
+  detail::validate_backward(a, be);
+  be.backward(a);
+}
+
+bool backend_available(Device device) { return device == Device::cpu || detail::cuda_backend() != nullptr; }
+Device best_device() { return backend_available(Device::cuda) ? Device::cuda : Device::cpu; }
+std::string backend_description(Device device) { return detail::backend_for(device, "device").description(); }
+
+// ---------------------------------------------------------------------------------------------
+// Memory
+// ---------------------------------------------------------------------------------------------
+Buffer::Buffer(Device device, size_t bytes) : bytes_(bytes), device_(device) {
+  if (bytes) data_ = detail::backend_for(device, "device").allocate(bytes);
+}
+Buffer::~Buffer() {
+  if (data_) detail::backend_for(device_, "device").deallocate(data_);
+}
+Buffer::Buffer(Buffer&& o) noexcept : data_(o.data_), bytes_(o.bytes_), device_(o.device_) {
+  o.data_ = nullptr;
+  o.bytes_ = 0;
+}
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    if (data_) detail::backend_for(device_, "device").deallocate(data_);
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    device_ = o.device_;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+Tensor Buffer::view(DType dtype, std::initializer_list<int64_t> shape) const {
+  Tensor t = Tensor::contiguous(data_, dtype, device_, shape);
+  if (t.nbytes() > bytes_)
+    throw Error("Buffer::view: argument 'shape': needs " + std::to_string(t.nbytes()) + " bytes, buffer holds " +
+                std::to_string(bytes_));
+  return t;
+}
+
+void copy_to_device(Device device, void* dst, const void* src, size_t bytes) {
+  detail::backend_for(device, "device").copy(dst, src, bytes, detail::CopyKind::host_to_device);
+}
+void copy_to_host(Device device, void* dst, const void* src, size_t bytes) {
+  detail::backend_for(device, "device").copy(dst, src, bytes, detail::CopyKind::device_to_host);
+}
+void synchronize(Device device) { detail::backend_for(device, "device").synchronize(); }
+
+LayerMemory::LayerMemory(const MoEConfig& cfg, int64_t T, DType dtype, Device device)
+    : plan_(plan_layer(cfg, T, dtype, device)),
+      saved_buf_(device, plan_.saved_bytes),
+      fwd_ws_(device, plan_.forward_workspace_bytes),
+      bwd_ws_(device, plan_.backward_workspace_bytes),
+      saved_(make_saved_state(cfg, T, dtype, device, saved_buf_.data(), saved_buf_.bytes())) {}
+
+}  // namespace leanmoe

@@ -1,0 +1,60 @@
+// The seam between the public API and a backend. The API validates arguments (validate.h) and
+// then dispatches on the device of the input tensor; a backend never re-checks what the API checked.
+#pragma once
+#include <string>
+
+#include "leanmoe/leanmoe.h"
+
+namespace leanmoe::detail {
+
+struct ForwardArgs {
+  const MoEConfig& cfg;
+  const Tensor& x;
+  const MoEWeights& w;
+  const Tensor& out;
+  const Tensor& losses;  // may be undefined
+  SavedState& saved;
+  Workspace ws;
+  Stream stream;
+};
+
+struct BackwardArgs {
+  const MoEConfig& cfg;
+  const Tensor& d_out;
+  const Tensor& d_losses;  // may be undefined: then cfg's coefficients are the loss weights
+  const MoEWeights& w;
+  const SavedState& saved;
+  const MoEGrads& grads;
+  Workspace ws;
+  const ExpertGradCallback& on_expert_grad;  // may be empty
+  Stream stream;
+};
+
+enum class CopyKind { host_to_device, device_to_host };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual std::string description() const = 0;
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* p) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes, CopyKind kind) = 0;
+  virtual void synchronize() = 0;
+  // Widths the backend's kernels can take (e.g. 16-byte aligned rows); "" when fine, else the rule broken.
+  virtual std::string unsupported_reason(const MoEConfig& cfg, DType dtype) const = 0;
+  virtual size_t forward_workspace_bytes(const MoEConfig& cfg, int64_t T, DType dtype) const = 0;
+  virtual size_t backward_workspace_bytes(const MoEConfig& cfg, int64_t T, DType dtype) const = 0;
+  // True when every element is finite (used only when cfg.check_finite is on).
+  virtual bool all_finite(const Tensor& t) = 0;
+  virtual void forward(const ForwardArgs& a) = 0;
+  virtual void backward(const BackwardArgs& a) = 0;
+};
+
+Backend& cpu_backend();
+// nullptr when the library was built without CUDA or no GPU is visible.
+Backend* cuda_backend();
+// The backend for a device, or an Error naming `arg` when that device has none.
+Backend& backend_for(Device device, const char* arg);
+
+}  // namespace leanmoe::detail

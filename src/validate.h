@@ -1,0 +1,12 @@
+// Argument rules of the public API, checked before any backend runs. Each failure throws
+// leanmoe::Error with a message "<function>: argument '<name>': <rule>, got <what>".
+#pragma once
+#include "backend.h"
+
+namespace leanmoe::detail {
+
+void validate_config(const MoEConfig& cfg, const char* fn);
+void validate_forward(const ForwardArgs& a, Backend& be);
+void validate_backward(const BackwardArgs& a, Backend& be);
+
+}  // namespace leanmoe::detail
