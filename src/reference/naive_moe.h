@@ -1,0 +1,53 @@
+// The naive reference MoE layer, for tests and `leanmoe check` only (never used by the library).
+// It caches everything a textbook autograd would (gathered X, H, A, Y) and computes the score
+// gradient as dS = <dO, y>, independently of the memory-efficient path's dS = <dA', a>.
+// Host memory, values held in `Real` (float or double). With dtype == bf16 it rounds at the
+// points docs/DESIGN.md lists, so it computes the same function as the backends.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "leanmoe/leanmoe.h"
+
+namespace leanmoe::reference {
+
+// Layer inputs on the host, as values (already representable in `dtype` when it is bf16).
+struct HostLayerInputs {
+  MoEConfig cfg;
+  int64_t T = 0;
+  DType dtype = DType::f32;
+  std::vector<float> x;        // [T, d]
+  std::vector<float> router;   // [E, d]
+  std::vector<float> gate_up;  // [E, 2n, d]
+  std::vector<float> down;     // [E, d, n]
+  std::vector<float> d_out;    // [T, d]
+  float d_aux = 0.f, d_z = 0.f;  // gradient of the loss w.r.t. aux_loss and z_loss
+};
+
+// Random inputs drawn from `seed`: x ~ N(0,1), weights ~ N(0, 1/fan_in), d_out ~ N(0,1), rounded
+// to `dtype`. Never zeros.
+HostLayerInputs random_inputs(const MoEConfig& cfg, int64_t T, DType dtype, uint64_t seed);
+
+struct HostLayerOutputs {
+  std::vector<float> out, dx, d_router, d_gate_up, d_down;
+  float aux_loss = 0.f, z_loss = 0.f;
+  std::vector<int32_t> expert_counts;  // rows per expert after routing (token rounding included)
+  std::vector<int32_t> topk_counts;    // rows per expert of the plain top-K choice
+  size_t saved_bytes = 0;              // bytes this path keeps between forward and backward
+};
+
+// Forward then backward through the naive path, in precision Real.
+template <class Real>
+HostLayerOutputs naive_forward_backward(const HostLayerInputs& in);
+
+// Bytes the naive path keeps for backward (gathered X, H, A, Y, scores, indices).
+size_t naive_saved_bytes(const MoEConfig& cfg, int64_t T, DType dtype);
+
+// Runs the library's forward+backward on `device` from host inputs (copies in, runs, copies out),
+// poisoning outputs first so unwritten elements show as NaN. saved_bytes = SavedState bytes + x.
+HostLayerOutputs run_backend(const HostLayerInputs& in, Device device);
+
+// Relative error ||a - b|| / max(||b||, tiny), NaN-propagating (returns +inf if any NaN).
+double rel_error(const std::vector<float>& a, const std::vector<float>& b);
+
+}  // namespace leanmoe::reference

@@ -1,0 +1,2 @@
+// placeholder: the CLI helper replaces this
+int main() { return 0; }
