@@ -1,0 +1,61 @@
+// Host launchers of the expert grouped GEMMs (SPEC §3 kernels 3-4, §4 kernels 1-4), bf16 storage,
+// fp32 accumulation. Every launcher is asynchronous on `stream` and never synchronises with the
+// host: the number of rows per expert lives on the device (expert_offsets), so grids are sized
+// from rows_capacity (an upper bound) and tiles past an expert's rows exit early.
+// Plain C++ header: no CUTLASS/CuTe here, those stay in the kernels' device-only headers.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace leanmoe::cuda {
+
+// Routed rows sorted by expert: expert e owns rows [expert_offsets[e], expert_offsets[e+1]);
+// row r belongs to token row_token[r]. Device pointers.
+struct RoutedRows {
+  const int32_t* expert_offsets = nullptr;  // [E+1]
+  const int32_t* row_token = nullptr;       // [R_max]
+  const float* row_gate = nullptr;          // [R_max]
+  int64_t rows_capacity = 0;                // R_max
+  int64_t E = 0;
+};
+
+struct ExpertShape {
+  int64_t T = 0, d = 0, n = 0;
+};
+
+// Empty when the GEMMs can take this shape, else the rule (e.g. "cfg.d must be a multiple of 64").
+const char* expert_gemms_unsupported(const ExpertShape& s);
+
+// Forward 3: H[r] = X[row_token[r]] · W1_e^T (gather fused into the A-operand load), epilogue
+// stores H = [g, u] (bf16 [R, 2n]) and A = silu(g)·u (bf16 [R, n]) from the fp32 accumulators.
+// w1 is the HF layout [E, 2n, d] (gate rows 0..n-1, up rows n..2n-1).
+void up_proj_swiglu(const RoutedRows& rows, const ExpertShape& s, const void* x, const void* w1, void* h, void* a,
+                    cudaStream_t stream);
+
+// Forward 4: Y[r] = A[r] · W2_e^T, w2 [E, d, n], Y bf16 [R, d].
+void down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
+               cudaStream_t stream);
+
+// Backward 1 (dH kernel): dA'[r] = dO[row_token[r]] · W2_e (gather of dO fused), epilogue reads H:
+// a = silu(g)·u; ds_partial[r * ds_partials(s) + j] = sum over the j-th column tile of dA'·a;
+// dH = [gate·dA'·u·silu'(g), gate·dA'·silu(g)] (bf16 [R, 2n]); A' = gate·a (bf16 [R, n]).
+int ds_partials(const ExpertShape& s);
+void dh_swiglu_bwd(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* w2, const void* h,
+                   void* dh, void* a_prime, float* ds_partial, cudaStream_t stream);
+
+// Backward 2: dW2_e = sum_{r in e} dO[row_token[r]]^T ⊗ A'[r]  -> bf16 [E, d, n] (varlen-K, gather along K).
+// Experts with no rows get zeros.
+void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,
+         cudaStream_t stream);
+
+// Backward 3: dX_exp[r] = dH[r] · W1_e  -> bf16 [R, d].
+void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
+               cudaStream_t stream);
+
+// Backward 4: dW1_e = sum_{r in e} dH[r]^T ⊗ X[row_token[r]]  -> bf16 [E, 2n, d] (varlen-K, gather X).
+// Experts with no rows get zeros.
+void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* x, void* dw1,
+         cudaStream_t stream);
+
+}  // namespace leanmoe::cuda
