@@ -1,0 +1,208 @@
+// Argument rules of the public API. Every failure names the function, the argument, the rule and
+// what was given: "<fn>: argument '<name>': <rule>, got <what>".
+#include "validate.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace leanmoe::detail {
+namespace {
+
+[[noreturn]] void fail(const char* fn, const std::string& arg, const std::string& rule, const std::string& got) {
+  throw Error(std::string(fn) + ": argument '" + arg + "': " + rule + ", got " + got);
+}
+
+std::string where(const Tensor& t) {
+  return std::string(device_name(t.device)) + ":" + std::to_string(t.device_index);
+}
+
+// One expected dimension: its shape letter(s) and value.
+struct Dim {
+  const char* name;
+  int64_t value;
+};
+
+// "2-D [T, d] = [37, 64]"
+std::string shape_rule(const std::vector<Dim>& dims) {
+  std::string names, values;
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) {
+      names += ", ";
+      values += ", ";
+    }
+    names += dims[i].name;
+    values += std::to_string(dims[i].value);
+  }
+  return std::to_string(dims.size()) + "-D [" + names + "] = [" + values + "]";
+}
+
+void check_shape(const char* fn, const std::string& arg, const Tensor& t, const std::vector<Dim>& dims) {
+  bool ok = t.ndim == int(dims.size());
+  for (size_t i = 0; ok && i < dims.size(); ++i) ok = t.shape[i] == dims[i].value;
+  if (!ok) fail(fn, arg, "must be " + shape_rule(dims), t.describe());
+}
+
+// Layout and pointer rules every tensor argument shares (after shape, dtype and device).
+void check_storage(const char* fn, const std::string& arg, const Tensor& t) {
+  if (!t.is_contiguous()) fail(fn, arg, "must be contiguous (row-major)", t.describe());
+  if (t.data == nullptr) fail(fn, arg, "must not have a null data pointer", t.describe() + " with data = null");
+}
+
+void check_device(const char* fn, const std::string& arg, const Tensor& t, const Tensor& ref, const char* ref_name) {
+  if (t.device != ref.device || t.device_index != ref.device_index)
+    fail(fn, arg, std::string("must be on the same device as ") + ref_name + " (" + where(ref) + ")",
+         t.describe() + " (" + where(t) + ")");
+}
+
+// A required tensor with a fixed shape, the dtype `dtype` and the device of `ref`.
+void check_tensor(const char* fn, const std::string& arg, const Tensor& t, const std::vector<Dim>& dims, DType dtype,
+                  const std::string& dtype_reason, const Tensor& ref, const char* ref_name) {
+  if (!t.defined()) fail(fn, arg, "must be given (" + shape_rule(dims) + ")", t.describe());
+  check_shape(fn, arg, t, dims);
+  if (t.dtype != dtype) fail(fn, arg, std::string("must have dtype ") + dtype_name(dtype) + " " + dtype_reason, t.describe());
+  check_device(fn, arg, t, ref, ref_name);
+  check_storage(fn, arg, t);
+}
+
+// The optional f32 [2] loss vector ({aux, z}).
+void check_loss_pair(const char* fn, const char* arg, const Tensor& t, const Tensor& ref, const char* ref_name) {
+  if (!t.defined()) return;
+  check_tensor(fn, arg, t, {{"2", 2}}, DType::f32, "({aux_loss, z_loss} are always fp32)", ref, ref_name);
+}
+
+// The layer's input or d_out: 2-D [T, d], storage dtype bf16 or f32.
+void check_activation(const char* fn, const char* arg, const Tensor& t, int64_t T_expected, const MoEConfig& cfg,
+                      const char* T_rule) {
+  if (!t.defined()) fail(fn, arg, "must be given (2-D [T, d])", t.describe());
+  if (t.ndim != 2) fail(fn, arg, "must be 2-D [T, d] with d = cfg.d = " + std::to_string(cfg.d), t.describe());
+  if (t.shape[0] <= 0) fail(fn, arg, "must have T = shape[0] > 0 tokens", t.describe());
+  if (T_expected >= 0 && t.shape[0] != T_expected)
+    fail(fn, arg, std::string("must have T = ") + T_rule + " = " + std::to_string(T_expected) + " rows", t.describe());
+  if (t.shape[1] != cfg.d)
+    fail(fn, arg, "must be 2-D [T, d] with d = cfg.d = " + std::to_string(cfg.d), t.describe());
+  if (t.dtype != DType::bf16 && t.dtype != DType::f32) fail(fn, arg, "must have dtype bf16 or f32", t.describe());
+  check_storage(fn, arg, t);
+}
+
+void check_backend_support(const char* fn, const MoEConfig& cfg, DType dtype, const Backend& be) {
+  const std::string reason = be.unsupported_reason(cfg, dtype);
+  if (!reason.empty())
+    fail(fn, "cfg", reason + " (backend: " + be.description() + ", dtype " + dtype_name(dtype) + ")", cfg.describe());
+}
+
+void check_weights(const char* fn, const MoEConfig& cfg, const MoEWeights& w, const Tensor& ref, const char* ref_name) {
+  const std::string why = std::string("(the storage dtype of ") + ref_name + ")";
+  check_tensor(fn, "w.router", w.router, {{"E", cfg.E}, {"d", cfg.d}}, ref.dtype, why, ref, ref_name);
+  check_tensor(fn, "w.gate_up_proj", w.gate_up_proj, {{"E", cfg.E}, {"2n", 2 * cfg.n}, {"d", cfg.d}}, ref.dtype, why,
+               ref, ref_name);
+  check_tensor(fn, "w.down_proj", w.down_proj, {{"E", cfg.E}, {"d", cfg.d}, {"n", cfg.n}}, ref.dtype, why, ref,
+               ref_name);
+}
+
+// The saved state must come from make_saved_state for this T, config, dtype and device.
+void check_saved(const char* fn, const MoEConfig& cfg, const SavedState& s, int64_t T, const Tensor& ref,
+                 const char* ref_name) {
+  if (s.T != T)
+    fail(fn, "saved", "must be made by make_saved_state for T = " + std::to_string(T) + " tokens",
+         "saved.T = " + std::to_string(s.T));
+  const int64_t R = max_routed_rows(cfg, T);
+  if (s.rows_capacity != R)
+    fail(fn, "saved", "must be made by make_saved_state for this cfg (rows_capacity = max_routed_rows = " +
+                          std::to_string(R) + ")",
+         "saved.rows_capacity = " + std::to_string(s.rows_capacity));
+  const std::string why = std::string("(made for the storage dtype of ") + ref_name + ")";
+  check_tensor(fn, "saved.h", s.h, {{"R_max", R}, {"2n", 2 * cfg.n}}, ref.dtype, why, ref, ref_name);
+  const char* idx = "(made by make_saved_state)";
+  check_tensor(fn, "saved.row_gate", s.row_gate, {{"R_max", R}}, DType::f32, idx, ref, ref_name);
+  check_tensor(fn, "saved.row_token", s.row_token, {{"R_max", R}}, DType::i32, idx, ref, ref_name);
+  check_tensor(fn, "saved.token_rows", s.token_rows, {{"R_max", R}}, DType::i32, idx, ref, ref_name);
+  check_tensor(fn, "saved.token_offsets", s.token_offsets, {{"T+1", T + 1}}, DType::i32, idx, ref, ref_name);
+  check_tensor(fn, "saved.expert_offsets", s.expert_offsets, {{"E+1", cfg.E + 1}}, DType::i32, idx, ref, ref_name);
+  check_tensor(fn, "saved.topk_experts", s.topk_experts, {{"T", T}, {"K", cfg.K}}, DType::i32, idx, ref, ref_name);
+}
+
+void check_workspace(const char* fn, Workspace ws, size_t need, const char* plan_field) {
+  if (ws.bytes < need)
+    fail(fn, "ws", std::string("must hold at least plan_layer().") + plan_field + " = " + std::to_string(need) +
+                       " bytes",
+         std::to_string(ws.bytes) + " bytes");
+  if (need > 0 && ws.data == nullptr) fail(fn, "ws", "must not have a null data pointer", "ws.data = null");
+}
+
+void check_finite(const char* fn, const char* arg, const Tensor& t, Backend& be) {
+  if (!be.all_finite(t))
+    fail(fn, arg, "must hold only finite values (cfg.check_finite is on)", "NaN or Inf in " + t.describe());
+}
+
+}  // namespace
+
+void validate_config(const MoEConfig& cfg, const char* fn) {
+  auto positive = [&](const char* field, int64_t v) {
+    if (v <= 0) fail(fn, "cfg", std::string("cfg.") + field + " must be > 0", std::to_string(v));
+  };
+  positive("d", cfg.d);
+  positive("n", cfg.n);
+  positive("E", cfg.E);
+  positive("K", cfg.K);
+  if (cfg.K > cfg.E)
+    fail(fn, "cfg", "cfg.K must be <= cfg.E = " + std::to_string(cfg.E), "K = " + std::to_string(cfg.K));
+  if (cfg.routing == Routing::token_rounding && cfg.tile <= 0)
+    fail(fn, "cfg", "cfg.tile must be > 0 for token_rounding", std::to_string(cfg.tile));
+  if (!std::isfinite(cfg.aux_loss_coef))
+    fail(fn, "cfg", "cfg.aux_loss_coef must be finite", std::to_string(cfg.aux_loss_coef));
+  if (!std::isfinite(cfg.z_loss_coef))
+    fail(fn, "cfg", "cfg.z_loss_coef must be finite", std::to_string(cfg.z_loss_coef));
+}
+
+void validate_forward(const ForwardArgs& a, Backend& be) {
+  const char* fn = "leanmoe::forward";
+  const MoEConfig& cfg = a.cfg;
+  validate_config(cfg, fn);
+  check_activation(fn, "x", a.x, -1, cfg, "");
+  const int64_t T = a.x.shape[0];
+  check_backend_support(fn, cfg, a.x.dtype, be);
+  check_weights(fn, cfg, a.w, a.x, "x");
+  check_tensor(fn, "out", a.out, {{"T", T}, {"d", cfg.d}}, a.x.dtype, "(the storage dtype of x)", a.x, "x");
+  check_loss_pair(fn, "losses", a.losses, a.x, "x");
+  check_saved(fn, cfg, a.saved, T, a.x, "x");
+  check_workspace(fn, a.ws, be.forward_workspace_bytes(cfg, T, a.x.dtype), "forward_workspace_bytes");
+  if (cfg.check_finite) {
+    check_finite(fn, "x", a.x, be);
+    check_finite(fn, "w.router", a.w.router, be);
+    check_finite(fn, "w.gate_up_proj", a.w.gate_up_proj, be);
+    check_finite(fn, "w.down_proj", a.w.down_proj, be);
+  }
+}
+
+void validate_backward(const BackwardArgs& a, Backend& be) {
+  const char* fn = "leanmoe::backward";
+  const MoEConfig& cfg = a.cfg;
+  validate_config(cfg, fn);
+  const SavedState& s = a.saved;
+  if (!s.x.defined())
+    fail(fn, "saved", "must be filled by forward before backward (saved.x is undefined)", "a saved state with no x");
+  check_activation(fn, "d_out", a.d_out, s.T, cfg, "saved.T");
+  const int64_t T = s.T;
+  const DType dtype = a.d_out.dtype;
+  check_backend_support(fn, cfg, dtype, be);
+  check_tensor(fn, "saved.x", s.x, {{"T", T}, {"d", cfg.d}}, dtype, "(the storage dtype of d_out)", a.d_out, "d_out");
+  check_saved(fn, cfg, s, T, a.d_out, "d_out");
+  check_weights(fn, cfg, a.w, a.d_out, "d_out");
+  check_loss_pair(fn, "d_losses", a.d_losses, a.d_out, "d_out");
+  const char* why = "(the storage dtype of d_out)";
+  const MoEGrads& g = a.grads;
+  if (g.dx.defined()) check_tensor(fn, "grads.dx", g.dx, {{"T", T}, {"d", cfg.d}}, dtype, why, a.d_out, "d_out");
+  if (g.d_router.defined())
+    check_tensor(fn, "grads.d_router", g.d_router, {{"E", cfg.E}, {"d", cfg.d}}, dtype, why, a.d_out, "d_out");
+  if (g.d_gate_up_proj.defined())
+    check_tensor(fn, "grads.d_gate_up_proj", g.d_gate_up_proj, {{"E", cfg.E}, {"2n", 2 * cfg.n}, {"d", cfg.d}}, dtype,
+                 why, a.d_out, "d_out");
+  if (g.d_down_proj.defined())
+    check_tensor(fn, "grads.d_down_proj", g.d_down_proj, {{"E", cfg.E}, {"d", cfg.d}, {"n", cfg.n}}, dtype, why,
+                 a.d_out, "d_out");
+  check_workspace(fn, a.ws, be.backward_workspace_bytes(cfg, T, dtype), "backward_workspace_bytes");
+  if (cfg.check_finite) check_finite(fn, "d_out", a.d_out, be);
+}
+
+}  // namespace leanmoe::detail

@@ -1,0 +1,187 @@
+#include "cpu/experts.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace leanmoe::cpu {
+
+const void* advance(const void* p, DType dtype, int64_t elems) {
+  return static_cast<const char*>(p) + elems * int64_t(dtype_size(dtype));
+}
+void* advance(void* p, DType dtype, int64_t elems) { return static_cast<char*>(p) + elems * int64_t(dtype_size(dtype)); }
+
+void to_float(const void* src, DType dtype, int64_t count, float* dst) {
+  if (dtype == DType::f32) {
+    std::memcpy(dst, src, size_t(count) * 4);
+    return;
+  }
+  const bf16* s = static_cast<const bf16*>(src);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) dst[i] = bf16_to_float(s[i]);
+}
+
+void store(const float* src, int64_t count, DType dtype, void* dst) {
+  if (dtype == DType::f32) {
+    std::memcpy(dst, src, size_t(count) * 4);
+    return;
+  }
+  bf16* o = static_cast<bf16*>(dst);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) o[i] = float_to_bf16(src[i]);
+}
+
+void round_in_place(float* v, int64_t count, DType dtype) {
+  if (dtype == DType::f32) return;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < count; ++i) v[i] = round_bf16(v[i]);
+}
+
+void gather_rows(const void* src, DType dtype, int64_t width, const int32_t* rows, int64_t m, float* dst) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < m; ++i) {
+    const void* row = advance(src, dtype, int64_t(rows[i]) * width);
+    float* out = dst + i * width;
+    if (dtype == DType::f32) {
+      std::memcpy(out, row, size_t(width) * 4);
+    } else {
+      const bf16* r = static_cast<const bf16*>(row);
+      for (int64_t j = 0; j < width; ++j) out[j] = bf16_to_float(r[j]);
+    }
+  }
+}
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // BLAS may leave C untouched for an empty sum
+    std::fill(C, C + M * N, 0.f);
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N),
+              int(K), 1.f, A, int(trans_a ? M : K), B, int(trans_b ? K : N), 0.f, C, int(N));
+}
+
+void gather_sum_rows(const float* v, const float* row_scale, const float* add, const int32_t* token_offsets,
+                     const int32_t* token_rows, int64_t T, int64_t d, DType dtype, void* out) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t begin = token_offsets[t], end = token_offsets[t + 1];
+    for (int64_t j = 0; j < d; ++j) {
+      float sum = 0.f;
+      for (int32_t i = begin; i < end; ++i) {
+        const int64_t row = token_rows[i];
+        sum += (row_scale ? row_scale[row] : 1.f) * v[row * d + j];
+      }
+      if (add) sum += add[t * d + j];
+      if (dtype == DType::f32)
+        static_cast<float*>(out)[t * d + j] = sum;
+      else
+        static_cast<bf16*>(out)[t * d + j] = float_to_bf16(sum);
+    }
+  }
+}
+
+namespace {
+
+float sigmoid(float g) { return 1.f / (1.f + std::exp(-g)); }
+
+// An expert's weight as fp32: the storage itself for f32, else converted into `scratch`.
+const float* weight_f32(const void* w, DType dtype, int64_t expert, int64_t size, float* scratch) {
+  const void* we = advance(w, dtype, expert * size);
+  if (dtype == DType::f32) return static_cast<const float*>(we);
+  to_float(we, dtype, size, scratch);
+  return scratch;
+}
+
+// Stores one expert's weight gradient, or zeros when the expert received no rows.
+void store_weight_grad(const float* dw, int64_t rows, int64_t size, DType dtype, void* grad, int64_t expert) {
+  void* ge = advance(grad, dtype, expert * size);
+  if (rows == 0)
+    std::memset(ge, 0, size_t(size) * dtype_size(dtype));  // +0.0 is all-zero bits in bf16 and f32
+  else
+    store(dw, size, dtype, ge);
+}
+
+}  // namespace
+
+void experts_forward(const ExpertsProblem& P, const float* x, void* h, float* y, const ExpertScratch& s) {
+  const int64_t d = P.d, n = P.n;
+  for (int64_t e = 0; e < P.E; ++e) {
+    const int64_t first = P.expert_offsets[e], m = P.expert_offsets[e + 1] - first;
+    if (m == 0) continue;
+    gather_rows(x, DType::f32, d, P.row_token + first, m, s.rows);
+    const float* w1 = weight_f32(P.gate_up, P.dtype, e, 2 * n * d, s.w1);
+    gemm(false, true, m, 2 * n, d, s.rows, w1, s.h_acc);  // [m, 2n] = X_e · W1_eᵀ
+    store(s.h_acc, m * 2 * n, P.dtype, advance(h, P.dtype, first * 2 * n));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < m; ++i) {
+      const float *g = s.h_acc + i * 2 * n, *u = g + n;
+      float* a = s.act + i * n;
+      for (int64_t j = 0; j < n; ++j) a[j] = round_to(P.dtype, g[j] * sigmoid(g[j]) * u[j]);
+    }
+    const float* w2 = weight_f32(P.down, P.dtype, e, d * n, s.w2);
+    float* y_e = y + first * d;
+    gemm(false, true, m, d, n, s.act, w2, y_e);  // [m, d] = A · W2_eᵀ
+    round_in_place(y_e, m * d, P.dtype);
+  }
+}
+
+void experts_backward_down(const ExpertsProblem& P, const void* d_out, const void* h, float* dS, float* dH,
+                           void* d_down, const ExpertScratch& s) {
+  const int64_t d = P.d, n = P.n;
+  for (int64_t e = 0; e < P.E; ++e) {
+    const int64_t first = P.expert_offsets[e], m = P.expert_offsets[e + 1] - first;
+    if (m > 0) {
+      gather_rows(d_out, P.dtype, d, P.row_token + first, m, s.rows);
+      const float* w2 = weight_f32(P.down, P.dtype, e, d * n, s.w2);
+      gemm(false, false, m, n, d, s.rows, w2, s.d_act);  // dA' [m, n] = dO_e · W2_e
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < m; ++i) {
+        const int64_t row = first + i;
+        const float gate = P.row_gate[row];
+        const void* h_row = advance(h, P.dtype, row * 2 * n);
+        const float* da = s.d_act + i * n;
+        float* dg = dH + row * 2 * n;
+        float* du = dg + n;
+        float* a_prime = s.act + i * n;
+        float ds = 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          const float g = load(h_row, P.dtype, j), u = load(h_row, P.dtype, n + j);
+          const float sig = sigmoid(g), silu = g * sig, a = silu * u;
+          ds += da[j] * a;
+          dg[j] = round_to(P.dtype, gate * da[j] * u * sig * (1.f + g * (1.f - sig)));
+          du[j] = round_to(P.dtype, gate * da[j] * silu);
+          a_prime[j] = round_to(P.dtype, gate * a);
+        }
+        dS[row] = ds;
+      }
+      if (d_down) gemm(true, false, d, n, m, s.rows, s.act, s.dw);  // dW2_e [d, n] = dO_eᵀ · A'
+    }
+    if (d_down) store_weight_grad(s.dw, m, d * n, P.dtype, d_down, e);
+  }
+}
+
+void experts_backward_up(const ExpertsProblem& P, const float* x, const float* dH, float* dx_rows, void* d_gate_up,
+                         const ExpertScratch& s) {
+  const int64_t d = P.d, n = P.n;
+  for (int64_t e = 0; e < P.E; ++e) {
+    const int64_t first = P.expert_offsets[e], m = P.expert_offsets[e + 1] - first;
+    const float* dH_e = dH + first * 2 * n;
+    if (m > 0 && dx_rows) {
+      const float* w1 = weight_f32(P.gate_up, P.dtype, e, 2 * n * d, s.w1);
+      float* dx_e = dx_rows + first * d;
+      gemm(false, false, m, d, 2 * n, dH_e, w1, dx_e);  // dX_exp [m, d] = dH_e · W1_e
+      round_in_place(dx_e, m * d, P.dtype);
+    }
+    if (!d_gate_up) continue;
+    if (m > 0) {
+      gather_rows(x, DType::f32, d, P.row_token + first, m, s.rows);
+      gemm(true, false, 2 * n, d, m, dH_e, s.rows, s.dw);  // dW1_e [2n, d] = dH_eᵀ · X_e
+    }
+    store_weight_grad(s.dw, m, 2 * n * d, P.dtype, d_gate_up, e);
+  }
+}
+
+}  // namespace leanmoe::cpu

@@ -1,0 +1,412 @@
+// The naive reference layer: textbook loops, everything cached per (token, expert) row, and the
+// score gradient taken as dS = <dO, y> from the cached Y. It shares no code with src/cpu/: its
+// routing, token rounding and router backward are written again from docs/DESIGN.md.
+#include "naive_moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace leanmoe::reference {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Random numbers: splitmix64 + Box-Muller, so a seed gives the same inputs on every platform.
+// ---------------------------------------------------------------------------------------------
+struct Rng {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform_open() { return (double(next() >> 11) + 0.5) / 9007199254740992.0; }  // (0, 1)
+  double normal() {
+    const double kTwoPi = 6.283185307179586;
+    return std::sqrt(-2.0 * std::log(uniform_open())) * std::cos(kTwoPi * uniform_open());
+  }
+};
+
+std::vector<float> normal_values(Rng& rng, size_t count, double stddev, DType dtype) {
+  std::vector<float> v(count);
+  for (float& e : v) {
+    float f = float(rng.normal() * stddev);
+    if (f == 0.f) f = float(stddev);  // "never zeros": a zero would hide unwritten outputs
+    e = dtype == DType::bf16 ? round_bf16(f) : f;
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The layer in precision Real.
+// ---------------------------------------------------------------------------------------------
+template <class Real>
+struct Layer {
+  MoEConfig cfg;
+  int64_t T = 0;
+  bool bf16 = false;  // round at DESIGN.md's points
+  std::vector<Real> x, wr, w1, w2, d_out;
+  Real c_aux = 0, c_z = 0;
+
+  // A store to the storage dtype.
+  Real store(Real v) const { return bf16 ? Real(round_bf16(float(v))) : v; }
+};
+
+template <class Real>
+std::vector<Real> to_real(const std::vector<float>& v) {
+  return std::vector<Real>(v.begin(), v.end());
+}
+
+template <class Real>
+Layer<Real> make_layer(const HostLayerInputs& in) {
+  Layer<Real> L;
+  L.cfg = in.cfg;
+  L.T = in.T;
+  L.bf16 = in.dtype == DType::bf16;
+  L.x = to_real<Real>(in.x);
+  L.wr = to_real<Real>(in.router);
+  L.w1 = to_real<Real>(in.gate_up);
+  L.w2 = to_real<Real>(in.down);
+  L.d_out = to_real<Real>(in.d_out);
+  L.c_aux = in.d_aux;
+  L.c_z = in.d_z;
+  return L;
+}
+
+// One routed (token, expert) pair with everything a textbook autograd keeps for it.
+template <class Real>
+struct Row {
+  int64_t token = 0, expert = 0;
+  Real gate = 0;
+  bool in_topk = false;  // e in S_t (else added by token rounding)
+  std::vector<Real> x, h, a, y;  // gathered x [d], H [2n], A [n], Y [d] (stored values)
+};
+
+template <class Real>
+struct Forward {
+  std::vector<Real> z, p, lse, denom;  // [T, E], [T, E], [T], [T]: D_t of the gate p_e / D_t
+  std::vector<int64_t> topk;            // [T, K] S_t by descending logit
+  std::vector<int32_t> topk_counts, expert_counts;
+  std::vector<Row<Real>> rows;          // sorted by expert, stable by token
+  std::vector<Real> out;                // [T, d]
+  Real aux = 0, zloss = 0;
+};
+
+template <class Real>
+Real sigmoid(Real v) {
+  return Real(1) / (Real(1) + std::exp(-v));
+}
+
+int64_t round_to_tile(int64_t f, int64_t tile, RoundingMode mode, int64_t T) {
+  const int64_t below = f / tile * tile, rem = f - below;
+  int64_t r = below;
+  if (mode == RoundingMode::up && rem > 0) r = below + tile;
+  if (mode == RoundingMode::nearest && 2 * rem >= tile) r = below + tile;  // halves round up
+  if (r > T) r = T / tile * tile;
+  return r;
+}
+
+// Router, top-K, token rounding and the gates (DESIGN.md "Routing").
+template <class Real>
+void route(const Layer<Real>& L, Forward<Real>& F) {
+  const MoEConfig& c = L.cfg;
+  const int64_t T = L.T, E = c.E, K = c.K, d = c.d;
+  F.z.assign(T * E, 0);
+  F.p.assign(T * E, 0);
+  F.lse.assign(T, 0);
+  F.denom.assign(T, 1);
+  F.topk.assign(T * K, 0);
+  std::vector<Real> topk_sum(T, 0);  // sum of p over S_t (the renormaliser of the priorities)
+  for (int64_t t = 0; t < T; ++t) {
+    Real* z = &F.z[t * E];
+    for (int64_t e = 0; e < E; ++e) {
+      Real acc = 0;
+      for (int64_t k = 0; k < d; ++k) acc += L.x[t * d + k] * L.wr[e * d + k];
+      z[e] = acc;
+    }
+    const Real zmax = *std::max_element(z, z + E);
+    Real sum = 0;
+    for (int64_t e = 0; e < E; ++e) sum += std::exp(z[e] - zmax);
+    for (int64_t e = 0; e < E; ++e) F.p[t * E + e] = std::exp(z[e] - zmax) / sum;
+    F.lse[t] = zmax + std::log(sum);
+
+    std::vector<int64_t> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return z[a] > z[b]; });
+    for (int64_t k = 0; k < K; ++k) {
+      F.topk[t * K + k] = order[k];
+      topk_sum[t] += F.p[t * E + order[k]];
+    }
+    const bool renormalise = c.router == RouterConvention::topk_then_softmax || c.norm_topk_prob;
+    F.denom[t] = renormalise ? topk_sum[t] : Real(1);
+  }
+
+  std::vector<char> in_s(T * E, 0);
+  F.topk_counts.assign(E, 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      in_s[t * E + F.topk[t * K + k]] = 1;
+      ++F.topk_counts[F.topk[t * K + k]];
+    }
+
+  // keep[e] = the tokens expert e processes, ascending.
+  std::vector<std::vector<int64_t>> keep(E);
+  for (int64_t e = 0; e < E; ++e) {
+    if (c.routing == Routing::topk) {
+      for (int64_t t = 0; t < T; ++t)
+        if (in_s[t * E + e]) keep[e].push_back(t);
+      continue;
+    }
+    const int64_t r = round_to_tile(F.topk_counts[e], c.tile, c.rounding_mode, T);
+    std::vector<Real> prio(T);
+    for (int64_t t = 0; t < T; ++t)
+      prio[t] = in_s[t * E + e] ? F.p[t * E + e] / topk_sum[t] : F.p[t * E + e] - Real(1);
+    std::vector<int64_t> order(T);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return prio[a] > prio[b]; });
+    keep[e].assign(order.begin(), order.begin() + r);
+    std::sort(keep[e].begin(), keep[e].end());
+  }
+
+  F.expert_counts.assign(E, 0);
+  F.rows.clear();
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t t : keep[e]) {
+      Row<Real> row;
+      row.token = t;
+      row.expert = e;
+      row.in_topk = in_s[t * E + e];
+      row.gate = row.in_topk ? F.p[t * E + e] / F.denom[t] : F.p[t * E + e];
+      F.rows.push_back(std::move(row));
+      ++F.expert_counts[e];
+    }
+}
+
+template <class Real>
+Forward<Real> forward(const Layer<Real>& L) {
+  const MoEConfig& c = L.cfg;
+  const int64_t T = L.T, E = c.E, K = c.K, d = c.d, n = c.n;
+  Forward<Real> F;
+  route(L, F);
+
+  const int64_t R = int64_t(F.rows.size());
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t r = 0; r < R; ++r) {
+    Row<Real>& row = F.rows[r];
+    const Real* w1 = &L.w1[row.expert * 2 * n * d];
+    const Real* w2 = &L.w2[row.expert * d * n];
+    row.x.assign(&L.x[row.token * d], &L.x[row.token * d] + d);
+    std::vector<Real> acc(2 * n);
+    for (int64_t j = 0; j < 2 * n; ++j) {
+      Real s = 0;
+      for (int64_t k = 0; k < d; ++k) s += w1[j * d + k] * row.x[k];
+      acc[j] = s;
+    }
+    row.h.resize(2 * n);
+    row.a.resize(n);
+    for (int64_t j = 0; j < 2 * n; ++j) row.h[j] = L.store(acc[j]);
+    for (int64_t j = 0; j < n; ++j) {  // A from the unrounded accumulators
+      const Real g = acc[j], u = acc[n + j];
+      row.a[j] = L.store(g * sigmoid(g) * u);
+    }
+    row.y.resize(d);
+    for (int64_t i = 0; i < d; ++i) {
+      Real s = 0;
+      for (int64_t j = 0; j < n; ++j) s += w2[i * n + j] * row.a[j];
+      row.y[i] = L.store(s);
+    }
+  }
+
+  // o_t = sum of gate * Y over the token's rows in ascending expert order (rows are expert-sorted).
+  std::vector<Real> acc(T * d, 0);
+  for (const Row<Real>& row : F.rows)
+    for (int64_t i = 0; i < d; ++i) acc[row.token * d + i] += row.gate * row.y[i];
+  F.out.resize(T * d);
+  for (int64_t i = 0; i < T * d; ++i) F.out[i] = L.store(acc[i]);
+
+  Real aux = 0, zl = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    Real mean_p = 0;
+    for (int64_t t = 0; t < T; ++t) mean_p += F.p[t * E + e];
+    aux += Real(F.topk_counts[e]) / Real(T * K) * (mean_p / Real(T));
+  }
+  F.aux = Real(E) * aux;
+  for (int64_t t = 0; t < T; ++t) zl += F.lse[t] * F.lse[t];
+  F.zloss = zl / Real(T);
+  return F;
+}
+
+template <class Real>
+std::vector<float> to_float(const std::vector<Real>& v) {
+  return std::vector<float>(v.begin(), v.end());
+}
+
+size_t naive_bytes_for_rows(const MoEConfig& c, int64_t T, int64_t R, DType dtype) {
+  const size_t ds = dtype_size(dtype);
+  const size_t values = size_t(T * c.d) + size_t(R) * size_t(2 * c.d + 3 * c.n);  // x, gathered X, H, A, Y
+  const size_t ints = size_t(2 * R + T + 1 + c.E + 1 + T * c.K);                  // indices and offsets
+  return values * ds + size_t(R) * 4 /* gates */ + ints * 4;
+}
+
+template <class Real>
+void backward(const Layer<Real>& L, const Forward<Real>& F, HostLayerOutputs& o) {
+  const MoEConfig& c = L.cfg;
+  const int64_t T = L.T, E = c.E, K = c.K, d = c.d, n = c.n;
+  const int64_t R = int64_t(F.rows.size());
+
+  // Per row: dS = <dO, Y>, dH and A' (DESIGN.md "Rounding points").
+  std::vector<Real> dS(R), dH(R * 2 * n), a_prime(R * n), dx_exp(R * d);
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t r = 0; r < R; ++r) {
+    const Row<Real>& row = F.rows[r];
+    const Real* dout = &L.d_out[row.token * d];
+    const Real* w1 = &L.w1[row.expert * 2 * n * d];
+    const Real* w2 = &L.w2[row.expert * d * n];
+    Real s = 0;
+    for (int64_t i = 0; i < d; ++i) s += dout[i] * row.y[i];
+    dS[r] = s;
+    for (int64_t j = 0; j < n; ++j) {
+      Real da = 0;  // dA' = W2^T dO
+      for (int64_t i = 0; i < d; ++i) da += w2[i * n + j] * dout[i];
+      const Real g = row.h[j], u = row.h[n + j], sg = sigmoid(g), silu = g * sg;
+      const Real dsilu = sg * (Real(1) + g * (Real(1) - sg));
+      dH[r * 2 * n + j] = L.store(row.gate * da * u * dsilu);
+      dH[r * 2 * n + n + j] = L.store(row.gate * da * silu);
+      a_prime[r * n + j] = L.store(row.gate * silu * u);
+    }
+    for (int64_t k = 0; k < d; ++k) {
+      Real acc = 0;
+      for (int64_t j = 0; j < 2 * n; ++j) acc += dH[r * 2 * n + j] * w1[j * d + k];
+      dx_exp[r * d + k] = L.store(acc);
+    }
+  }
+
+  // Expert weight gradients, one expert per iteration (its rows are contiguous).
+  std::vector<int64_t> first(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) first[e + 1] = first[e] + F.expert_counts[e];
+  std::vector<Real> dw1(E * 2 * n * d, 0), dw2(E * d * n, 0);
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t e = 0; e < E; ++e) {
+    Real* g1 = &dw1[e * 2 * n * d];
+    Real* g2 = &dw2[e * d * n];
+    for (int64_t r = first[e]; r < first[e + 1]; ++r) {
+      const Row<Real>& row = F.rows[r];
+      const Real* dout = &L.d_out[row.token * d];
+      for (int64_t i = 0; i < d; ++i)
+        for (int64_t j = 0; j < n; ++j) g2[i * n + j] += dout[i] * a_prime[r * n + j];
+      for (int64_t j = 0; j < 2 * n; ++j)
+        for (int64_t k = 0; k < d; ++k) g1[j * d + k] += dH[r * 2 * n + j] * row.x[k];
+    }
+    for (int64_t i = 0; i < 2 * n * d; ++i) g1[i] = L.store(g1[i]);
+    for (int64_t i = 0; i < d * n; ++i) g2[i] = L.store(g2[i]);
+  }
+
+  // Router backward (DESIGN.md "Router backward"): dp from the gates, aux and z-loss, then softmax.
+  std::vector<std::vector<int64_t>> token_rows(T);
+  for (int64_t r = 0; r < R; ++r) token_rows[F.rows[r].token].push_back(r);
+  const bool denom_is_sum = c.router == RouterConvention::topk_then_softmax || c.norm_topk_prob;
+  std::vector<Real> dz(T * E, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<Real> dp(E, 0);
+    const Real D = F.denom[t];
+    Real s_dot_p = 0;  // sum over the token's kept S rows of dS * p_e
+    for (int64_t r : token_rows[t]) {
+      const Row<Real>& row = F.rows[r];
+      if (row.in_topk) {
+        dp[row.expert] += dS[r] / D;
+        s_dot_p += dS[r] * F.p[t * E + row.expert];
+      } else {
+        dp[row.expert] += dS[r];
+      }
+    }
+    if (denom_is_sum)
+      for (int64_t k = 0; k < K; ++k) dp[F.topk[t * K + k]] -= s_dot_p / (D * D);
+    for (int64_t e = 0; e < E; ++e)
+      dp[e] += L.c_aux * Real(E) * (Real(F.topk_counts[e]) / Real(T * K)) / Real(T);
+    Real p_dot_dp = 0;
+    for (int64_t e = 0; e < E; ++e) p_dot_dp += F.p[t * E + e] * dp[e];
+    for (int64_t e = 0; e < E; ++e) {
+      const Real p = F.p[t * E + e];
+      dz[t * E + e] = p * (dp[e] - p_dot_dp) + L.c_z * Real(2) * F.lse[t] * p / Real(T);
+    }
+  }
+
+  std::vector<Real> dx(T * d), dwr(E * d);
+#pragma omp parallel for
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < d; ++k) {
+      Real acc = 0;
+      for (int64_t r : token_rows[t]) acc += dx_exp[r * d + k];
+      for (int64_t e = 0; e < E; ++e) acc += dz[t * E + e] * L.wr[e * d + k];
+      dx[t * d + k] = L.store(acc);
+    }
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t k = 0; k < d; ++k) {
+      Real acc = 0;
+      for (int64_t t = 0; t < T; ++t) acc += dz[t * E + e] * L.x[t * d + k];
+      dwr[e * d + k] = L.store(acc);
+    }
+
+  o.dx = to_float(dx);
+  o.d_router = to_float(dwr);
+  o.d_gate_up = to_float(dw1);
+  o.d_down = to_float(dw2);
+}
+
+}  // namespace
+
+HostLayerInputs random_inputs(const MoEConfig& cfg, int64_t T, DType dtype, uint64_t seed) {
+  Rng rng{seed * 0x2545f4914f6cdd1dull + 1};
+  HostLayerInputs in;
+  in.cfg = cfg;
+  in.T = T;
+  in.dtype = dtype;
+  const double d = double(cfg.d), n = double(cfg.n);
+  in.x = normal_values(rng, size_t(T * cfg.d), 1.0, dtype);
+  in.router = normal_values(rng, size_t(cfg.E * cfg.d), 1.0 / std::sqrt(d), dtype);
+  in.gate_up = normal_values(rng, size_t(cfg.E * 2 * cfg.n * cfg.d), 1.0 / std::sqrt(d), dtype);
+  in.down = normal_values(rng, size_t(cfg.E * cfg.d * cfg.n), 1.0 / std::sqrt(n), dtype);
+  in.d_out = normal_values(rng, size_t(T * cfg.d), 1.0, dtype);
+  in.d_aux = cfg.aux_loss_coef;
+  in.d_z = cfg.z_loss_coef;
+  return in;
+}
+
+template <class Real>
+HostLayerOutputs naive_forward_backward(const HostLayerInputs& in) {
+  const Layer<Real> L = make_layer<Real>(in);
+  const Forward<Real> F = forward(L);
+  HostLayerOutputs o;
+  o.out = to_float(F.out);
+  o.aux_loss = float(F.aux);
+  o.z_loss = float(F.zloss);
+  o.expert_counts = F.expert_counts;
+  o.topk_counts = F.topk_counts;
+  o.saved_bytes = naive_bytes_for_rows(in.cfg, in.T, int64_t(F.rows.size()), in.dtype);
+  backward(L, F, o);
+  return o;
+}
+
+template HostLayerOutputs naive_forward_backward<float>(const HostLayerInputs&);
+template HostLayerOutputs naive_forward_backward<double>(const HostLayerInputs&);
+
+double naive_loss(const HostLayerInputs& in, Param which, size_t index, double delta) {
+  Layer<double> L = make_layer<double>(in);
+  std::vector<double>& v = which == Param::x         ? L.x
+                           : which == Param::router  ? L.wr
+                           : which == Param::gate_up ? L.w1
+                                                     : L.w2;
+  if (index >= v.size()) throw Error("naive_loss: argument 'index': must be < the parameter's size");
+  v[index] += delta;
+  const Forward<double> F = forward(L);
+  double loss = L.c_aux * F.aux + L.c_z * F.zloss;
+  for (size_t i = 0; i < F.out.size(); ++i) loss += F.out[i] * L.d_out[i];
+  return loss;
+}
+
+size_t naive_saved_bytes(const MoEConfig& cfg, int64_t T, DType dtype) {
+  return naive_bytes_for_rows(cfg, T, max_routed_rows(cfg, T), dtype);
+}
+
+}  // namespace leanmoe::reference

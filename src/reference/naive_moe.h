@@ -40,6 +40,14 @@ struct HostLayerOutputs {
 template <class Real>
 HostLayerOutputs naive_forward_backward(const HostLayerInputs& in);
 
+// Which input a finite-difference probe perturbs.
+enum class Param { x, router, gate_up, down };
+
+// The scalar L = <out, d_out> + d_aux * aux_loss + d_z * z_loss of the naive forward in double
+// precision (no rounding; meant for dtype f32 inputs), with entry `index` of `which` shifted by
+// `delta`. Its derivatives are what naive_forward_backward<double> returns as gradients.
+double naive_loss(const HostLayerInputs& in, Param which, size_t index, double delta);
+
 // Bytes the naive path keeps for backward (gathered X, H, A, Y, scores, indices).
 size_t naive_saved_bytes(const MoEConfig& cfg, int64_t T, DType dtype);
 

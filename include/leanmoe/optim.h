@@ -1,0 +1,157 @@
+// leanmoe expert optimizer and in-backward expert updates (SPEC §6, Sonar-MoE).
+//
+// ExpertOptimizer: AdamW or SGD-with-momentum over whole batched expert tensors ([E, 2n, d] or
+// [E, d, n]); one fused, element-wise update per tensor (threaded on the CPU, one launch on the
+// GPU). fp32 moments; bf16 parameters with or without an fp32 master copy, or fp32 parameters.
+//
+// MoEStack: L MoE layers trained end to end in one of two modes with identical results, bit for bit:
+//   standard     every layer's dW1/dW2 is materialised, then step() updates every expert tensor;
+//   in_backward  backward() hands each gradient to the optimizer the moment it is complete (dW2
+//                after the last read of W2, dW1 after the last read of W1) and reuses one gradient
+//                workspace, sized for the largest layer, for the whole stack.
+// See docs/optim.md for the contract and the errors.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "leanmoe/leanmoe.h"
+
+namespace leanmoe::optim {
+
+// AdamW with decoupled weight decay and bias correction (the PyTorch formulation):
+//   p <- p * (1 - lr*wd);  m <- b1*m + (1-b1)*g;  v <- b2*v + (1-b2)*g^2
+//   p <- p - (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+struct AdamW {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.01f;
+};
+
+// SGD with momentum (PyTorch formulation, no dampening): g <- g + wd*p; buf <- momentum*buf + g;
+// step direction = nesterov ? g + momentum*buf : buf; p <- p - lr*direction. No buffer when momentum == 0.
+struct SGD {
+  float lr = 1e-2f;
+  float momentum = 0.9f;
+  float weight_decay = 0.f;
+  bool nesterov = false;
+};
+
+using Rule = std::variant<AdamW, SGD>;
+
+// Per-tensor state buffers (fp32, same numel as the parameter).
+enum class StateKind { exp_avg, exp_avg_sq, momentum, master };
+const char* state_kind_name(StateKind);
+
+class ExpertOptimizer {
+ public:
+  explicit ExpertOptimizer(Rule rule);
+  ~ExpertOptimizer();
+  ExpertOptimizer(ExpertOptimizer&&) noexcept;
+  ExpertOptimizer& operator=(ExpertOptimizer&&) noexcept;
+
+  const Rule& rule() const { return rule_; }
+  // The learning rate of the next steps (settable every step, e.g. by a schedule).
+  void set_lr(float lr);
+  float lr() const;
+
+  // Registers a parameter (contiguous bf16 or f32, any shape) under a unique name. The optimizer
+  // keeps the view and updates that memory in place; state is allocated on the parameter's device
+  // and zeroed. fp32_master (bf16 parameters only): keep an fp32 copy, initialised from `param`,
+  // which the update reads and writes; the parameter then receives bf16(master).
+  void register_tensor(const std::string& name, const Tensor& param, bool fp32_master = false);
+  bool has_tensor(const std::string& name) const;
+  std::vector<std::string> names() const;  // in registration order
+
+  // The fused update of the whole tensor `name` with gradient `grad` (same shape, bf16 or f32,
+  // contiguous, on the parameter's device), each element scaled by grad_scale first (clipping).
+  // Increments that tensor's step count. Enqueued on `stream` for the GPU.
+  void step(const std::string& name, const Tensor& grad, float grad_scale = 1.f, Stream stream = nullptr);
+  int64_t step_count(const std::string& name) const;
+
+  // A view of one state buffer of `name` (undefined when that rule/tensor has none).
+  Tensor state(const std::string& name, StateKind kind) const;
+  size_t state_bytes() const;  // all state buffers together
+
+  // Hyper-parameters, and for every tensor: name, dtype, shape, step count, moments, master copy.
+  // load() restores it bit for bit into an optimizer whose registered tensors have the same names,
+  // dtypes and shapes (else an Error naming the tensor); parameters themselves are not touched.
+  void save(std::ostream& out) const;
+  void load(std::istream& in);
+
+ private:
+  struct Slot;
+  Slot& slot(const std::string& name, const char* fn) const;
+  Rule rule_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::map<std::string, size_t> index_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// A stack of MoE layers with in-backward (or standard) expert updates
+// ---------------------------------------------------------------------------------------------
+enum class ExpertUpdateMode { standard, in_backward };
+const char* expert_update_mode_name(ExpertUpdateMode);
+
+struct StackOptions {
+  ExpertUpdateMode mode = ExpertUpdateMode::in_backward;
+  Rule expert_rule = AdamW{};
+  bool fp32_master = false;            // bf16 stacks: fp32 master copies of the expert weights
+  Rule dense_rule = AdamW{};           // the router weights (dense parameters)
+  float dense_max_grad_norm = 0.f;     // global-norm clipping over the router gradients; 0 = off
+  // Summing gradients over several backward() calls before step(). Incompatible with in_backward
+  // (each backward would update the experts per micro-batch): the constructor refuses it. The
+  // standard path of this stack does not implement it either yet.
+  bool accumulate_gradients = false;
+};
+
+// Layer l maps x_l [T, d] to x_{l+1} = moe_l(x_l) (no residual, so the stack only calls the public
+// API and runs on any device). All layers share d; n, E, K and routing may differ per layer.
+// One training step: forward(x), backward(d_out), step().
+class MoEStack {
+ public:
+  // Weights drawn from `seed`: N(0, 1/fan_in), rounded to dtype.
+  MoEStack(std::vector<MoEConfig> layers, int64_t T, DType dtype, Device device, StackOptions opt,
+           uint64_t seed);
+  ~MoEStack();
+
+  int64_t num_layers() const;
+  const MoEConfig& config(int64_t layer) const;
+  const MoEWeights& weights(int64_t layer) const;
+  ExpertOptimizer& expert_optimizer();
+  ExpertOptimizer& dense_optimizer();
+  const StackOptions& options() const;
+
+  // x [T, d] in the stack's dtype on its device; the caller keeps x alive until backward() returns
+  // (layer 0 references it, SPEC §3). Returns a view of the last layer's output, owned by the stack.
+  Tensor forward(const Tensor& x);
+  // d_out [T, d]: gradient of the loss w.r.t. forward()'s output. in_backward: updates every
+  // expert tensor before returning. standard: materialises every expert gradient.
+  void backward(const Tensor& d_out);
+  // standard: updates every expert tensor (same kernel, same order as in_backward); both modes:
+  // clips and updates the router weights; ends the training step.
+  void step();
+  // Learning rates of the next steps.
+  void set_lr(float expert_lr, float dense_lr);
+
+  // Bytes of expert-gradient buffers the stack holds, and the most ever held at once.
+  size_t expert_grad_bytes() const;
+  size_t expert_grad_high_water_bytes() const;
+
+  // Weights, expert and dense optimizer state. load() needs the same T, dtype and layer shapes; a
+  // checkpoint from either mode loads into either mode.
+  void save(std::ostream& out) const;
+  void load(std::istream& in);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace leanmoe::optim

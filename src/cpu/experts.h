@@ -1,0 +1,78 @@
+// CPU expert math (SwiGLU experts): gathers, conversions and per-expert BLAS GEMMs in fp32.
+// Storage is bf16 or f32; every store to storage (or to a temporary the design rounds) goes
+// through round_to(), so bf16 follows docs/DESIGN.md "Rounding points" and f32 rounds nowhere.
+// Rows are the expert-sorted (token, expert) rows of the routing metadata.
+#pragma once
+#include <cstdint>
+
+#include "leanmoe/leanmoe.h"
+
+namespace leanmoe::cpu {
+
+inline float round_to(DType dtype, float v) { return dtype == DType::bf16 ? round_bf16(v) : v; }
+
+// Element i of storage p, as fp32.
+inline float load(const void* p, DType dtype, int64_t i) {
+  return dtype == DType::bf16 ? bf16_to_float(static_cast<const bf16*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
+// Pointer `elems` elements past p in storage dtype.
+const void* advance(const void* p, DType dtype, int64_t elems);
+void* advance(void* p, DType dtype, int64_t elems);
+
+// dst[i] = float(src[i]) for storage dtype src.
+void to_float(const void* src, DType dtype, int64_t count, float* dst);
+// dst[i] = src[i] stored (rounded) in dtype.
+void store(const float* src, int64_t count, DType dtype, void* dst);
+// v[i] = round_to(dtype, v[i]).
+void round_in_place(float* v, int64_t count, DType dtype);
+
+// dst[i, :] = src[rows[i], :] (src in storage dtype, `width` columns), as fp32.
+void gather_rows(const void* src, DType dtype, int64_t width, const int32_t* rows, int64_t m, float* dst);
+
+// Row-major C[M, N] = op(A) · op(B), op = transpose when asked; fp32 BLAS.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C);
+
+// Gather-sum per token (never a scatter): out[t, :] = store(sum over the token's rows, in
+// token_rows order, of row_scale[row] * v[row, :], then + add[t, :]), in fp32. row_scale and add
+// may be null (scale 1, nothing added). Forward aggregation: row_scale = gates; dX: add = dz·Wr.
+void gather_sum_rows(const float* v, const float* row_scale, const float* add, const int32_t* token_offsets,
+                     const int32_t* token_rows, int64_t T, int64_t d, DType dtype, void* out);
+
+// Scratch the expert loops use, each sized for one expert (at most T rows).
+struct ExpertScratch {
+  float* rows;     // [T, d] gathered X or dO rows
+  float* w1;       // [2n, d] fp32 copy of W1_e (bf16 storage only)
+  float* w2;       // [d, n]  fp32 copy of W2_e (bf16 storage only)
+  float* h_acc;    // [T, 2n] up-projection accumulators (forward)
+  float* act;      // [T, n]  A (forward) or A' = gate * a (backward)
+  float* d_act;    // [T, n]  dA' (backward)
+  float* dw;       // [max(2n*d, d*n)] a weight gradient in fp32
+};
+
+struct ExpertsProblem {
+  int64_t d, n, E;
+  DType dtype;
+  const void* gate_up;  // W1 [E, 2n, d] storage
+  const void* down;     // W2 [E, d, n] storage
+  const int32_t* expert_offsets;
+  const int32_t* row_token;
+  const float* row_gate;
+};
+
+// Forward: H = store(gather(X)·W1_eᵀ) into h [R, 2n]; A = round(silu(g)·u) from the accumulators;
+// y [R, d] = round(A·W2_eᵀ). x is fp32 [T, d].
+void experts_forward(const ExpertsProblem& P, const float* x, void* h, float* y, const ExpertScratch& s);
+
+// Backward, W2 phase (the last reads of W2): dA' = gather(dO)·W2_e, a recomputed from h,
+// dS[row] = <dA', a>, dH [R, 2n] = round([gate·dA'·u·silu'(g), gate·dA'·silu(g)]),
+// d_down (if not null) = store(sum_rows dO_t ⊗ round(gate·a)), zeros for experts with no rows.
+void experts_backward_down(const ExpertsProblem& P, const void* d_out, const void* h, float* dS, float* dH,
+                           void* d_down, const ExpertScratch& s);
+
+// Backward, W1 phase (the last reads of W1): dx_rows [R, d] (if not null) = round(dH·W1_e);
+// d_gate_up (if not null) = store(sum_rows dH_row ⊗ x_t), zeros for experts with no rows.
+void experts_backward_up(const ExpertsProblem& P, const float* x, const float* dH, float* dx_rows, void* d_gate_up,
+                         const ExpertScratch& s);
+
+}  // namespace leanmoe::cpu

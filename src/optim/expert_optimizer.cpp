@@ -1,0 +1,319 @@
+// ExpertOptimizer: per-tensor state, step scalars, and the bit-exact save/load format.
+#include <cmath>
+#include <cstring>
+#include <istream>
+#include <ostream>
+#include <sstream>
+
+#include "leanmoe/optim.h"
+#include "optim/fused_update.h"
+
+namespace leanmoe::optim {
+
+const char* state_kind_name(StateKind k) {
+  switch (k) {
+    case StateKind::exp_avg: return "exp_avg";
+    case StateKind::exp_avg_sq: return "exp_avg_sq";
+    case StateKind::momentum: return "momentum";
+    case StateKind::master: return "master";
+  }
+  return "?";
+}
+
+namespace {
+constexpr StateKind kAllKinds[] = {StateKind::exp_avg, StateKind::exp_avg_sq, StateKind::momentum, StateKind::master};
+constexpr char kMagic[8] = {'L', 'M', 'O', 'P', 'T', 'v', '1', 0};
+
+std::string shape_str(const Tensor& t) {
+  std::string s = "[";
+  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + "]";
+}
+
+bool same_shape(const Tensor& a, const Tensor& b) {
+  if (a.ndim != b.ndim) return false;
+  for (int i = 0; i < a.ndim; ++i)
+    if (a.shape[i] != b.shape[i]) return false;
+  return true;
+}
+
+template <class V>
+void put(std::ostream& o, const V& v) {
+  o.write(reinterpret_cast<const char*>(&v), sizeof(V));
+}
+template <class V>
+V get(std::istream& in) {
+  V v{};
+  in.read(reinterpret_cast<char*>(&v), sizeof(V));
+  if (!in) throw Error("ExpertOptimizer::load: argument 'in': truncated or not an optimizer state");
+  return v;
+}
+
+float& lr_of(Rule& r) { return std::visit([](auto& x) -> float& { return x.lr; }, r); }
+
+void put_rule(std::ostream& o, const Rule& r) {
+  put<uint32_t>(o, uint32_t(r.index()));
+  if (const AdamW* a = std::get_if<AdamW>(&r)) {
+    for (float f : {a->lr, a->beta1, a->beta2, a->eps, a->weight_decay}) put(o, f);
+  } else {
+    const SGD& s = std::get<SGD>(r);
+    for (float f : {s.lr, s.momentum, s.weight_decay}) put(o, f);
+    put<uint8_t>(o, s.nesterov);
+  }
+}
+
+Rule get_rule(std::istream& in) {
+  const uint32_t kind = get<uint32_t>(in);
+  if (kind == 0) {
+    AdamW a;
+    for (float* f : {&a.lr, &a.beta1, &a.beta2, &a.eps, &a.weight_decay}) *f = get<float>(in);
+    return a;
+  }
+  if (kind != 1) throw Error("ExpertOptimizer::load: argument 'in': unknown rule kind " + std::to_string(kind));
+  SGD s;
+  for (float* f : {&s.lr, &s.momentum, &s.weight_decay}) *f = get<float>(in);
+  s.nesterov = get<uint8_t>(in) != 0;
+  return s;
+}
+
+const char* rule_name(const Rule& r) { return r.index() == 0 ? "AdamW" : "SGD"; }
+}  // namespace
+
+struct ExpertOptimizer::Slot {
+  std::string name;
+  Tensor param;
+  int64_t step = 0;
+  Buffer state[4];  // indexed by StateKind; empty when absent
+
+  Buffer& buf(StateKind k) { return state[int(k)]; }
+  float* ptr(StateKind k) { return static_cast<float*>(buf(k).data()); }
+};
+
+ExpertOptimizer::ExpertOptimizer(Rule rule) : rule_(rule) {}
+ExpertOptimizer::~ExpertOptimizer() = default;
+ExpertOptimizer::ExpertOptimizer(ExpertOptimizer&&) noexcept = default;
+ExpertOptimizer& ExpertOptimizer::operator=(ExpertOptimizer&&) noexcept = default;
+
+void ExpertOptimizer::set_lr(float lr) {
+  if (!(lr >= 0.f)) throw Error("ExpertOptimizer::set_lr: argument 'lr': must be >= 0, got " + std::to_string(lr));
+  lr_of(rule_) = lr;
+}
+float ExpertOptimizer::lr() const {
+  return std::visit([](const auto& x) { return x.lr; }, rule_);
+}
+
+ExpertOptimizer::Slot& ExpertOptimizer::slot(const std::string& name, const char* fn) const {
+  auto it = index_.find(name);
+  if (it == index_.end())
+    throw Error(std::string("ExpertOptimizer::") + fn + ": argument 'name': no tensor registered as '" + name + "'");
+  return *slots_[it->second];
+}
+
+bool ExpertOptimizer::has_tensor(const std::string& name) const { return index_.count(name) != 0; }
+
+std::vector<std::string> ExpertOptimizer::names() const {
+  std::vector<std::string> out;
+  for (const auto& s : slots_) out.push_back(s->name);
+  return out;
+}
+
+void ExpertOptimizer::register_tensor(const std::string& name, const Tensor& param, bool fp32_master) {
+  const std::string fn = "ExpertOptimizer::register_tensor: tensor '" + name + "': ";
+  if (has_tensor(name)) throw Error(fn + "argument 'name': already registered");
+  if (param.data == nullptr || param.numel() <= 0)
+    throw Error(fn + "argument 'param': must be a non-empty tensor, got " + param.describe());
+  if (param.dtype != DType::bf16 && param.dtype != DType::f32)
+    throw Error(fn + "argument 'param': dtype must be bf16 or f32, got " + param.describe());
+  if (!param.is_contiguous()) throw Error(fn + "argument 'param': must be contiguous, got " + param.describe());
+  if (fp32_master && param.dtype != DType::bf16)
+    throw Error(fn + "argument 'fp32_master': a master copy is only for bf16 parameters, got " + param.describe());
+
+  auto s = std::make_unique<Slot>();
+  s->name = name;
+  s->param = param;
+  const int64_t numel = param.numel();
+  const size_t bytes = size_t(numel) * sizeof(float);
+  const std::vector<float> zeros(static_cast<size_t>(numel), 0.f);
+  auto zeroed = [&](StateKind k) {
+    s->buf(k) = Buffer(param.device, bytes);
+    copy_to_device(param.device, s->ptr(k), zeros.data(), bytes);
+  };
+  if (std::holds_alternative<AdamW>(rule_)) {
+    zeroed(StateKind::exp_avg);
+    zeroed(StateKind::exp_avg_sq);
+  } else if (std::get<SGD>(rule_).momentum != 0.f) {
+    zeroed(StateKind::momentum);
+  }
+  if (fp32_master) {
+    std::vector<bf16> host(static_cast<size_t>(numel));
+    copy_to_host(param.device, host.data(), param.data, size_t(numel) * sizeof(bf16));
+    std::vector<float> master(static_cast<size_t>(numel));
+    for (size_t i = 0; i < host.size(); ++i) master[i] = bf16_to_float(host[i]);
+    s->buf(StateKind::master) = Buffer(param.device, bytes);
+    copy_to_device(param.device, s->ptr(StateKind::master), master.data(), bytes);
+  }
+  index_[name] = slots_.size();
+  slots_.push_back(std::move(s));
+}
+
+void ExpertOptimizer::step(const std::string& name, const Tensor& grad, float grad_scale, Stream stream) {
+  Slot& s = slot(name, "step");
+  const Tensor& p = s.param;
+  const std::string fn = "ExpertOptimizer::step: tensor '" + name + "': argument 'grad': ";
+  if (grad.data == nullptr) throw Error(fn + "must be defined");
+  if (!same_shape(grad, p))
+    throw Error(fn + "shape must equal the parameter's " + shape_str(p) + ", got " + grad.describe());
+  if (grad.dtype != DType::bf16 && grad.dtype != DType::f32)
+    throw Error(fn + "dtype must be bf16 or f32, got " + grad.describe());
+  if (grad.device != p.device || grad.device_index != p.device_index)
+    throw Error(fn + "must be on the parameter's device, got " + grad.describe());
+  if (!grad.is_contiguous()) throw Error(fn + "must be contiguous, got " + grad.describe());
+
+  const int64_t t = s.step + 1;
+  detail::FusedUpdate u;
+  u.param = p;
+  u.grad = grad;
+  u.master = s.ptr(StateKind::master);
+  u.grad_scale = grad_scale;
+  u.stream = stream;
+  if (const AdamW* a = std::get_if<AdamW>(&rule_)) {
+    // Step scalars in double, rounded once: the per-element math stays in float on every device.
+    const double bc1 = 1.0 - std::pow(double(a->beta1), double(t));
+    const double bc2 = 1.0 - std::pow(double(a->beta2), double(t));
+    u.kind = detail::UpdateKind::adamw;
+    u.m = s.ptr(StateKind::exp_avg);
+    u.v = s.ptr(StateKind::exp_avg_sq);
+    u.decay = float(1.0 - double(a->lr) * double(a->weight_decay));
+    u.beta1 = a->beta1;
+    u.one_minus_beta1 = float(1.0 - double(a->beta1));
+    u.beta2 = a->beta2;
+    u.one_minus_beta2 = float(1.0 - double(a->beta2));
+    u.step_size = float(double(a->lr) / bc1);
+    u.inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
+    u.eps = a->eps;
+  } else {
+    const SGD& g = std::get<SGD>(rule_);
+    u.kind = detail::UpdateKind::sgd;
+    u.m = s.ptr(StateKind::momentum);
+    u.lr = g.lr;
+    u.momentum = g.momentum;
+    u.weight_decay = g.weight_decay;
+    u.nesterov = g.nesterov;
+  }
+  detail::fused_update(u);
+  s.step = t;
+}
+
+int64_t ExpertOptimizer::step_count(const std::string& name) const { return slot(name, "step_count").step; }
+
+Tensor ExpertOptimizer::state(const std::string& name, StateKind kind) const {
+  Slot& s = slot(name, "state");
+  Tensor t;
+  if (!s.buf(kind).data()) return t;
+  t = s.param;
+  t.data = s.buf(kind).data();
+  t.dtype = DType::f32;
+  return t;
+}
+
+size_t ExpertOptimizer::state_bytes() const {
+  size_t b = 0;
+  for (const auto& s : slots_)
+    for (const Buffer& buf : s->state) b += buf.bytes();
+  return b;
+}
+
+// Format (host byte order): magic, rule, tensor count, then per tensor: name, dtype, shape, step,
+// and each state buffer's presence flag and raw fp32 bytes.
+void ExpertOptimizer::save(std::ostream& out) const {
+  out.write(kMagic, sizeof(kMagic));
+  put_rule(out, rule_);
+  put<uint64_t>(out, slots_.size());
+  for (const auto& s : slots_) {
+    put<uint64_t>(out, s->name.size());
+    out.write(s->name.data(), std::streamsize(s->name.size()));
+    put<uint32_t>(out, uint32_t(s->param.dtype));
+    put<int32_t>(out, s->param.ndim);
+    for (int i = 0; i < s->param.ndim; ++i) put<int64_t>(out, s->param.shape[i]);
+    put<int64_t>(out, s->step);
+    for (StateKind k : kAllKinds) {
+      const Buffer& b = s->buf(k);
+      put<uint8_t>(out, b.data() != nullptr);
+      if (!b.data()) continue;
+      std::vector<char> host(b.bytes());
+      copy_to_host(b.device(), host.data(), b.data(), b.bytes());
+      out.write(host.data(), std::streamsize(host.size()));
+    }
+  }
+  if (!out) throw Error("ExpertOptimizer::save: argument 'out': write failed");
+}
+
+void ExpertOptimizer::load(std::istream& in) {
+  char magic[sizeof(kMagic)];
+  in.read(magic, sizeof(magic));
+  if (!in || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0)
+    throw Error("ExpertOptimizer::load: argument 'in': not a leanmoe optimizer state");
+  Rule rule = get_rule(in);
+  if (rule.index() != rule_.index())
+    throw Error(std::string("ExpertOptimizer::load: argument 'in': holds ") + rule_name(rule) +
+                " state, this optimizer runs " + rule_name(rule_));
+  const uint64_t count = get<uint64_t>(in);
+  if (count != slots_.size())
+    throw Error("ExpertOptimizer::load: argument 'in': holds " + std::to_string(count) + " tensors, " +
+                std::to_string(slots_.size()) + " are registered");
+
+  // Read and check everything before changing anything, so a bad file leaves the state intact.
+  struct Loaded {
+    Slot* slot;
+    int64_t step;
+    std::vector<char> state[4];
+  };
+  std::vector<Loaded> loaded;
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t len = get<uint64_t>(in);
+    if (len > 4096) throw Error("ExpertOptimizer::load: argument 'in': corrupt tensor name");
+    std::string name(len, '\0');
+    in.read(name.data(), std::streamsize(len));
+    if (!in) throw Error("ExpertOptimizer::load: argument 'in': truncated");
+    if (!has_tensor(name))
+      throw Error("ExpertOptimizer::load: tensor '" + name + "': saved but not registered here");
+    Slot& s = slot(name, "load");
+    for (const Loaded& prev : loaded)
+      if (prev.slot == &s) throw Error("ExpertOptimizer::load: tensor '" + name + "': saved twice");
+    Tensor saved;
+    saved.dtype = DType(get<uint32_t>(in));
+    saved.ndim = get<int32_t>(in);
+    if (saved.ndim < 0 || saved.ndim > Tensor::kMaxDims)
+      throw Error("ExpertOptimizer::load: tensor '" + name + "': corrupt shape");
+    for (int d = 0; d < saved.ndim; ++d) saved.shape[d] = get<int64_t>(in);
+    if (!same_shape(saved, s.param) || saved.dtype != s.param.dtype)
+      throw Error("ExpertOptimizer::load: tensor '" + name + "': saved " + dtype_name(saved.dtype) +
+                  shape_str(saved) + " does not match the registered " + dtype_name(s.param.dtype) +
+                  shape_str(s.param));
+    Loaded l{&s, get<int64_t>(in), {}};
+    for (StateKind k : kAllKinds) {
+      const bool present = get<uint8_t>(in) != 0;
+      if (present != (s.buf(k).data() != nullptr))
+        throw Error("ExpertOptimizer::load: tensor '" + name + "': state '" + state_kind_name(k) + "' is " +
+                    (present ? "saved but not kept here" : "kept here but not saved") +
+                    " (rule or fp32_master differs)");
+      if (!present) continue;
+      std::vector<char>& bytes = l.state[int(k)];
+      bytes.resize(s.buf(k).bytes());
+      in.read(bytes.data(), std::streamsize(bytes.size()));
+      if (!in) throw Error("ExpertOptimizer::load: tensor '" + name + "': truncated state");
+    }
+    loaded.push_back(std::move(l));
+  }
+
+  rule_ = rule;
+  for (Loaded& l : loaded) {
+    l.slot->step = l.step;
+    for (StateKind k : kAllKinds) {
+      Buffer& b = l.slot->buf(k);
+      if (b.data()) copy_to_device(b.device(), b.data(), l.state[int(k)].data(), b.bytes());
+    }
+  }
+}
+
+}  // namespace leanmoe::optim

@@ -1,0 +1,57 @@
+// The fused, element-wise optimizer update of one whole tensor, and its per-device dispatch.
+//
+// Every scalar that depends on the step (bias corrections, decay factor) is computed once on the
+// host, in double, then rounded to float, so each device runs the same float math per element:
+//   AdamW  g = grad*grad_scale;  p = p*decay;  m = beta1*m + one_minus_beta1*g;
+//          v = beta2*v + one_minus_beta2*(g*g);  p = p - step_size*(m / (sqrt(v)*inv_sqrt_bc2 + eps))
+//   SGD    g = grad*grad_scale + weight_decay*p;  buf = momentum*buf + g (when buf exists);
+//          dir = nesterov ? g + momentum*buf : (buf ? buf : g);  p = p - lr*dir
+// p is read from the fp32 master copy when there is one (and written back there; the parameter
+// then gets bf16(p)), else from the parameter (bf16 parameters are rounded back to bf16).
+// No reduction anywhere: each element depends only on its own inputs, so any split across
+// threads or CUDA blocks gives the same bits.
+//
+// GPU seam: a CUDA implementation defines fused_update_cuda (e.g. src/cuda/optim_update.cu: one
+// launch per tensor, 16-byte vector accesses, on u.stream) and sets LEANMOE_OPTIM_CUDA_UPDATE to
+// 1 below; until then fused_update() refuses cuda tensors with an Error.
+#pragma once
+#include <cstdint>
+
+#include "leanmoe/leanmoe.h"
+
+#ifndef LEANMOE_OPTIM_CUDA_UPDATE
+#define LEANMOE_OPTIM_CUDA_UPDATE 0
+#endif
+
+namespace leanmoe::optim::detail {
+
+enum class UpdateKind { adamw, sgd };
+
+struct FusedUpdate {
+  UpdateKind kind = UpdateKind::adamw;
+  Tensor param;            // bf16 or f32, contiguous, updated in place
+  Tensor grad;             // same numel, bf16 or f32, contiguous
+  float* master = nullptr; // fp32 [numel] or nullptr
+  float* m = nullptr;      // AdamW exp_avg, or SGD momentum buffer (nullptr: momentum == 0)
+  float* v = nullptr;      // AdamW exp_avg_sq
+  float grad_scale = 1.f;
+  // AdamW
+  float decay = 1.f;  // 1 - lr*weight_decay
+  float beta1 = 0.f, one_minus_beta1 = 1.f, beta2 = 0.f, one_minus_beta2 = 1.f;
+  float step_size = 0.f;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2 = 1.f;  // 1 / sqrt(1 - beta2^t)
+  float eps = 0.f;
+  // SGD
+  float lr = 0.f, momentum = 0.f, weight_decay = 0.f;
+  bool nesterov = false;
+  Stream stream = nullptr;
+};
+
+// Dispatches on param.device.
+void fused_update(const FusedUpdate& u);
+void fused_update_cpu(const FusedUpdate& u);
+#if LEANMOE_OPTIM_CUDA_UPDATE
+void fused_update_cuda(const FusedUpdate& u);
+#endif
+
+}  // namespace leanmoe::optim::detail
