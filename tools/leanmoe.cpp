@@ -1,2 +1,562 @@
-// placeholder: the CLI helper replaces this
-int main() { return 0; }
+// `leanmoe`: benchmark the layer (bench), compare a backend with the naive reference (check).
+// Everything here goes through the public API, as a user would call it.
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "configs.h"
+#include "leanmoe/leanmoe.h"
+#include "naive_moe.h"
+
+#ifndef LEANMOE_VERSION
+#define LEANMOE_VERSION "0.1.0"
+#endif
+
+using namespace leanmoe;
+using tools::BenchShape;
+
+namespace {
+
+constexpr const char* kUsage = R"(leanmoe: a memory-lean Mixture-of-Experts layer (SwiGLU experts, top-K or token rounding)
+
+usage:
+  leanmoe bench [options]    time forward and backward of one layer, report throughput and memory
+  leanmoe check [options]    compare the backend with the naive reference on random inputs
+  leanmoe version            print the version and the available backends
+  leanmoe --help
+
+shape (bench and check):
+  --config NAME              a named shape (bench only; see the list below)
+  --T N --d N --n N --E N --K N
+                             set or override single dimensions
+bench options:
+  --grid                     every row of the BENCHMARKS.md grid (a GPU workload)
+  --device auto|cpu|cuda     auto: cuda when a GPU backend is present, else cpu (default auto)
+  --dtype bf16|f32           storage dtype (default bf16 on cuda, f32 on cpu)
+  --router topk_then_softmax|softmax_then_topk   (default softmax_then_topk)
+  --norm-topk-prob           renormalise the K probabilities (softmax_then_topk)
+  --routing topk|token-rounding                  (default topk)
+  --tile N                   token-rounding tile (default 128)
+  --rounding nearest|up|down token-rounding mode (default nearest)
+  --iters N --warmup N       timed and untimed iterations (default 20/3 on cuda, 5/1 on cpu)
+  --json FILE                write every number as JSON
+check options:
+  --device, --dtype          as above
+  --tile N                   token-rounding tile of the rounding cases (default 32)
+  --seeds N                  random input sets per case (default 2)
+
+exit codes: 0 success, 1 check mismatch or runtime error, 2 usage error
+)";
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  std::string config;
+  std::optional<int64_t> T, d, n, E, K;
+  bool grid = false;
+  std::string device = "auto";
+  std::optional<DType> dtype;
+  MoEConfig layer;  // router, norm_topk_prob, routing, tile, rounding_mode; d..K come from the shape
+  std::optional<int64_t> tile;  // token rounding; bench defaults to MoEConfig's 128, check to 32
+  std::optional<int> iters, warmup;
+  int seeds = 2;
+  std::string json;
+};
+
+int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
+  int64_t x = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (ec != std::errc() || end != v.data() + v.size() || x < min)
+    throw UsageError("--" + flag + ": expected an integer >= " + std::to_string(min) + ", got '" + v + "'");
+  return x;
+}
+
+template <class V>
+V parse_choice(const std::string& flag, const std::string& v, std::initializer_list<std::pair<const char*, V>> choices) {
+  std::string valid;
+  for (auto& [name, value] : choices) {
+    if (v == name) return value;
+    valid += valid.empty() ? name : std::string("|") + name;
+  }
+  throw UsageError("--" + flag + ": expected " + valid + ", got '" + v + "'");
+}
+
+Options parse_options(const std::string& cmd, const std::vector<std::string>& args) {
+  const std::vector<std::string> bench_flags = {"config", "T", "d", "n", "E", "K", "grid", "device", "dtype",
+                                                "router", "norm-topk-prob", "routing", "tile", "rounding",
+                                                "iters", "warmup", "json"};
+  const std::vector<std::string> check_flags = {"T", "d", "n", "E", "K", "device", "dtype", "seeds", "tile"};
+  const auto& allowed = cmd == "bench" ? bench_flags : check_flags;
+  Options o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (!a.starts_with("--")) throw UsageError("unexpected argument '" + a + "' for 'leanmoe " + cmd + "'");
+    std::string name = a.substr(2), value;
+    bool inline_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+      inline_value = true;
+    }
+    if (std::find(allowed.begin(), allowed.end(), name) == allowed.end())
+      throw UsageError("unknown flag --" + name + " for 'leanmoe " + cmd + "'");
+    auto take = [&]() -> std::string {
+      if (inline_value) return value;
+      if (i + 1 >= args.size()) throw UsageError("--" + name + " needs a value");
+      return args[++i];
+    };
+    auto flag_only = [&] {
+      if (inline_value) throw UsageError("--" + name + " takes no value");
+      return true;
+    };
+    if (name == "config") o.config = take();
+    else if (name == "T") o.T = parse_int(name, take(), 1);
+    else if (name == "d") o.d = parse_int(name, take(), 1);
+    else if (name == "n") o.n = parse_int(name, take(), 1);
+    else if (name == "E") o.E = parse_int(name, take(), 1);
+    else if (name == "K") o.K = parse_int(name, take(), 1);
+    else if (name == "grid") o.grid = flag_only();
+    else if (name == "device") o.device = parse_choice<std::string>(name, take(), {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}});
+    else if (name == "dtype") o.dtype = parse_choice<DType>(name, take(), {{"bf16", DType::bf16}, {"f32", DType::f32}});
+    else if (name == "router")
+      o.layer.router = parse_choice<RouterConvention>(name, take(), {{"topk_then_softmax", RouterConvention::topk_then_softmax},
+                                                   {"softmax_then_topk", RouterConvention::softmax_then_topk}});
+    else if (name == "norm-topk-prob") o.layer.norm_topk_prob = flag_only();
+    else if (name == "routing")
+      o.layer.routing = parse_choice<Routing>(name, take(), {{"topk", Routing::topk}, {"token-rounding", Routing::token_rounding}});
+    else if (name == "tile") o.tile = o.layer.tile = parse_int(name, take(), 1);
+    else if (name == "rounding")
+      o.layer.rounding_mode = parse_choice<RoundingMode>(name, take(), {{"nearest", RoundingMode::nearest}, {"up", RoundingMode::up},
+                                                          {"down", RoundingMode::down}});
+    else if (name == "iters") o.iters = int(parse_int(name, take(), 1));
+    else if (name == "warmup") o.warmup = int(parse_int(name, take(), 0));
+    else if (name == "seeds") o.seeds = int(parse_int(name, take(), 1));
+    else if (name == "json") o.json = take();
+  }
+  if (o.grid && (!o.config.empty() || o.T || o.d || o.n || o.E || o.K))
+    throw UsageError("--grid runs every grid row: it takes no --config or shape flags");
+  return o;
+}
+
+Device resolve_device(const std::string& name) {
+  if (name == "auto") return best_device();
+  Device dev = name == "cuda" ? Device::cuda : Device::cpu;
+  if (!backend_available(dev))
+    throw Error("--device cuda: no CUDA backend (library built without CUDA, or no GPU visible)");
+  return dev;
+}
+
+bool has_shape_flags(const Options& o) { return o.T || o.d || o.n || o.E || o.K; }
+
+// A named shape (or the device's default), then single dimensions from the flags on top.
+BenchShape chosen_shape(const Options& o, Device dev) {
+  BenchShape s = dev == Device::cuda ? tools::gpu_default_shape() : tools::cpu_default_shape();
+  if (!o.config.empty()) {
+    const BenchShape* named = tools::find_shape(o.config);
+    if (!named) throw UsageError("unknown config '" + o.config + "'; valid: " + tools::shape_names());
+    s = *named;
+  }
+  if (has_shape_flags(o)) s.name = s.name + "+custom";
+  s.T = o.T.value_or(s.T), s.d = o.d.value_or(s.d), s.n = o.n.value_or(s.n);
+  s.E = o.E.value_or(s.E), s.K = o.K.value_or(s.K);
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random device data. A counter-based generator (splitmix64 of the element index) fills chunks in
+// parallel on the host: the grid's largest weights (120B-n2048, 1.6e9 elements) fill in well
+// under a second on 16 cores, where std::normal_distribution would take about a minute.
+// ---------------------------------------------------------------------------------------------
+uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [-1, 1) times sqrt(3) * std: the given standard deviation, never zero-filled.
+void fill_random(const Buffer& buf, DType dtype, int64_t count, float std, uint64_t seed) {
+  const float scale = std * std::sqrt(3.f) / float(1 << 23);
+  const int64_t chunk = int64_t(1) << 24;  // 64 MiB of f32 on the host at a time
+  const int threads = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<char> host(size_t(std::min(count, chunk)) * dtype_size(dtype));
+  for (int64_t begin = 0; begin < count; begin += chunk) {
+    const int64_t len = std::min(chunk, count - begin);
+    auto work = [&](int64_t lo, int64_t hi) {
+      for (int64_t i = lo; i < hi; ++i) {
+        uint64_t r = splitmix64(seed * 0x100000001b3ull + uint64_t(begin + i));
+        float v = float(int32_t(r >> 40) - (1 << 23)) * scale;  // 24 random bits, centred
+        if (dtype == DType::bf16) reinterpret_cast<bf16*>(host.data())[i] = float_to_bf16(v);
+        else reinterpret_cast<float*>(host.data())[i] = v;
+      }
+    };
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) pool.emplace_back(work, len * t / threads, len * (t + 1) / threads);
+    for (auto& th : pool) th.join();
+    const size_t esize = dtype_size(dtype);
+    copy_to_device(buf.device(), static_cast<char*>(buf.data()) + begin * esize, host.data(), size_t(len) * esize);
+  }
+}
+
+Buffer random_buffer(Device dev, DType dtype, int64_t count, float std, uint64_t seed) {
+  Buffer b(dev, size_t(count) * dtype_size(dtype));
+  fill_random(b, dtype, count, std, seed);
+  return b;
+}
+
+// ---------------------------------------------------------------------------------------------
+// bench
+// ---------------------------------------------------------------------------------------------
+struct BenchResult {
+  BenchShape shape;
+  MoEConfig cfg;
+  int64_t rows = 0;  // routed rows of the last forward (T*K for top-K)
+  double fwd_ms = 0, bwd_ms = 0;
+  std::vector<double> fwd_all_ms, bwd_all_ms;
+  size_t saved_bytes = 0, naive_bytes = 0, fwd_ws_bytes = 0, bwd_ws_bytes = 0;
+  std::string error;  // set when this shape could not run (e.g. a backend limit): the grid goes on
+  double fwd_tflops() const { return forward_flops(cfg, shape.T) / (fwd_ms * 1e9); }
+  double bwd_tflops() const { return backward_flops(cfg, shape.T) / (bwd_ms * 1e9); }
+  // What the layer holds beyond the caller's tensors: the saved state and one workspace at a time
+  // (forward's and backward's are never live together, so a caller may share one buffer).
+  size_t activation_bytes() const { return saved_bytes + std::max(fwd_ws_bytes, bwd_ws_bytes); }
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, DType dt, Device dev, int warmup, int iters,
+                      const std::string& progress) {
+  using clock = std::chrono::steady_clock;
+  MoEConfig cfg = layer;
+  cfg.d = s.d, cfg.n = s.n, cfg.E = s.E, cfg.K = s.K;
+  const int64_t T = s.T, d = s.d, n = s.n, E = s.E;
+  LayerMemory mem(cfg, T, dt, dev);
+
+  // One weight set: every grid row's weights (>= 151 MB) already exceed the H200's 60 MB L2.
+  // Inputs rotate over three sets so no iteration finds its x or dO in cache from the last one.
+  Buffer router = random_buffer(dev, dt, E * d, 1.f / std::sqrt(float(d)), 1);
+  Buffer gate_up = random_buffer(dev, dt, E * 2 * n * d, 1.f / std::sqrt(float(d)), 2);
+  Buffer down = random_buffer(dev, dt, E * d * n, 1.f / std::sqrt(float(n)), 3);
+  MoEWeights w{router.view(dt, {E, d}), gate_up.view(dt, {E, 2 * n, d}), down.view(dt, {E, d, n})};
+  constexpr int kSets = 3;
+  std::vector<Buffer> xs, douts;
+  for (int i = 0; i < kSets; ++i) {
+    xs.push_back(random_buffer(dev, dt, T * d, 1.f, 10 + i));
+    douts.push_back(random_buffer(dev, dt, T * d, 1.f, 20 + i));
+  }
+  Buffer out(dev, size_t(T * d) * dtype_size(dt)), dx(dev, out.bytes());
+  Buffer d_router(dev, router.bytes()), d_gate_up(dev, gate_up.bytes()), d_down(dev, down.bytes());
+  MoEGrads g{dx.view(dt, {T, d}), d_router.view(dt, {E, d}), d_gate_up.view(dt, {E, 2 * n, d}),
+             d_down.view(dt, {E, d, n})};
+
+  BenchResult r;
+  r.shape = s, r.cfg = cfg;
+  auto last_report = clock::now();
+  for (int it = 0; it < warmup + iters; ++it) {
+    const Buffer& x = xs[it % kSets];
+    synchronize(dev);
+    auto t0 = clock::now();
+    forward(cfg, x.view(dt, {T, d}), w, out.view(dt, {T, d}), Tensor{}, mem.saved(), mem.forward_workspace());
+    synchronize(dev);
+    auto t1 = clock::now();
+    backward(cfg, douts[it % kSets].view(dt, {T, d}), Tensor{}, w, mem.saved(), g, mem.backward_workspace());
+    synchronize(dev);
+    auto t2 = clock::now();
+    if (it >= warmup) {
+      r.fwd_all_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      r.bwd_all_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    }
+    if (t2 - last_report > std::chrono::seconds(2)) {  // only slow runs get a line per iteration
+      std::fprintf(stderr, "%s iteration %d/%d\n", progress.c_str(), it + 1, warmup + iters);
+      last_report = t2;
+    }
+  }
+  int32_t rows = 0;
+  copy_to_host(dev, &rows, mem.saved().expert_offsets.ptr<int32_t>() + E, sizeof rows);
+  r.rows = rows;
+  r.fwd_ms = median(r.fwd_all_ms);
+  r.bwd_ms = median(r.bwd_all_ms);
+  r.saved_bytes = mem.saved().bytes_excluding_x();
+  r.naive_bytes = reference::naive_saved_bytes(cfg, T, dt);
+  r.fwd_ws_bytes = mem.plan().forward_workspace_bytes;
+  r.bwd_ws_bytes = mem.plan().backward_workspace_bytes;
+  return r;
+}
+
+double mib(size_t bytes) { return double(bytes) / (1 << 20); }
+
+void print_bench_header(Device dev) {
+  const std::string unit = dev == Device::cuda ? "TFLOP/s" : "GFLOP/s";
+  std::printf("%-22s %-4s %6s %5s %5s %4s %3s %8s %9s %9s %11s %11s %9s %9s %6s %9s %9s\n", "config", "dev", "T", "d",
+              "n", "E", "K", "rows", "fwd ms", "bwd ms", ("fwd " + unit).c_str(), ("bwd " + unit).c_str(),
+              "saved MiB", "naive MiB", "ratio", "fwdws MiB", "bwdws MiB");
+}
+
+void print_bench_row(const BenchResult& r, Device dev) {
+  const double scale = dev == Device::cuda ? 1.0 : 1e3;  // TFLOP/s on a GPU, GFLOP/s on a CPU
+  const BenchShape& s = r.shape;
+  std::printf("%-22s %-4s %6lld %5lld %5lld %4lld %3lld %8lld %9.3f %9.3f %11.2f %11.2f %9.1f %9.1f %6.3f %9.1f %9.1f\n",
+              s.name.c_str(), device_name(dev), (long long)s.T, (long long)s.d, (long long)s.n, (long long)s.E,
+              (long long)s.K, (long long)r.rows, r.fwd_ms, r.bwd_ms, r.fwd_tflops() * scale, r.bwd_tflops() * scale,
+              mib(r.saved_bytes), mib(r.naive_bytes), double(r.saved_bytes) / double(r.naive_bytes),
+              mib(r.fwd_ws_bytes), mib(r.bwd_ws_bytes));
+  std::fflush(stdout);
+}
+
+std::string json_string(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+    o += c;
+  }
+  return o + "\"";
+}
+
+std::string json_list(const std::vector<double>& v) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
+  return s.str() + "]";
+}
+
+void write_json(const std::string& path, const std::string& command, Device dev, DType dt, int warmup, int iters,
+                const std::vector<BenchResult>& results) {
+  std::ofstream f(path);
+  if (!f) throw Error("--json: cannot open '" + path + "' for writing");
+  f.precision(10);
+  f << "{\n \"tool\": \"leanmoe " LEANMOE_VERSION "\",\n \"command\": " << json_string(command)
+    << ",\n \"device\": " << json_string(device_name(dev))
+    << ",\n \"description\": " << json_string(backend_description(dev)) << ",\n \"dtype\": \"" << dtype_name(dt)
+    << "\",\n \"warmup\": " << warmup << ",\n \"iters\": " << iters
+    << ",\n \"timing\": \"median over iters; steady_clock around each call, synchronize before and after\""
+    << ",\n \"results\": [";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const BenchResult& r = results[i];
+    const MoEConfig& c = r.cfg;
+    if (!r.error.empty()) {
+      f << (i ? "," : "") << "\n  {\"config\": " << json_string(r.shape.name) << ", \"T\": " << r.shape.T
+        << ", \"d\": " << r.shape.d << ", \"n\": " << r.shape.n << ", \"E\": " << r.shape.E << ", \"K\": " << r.shape.K
+        << ", \"error\": " << json_string(r.error) << "}";
+      continue;
+    }
+    f << (i ? "," : "") << "\n  {\"config\": " << json_string(r.shape.name) << ", \"T\": " << r.shape.T
+      << ", \"d\": " << c.d << ", \"n\": " << c.n << ", \"E\": " << c.E << ", \"K\": " << c.K
+      << ", \"router\": \"" << router_convention_name(c.router) << "\", \"norm_topk_prob\": "
+      << (c.norm_topk_prob ? "true" : "false") << ", \"routing\": \"" << routing_name(c.routing)
+      << "\", \"tile\": " << c.tile << ", \"rounding\": \"" << rounding_mode_name(c.rounding_mode)
+      << "\", \"device\": \"" << device_name(dev) << "\", \"dtype\": \"" << dtype_name(dt) << "\", \"rows\": " << r.rows
+      << ", \"rows_topk\": " << r.shape.T * c.K << ", \"fwd_ms\": " << r.fwd_ms << ", \"bwd_ms\": " << r.bwd_ms
+      << ", \"fwd_tflops\": " << r.fwd_tflops() << ", \"bwd_tflops\": " << r.bwd_tflops()
+      << ", \"fwd_flops\": " << forward_flops(c, r.shape.T) << ", \"bwd_flops\": " << backward_flops(c, r.shape.T)
+      << ", \"saved_bytes\": " << r.saved_bytes << ", \"naive_saved_bytes\": " << r.naive_bytes
+      << ", \"fwd_workspace_bytes\": " << r.fwd_ws_bytes << ", \"bwd_workspace_bytes\": " << r.bwd_ws_bytes
+      << ", \"activation_bytes\": " << r.activation_bytes() << ",\n   \"fwd_ms_all\": " << json_list(r.fwd_all_ms)
+      << ", \"bwd_ms_all\": " << json_list(r.bwd_all_ms) << "}";
+  }
+  f << "\n ]\n}\n";
+  if (!f) throw Error("--json: writing '" + path + "' failed");
+}
+
+int run_bench(const Options& o, const std::string& command) {
+  const Device dev = resolve_device(o.device);
+  const DType dt = o.dtype.value_or(dev == Device::cuda ? DType::bf16 : DType::f32);
+  const int warmup = o.warmup.value_or(dev == Device::cuda ? 3 : 1);
+  const int iters = o.iters.value_or(dev == Device::cuda ? 20 : 5);
+  std::vector<BenchShape> shapes = o.grid ? tools::grid_shapes() : std::vector<BenchShape>{chosen_shape(o, dev)};
+
+  std::printf("# leanmoe bench: %s, %s, %s, router %s%s, routing %s", device_name(dev),
+              backend_description(dev).c_str(), dtype_name(dt), router_convention_name(o.layer.router),
+              o.layer.norm_topk_prob ? " (norm)" : "", routing_name(o.layer.routing));
+  if (o.layer.routing == Routing::token_rounding)
+    std::printf(" (tile %lld, %s)", (long long)o.layer.tile, rounding_mode_name(o.layer.rounding_mode));
+  std::printf("; median of %d after %d warm-up\n", iters, warmup);
+  std::printf("# flops: fwd 6*T*K*d*n, bwd 12*T*K*d*n; saved = SavedState bytes without x; naive = a textbook "
+              "autograd's saved tensors; ratio = saved / naive\n");
+  print_bench_header(dev);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<BenchResult> results;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    std::string progress = "[" + std::to_string(i + 1) + "/" + std::to_string(shapes.size()) + "] " + shapes[i].name;
+    std::fprintf(stderr, "%s: T=%lld d=%lld n=%lld E=%lld K=%lld ...\n", progress.c_str(), (long long)shapes[i].T,
+                 (long long)shapes[i].d, (long long)shapes[i].n, (long long)shapes[i].E, (long long)shapes[i].K);
+    try {
+      results.push_back(bench_one(shapes[i], o.layer, dt, dev, warmup, iters, progress));
+      print_bench_row(results.back(), dev);
+    } catch (const std::exception& e) {
+      BenchResult failed;
+      failed.shape = shapes[i], failed.cfg = o.layer, failed.error = e.what();
+      results.push_back(failed);
+      std::printf("%-22s %-4s FAILED: %s\n", shapes[i].name.c_str(), device_name(dev), e.what());
+      std::fflush(stdout);
+    }
+  }
+  if (!o.json.empty()) {
+    write_json(o.json, command, dev, dt, warmup, iters, results);
+    std::fprintf(stderr, "wrote %s\n", o.json.c_str());
+  }
+  std::fprintf(stderr, "bench done in %.1f s (set-up, warm-up and repeats)\n",
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  const auto failed = std::count_if(results.begin(), results.end(), [](auto& r) { return !r.error.empty(); });
+  if (failed) std::fprintf(stderr, "leanmoe: %d of %zu configs failed\n", int(failed), results.size());
+  return failed ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// check
+// ---------------------------------------------------------------------------------------------
+struct CheckCase {
+  std::string name;
+  int64_t T;
+  MoEConfig cfg;
+  float d_aux = 0.f, d_z = 0.f;  // nonzero: the router backward's loss terms are exercised too
+};
+
+std::vector<CheckCase> check_cases(const Options& o) {
+  // d, n multiples of 64 and a full 128-row tile so the GPU backend's alignment rules hold; two
+  // shapes so E*K differs (8*2 and 16*4) and token rounding both adds and drops rows.
+  struct Shape { int64_t T, d, n, E, K; };
+  std::vector<Shape> shapes = {{512, 256, 128, 8, 2}, {256, 192, 64, 16, 4}};
+  if (has_shape_flags(o)) {
+    Shape s = shapes[0];
+    shapes = {{o.T.value_or(s.T), o.d.value_or(s.d), o.n.value_or(s.n), o.E.value_or(s.E), o.K.value_or(s.K)}};
+  }
+  // Tile 32 against 64..128 rows per expert on average: rounding both adds and drops rows (a
+  // 128 tile would round most experts of the second shape down to zero rows).
+  const int64_t tile = o.tile.value_or(32);
+  std::vector<CheckCase> cases;
+  for (const Shape& s : shapes) {
+    MoEConfig base;
+    base.d = s.d, base.n = s.n, base.E = s.E, base.K = s.K, base.tile = tile;
+    auto add = [&](std::string name, auto tweak, float d_aux = 0.f, float d_z = 0.f) {
+      MoEConfig c = base;
+      tweak(c);
+      char dims[96];
+      std::snprintf(dims, sizeof dims, "T%lld d%lld n%lld E%lld K%lld ", (long long)s.T, (long long)s.d,
+                    (long long)s.n, (long long)s.E, (long long)s.K);
+      cases.push_back({dims + name, s.T, c, d_aux, d_z});
+    };
+    using RC = RouterConvention;
+    add("topk_then_softmax", [](MoEConfig& c) { c.router = RC::topk_then_softmax; });
+    add("softmax_then_topk", [](MoEConfig& c) { c.router = RC::softmax_then_topk; });
+    add("softmax_then_topk+norm+losses", [](MoEConfig& c) { c.router = RC::softmax_then_topk, c.norm_topk_prob = true; },
+        0.01f, 0.001f);
+    add("token-rounding nearest", [](MoEConfig& c) { c.router = RC::topk_then_softmax, c.routing = Routing::token_rounding; });
+    add("token-rounding up+norm", [](MoEConfig& c) {
+      c.router = RC::softmax_then_topk, c.norm_topk_prob = true, c.routing = Routing::token_rounding;
+      c.rounding_mode = RoundingMode::up;
+    });
+    add("token-rounding down", [](MoEConfig& c) {
+      c.router = RC::softmax_then_topk, c.routing = Routing::token_rounding, c.rounding_mode = RoundingMode::down;
+    }, 0.01f, 0.001f);
+  }
+  return cases;
+}
+
+int run_check(const Options& o) {
+  const Device dev = resolve_device(o.device);
+  const DType dt = o.dtype.value_or(dev == Device::cuda ? DType::bf16 : DType::f32);
+  // bf16: every stored tensor carries a relative rounding of 2^-9 = 2e-3, and a gradient passes
+  // through up to four such roundings plus fp32 accumulation order: 2e-2 leaves room for that and
+  // still catches a wrong term (which shows as O(1)). f32 against a double reference: fp32
+  // accumulation over d <= 256 terms gives ~1e-6..1e-5.
+  const double threshold = dt == DType::bf16 ? 2e-2 : 1e-4;
+  std::printf("# leanmoe check: %s (%s), %s, reference naive<%s>, threshold %.0e relative\n", device_name(dev),
+              backend_description(dev).c_str(), dtype_name(dt), dt == DType::bf16 ? "float" : "double", threshold);
+  const char* names[] = {"out", "dx", "d_router", "d_gate_up", "d_down", "losses"};
+  std::printf("%-58s %4s", "case", "seed");
+  for (const char* nm : names) std::printf(" %10s", nm);
+  std::printf(" %6s %7s %s\n", "rows", "routing", "result");
+  int failures = 0, runs = 0;
+  for (const CheckCase& c : check_cases(o)) {
+    for (int seed = 0; seed < o.seeds; ++seed, ++runs) {
+      reference::HostLayerInputs in = reference::random_inputs(c.cfg, c.T, dt, uint64_t(seed) + 1);
+      in.d_aux = c.d_aux, in.d_z = c.d_z;
+      std::printf("%-58s %4d", c.name.c_str(), seed);
+      std::fflush(stdout);
+      bool ok = true;
+      try {
+        reference::HostLayerOutputs got = reference::run_backend(in, dev);
+        reference::HostLayerOutputs want = dt == DType::bf16 ? reference::naive_forward_backward<float>(in)
+                                                             : reference::naive_forward_backward<double>(in);
+        std::pair<const std::vector<float>*, const std::vector<float>*> pairs[] = {
+            {&got.out, &want.out}, {&got.dx, &want.dx}, {&got.d_router, &want.d_router},
+            {&got.d_gate_up, &want.d_gate_up}, {&got.d_down, &want.d_down}};
+        for (auto [a, b] : pairs) {
+          double e = reference::rel_error(*a, *b);
+          ok &= e <= threshold;  // NaN fails too
+          std::printf(" %10.2e", e);
+        }
+        double e = reference::rel_error({got.aux_loss, got.z_loss}, {want.aux_loss, want.z_loss});
+        ok &= e <= threshold;
+        const bool same_routing = got.expert_counts == want.expert_counts;
+        ok &= same_routing;
+        int64_t rows = 0;
+        for (int32_t c : got.expert_counts) rows += c;
+        std::printf(" %10.2e %6lld %7s %s\n", e, (long long)rows, same_routing ? "same" : "DIFFERS", ok ? "ok" : "FAIL");
+      } catch (const std::exception& ex) {
+        ok = false;
+        std::printf("  FAIL: %s\n", ex.what());
+      }
+      failures += !ok;
+    }
+  }
+  std::printf("# %d of %d runs %s\n", runs - failures, runs, failures ? "passed: MISMATCH" : "passed");
+  return failures ? 1 : 0;
+}
+
+int run_version() {
+  std::printf("leanmoe %s\n", LEANMOE_VERSION);
+#ifdef LEANMOE_WITH_CUDA
+  std::printf("built with the CUDA backend (sm_90a)\n");
+#else
+  std::printf("built without the CUDA backend\n");
+#endif
+  for (Device dev : {Device::cpu, Device::cuda})
+    std::printf("%-5s %s\n", device_name(dev),
+                backend_available(dev) ? backend_description(dev).c_str() : "not available");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  std::string command = "leanmoe";
+  for (const std::string& a : args) command += " " + a;
+  try {
+    if (args.empty()) throw UsageError("missing subcommand (bench, check or version)");
+    const std::string cmd = args[0];
+    args.erase(args.begin());
+    if (cmd == "--help" || cmd == "-h" || cmd == "help" ||
+        std::find_if(args.begin(), args.end(), [](auto& a) { return a == "--help" || a == "-h"; }) != args.end()) {
+      std::fputs(kUsage, stdout);
+      std::printf("\nnamed configs: %s\n", tools::shape_names().c_str());
+      return 0;
+    }
+    if (cmd == "version" || cmd == "--version") return run_version();
+    if (cmd == "bench") return run_bench(parse_options(cmd, args), command);
+    if (cmd == "check") return run_check(parse_options(cmd, args));
+    throw UsageError("unknown subcommand '" + cmd + "' (expected bench, check or version)");
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "leanmoe: %s\nrun 'leanmoe --help' for usage\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "leanmoe: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -133,10 +133,10 @@ void ExpertOptimizer::register_tensor(const std::string& name, const Tensor& par
   s->param = param;
   const int64_t numel = param.numel();
   const size_t bytes = size_t(numel) * sizeof(float);
-  const std::vector<float> zeros(static_cast<size_t>(numel), 0.f);
+  // Initialised on the device itself: a 16-layer OLMoE-shaped stack holds ~50 GB of AdamW moments.
   auto zeroed = [&](StateKind k) {
     s->buf(k) = Buffer(param.device, bytes);
-    copy_to_device(param.device, s->ptr(k), zeros.data(), bytes);
+    detail::zero_state(param.device, s->ptr(k), numel);
   };
   if (std::holds_alternative<AdamW>(rule_)) {
     zeroed(StateKind::exp_avg);
@@ -145,12 +145,8 @@ void ExpertOptimizer::register_tensor(const std::string& name, const Tensor& par
     zeroed(StateKind::momentum);
   }
   if (fp32_master) {
-    std::vector<bf16> host(static_cast<size_t>(numel));
-    copy_to_host(param.device, host.data(), param.data, size_t(numel) * sizeof(bf16));
-    std::vector<float> master(static_cast<size_t>(numel));
-    for (size_t i = 0; i < host.size(); ++i) master[i] = bf16_to_float(host[i]);
     s->buf(StateKind::master) = Buffer(param.device, bytes);
-    copy_to_device(param.device, s->ptr(StateKind::master), master.data(), bytes);
+    detail::master_from_bf16(param.device, param.ptr<bf16>(), s->ptr(StateKind::master), numel);
   }
   index_[name] = slots_.size();
   slots_.push_back(std::move(s));

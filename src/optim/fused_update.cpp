@@ -2,6 +2,7 @@
 #include "optim/fused_update.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 
 namespace leanmoe::optim::detail {
@@ -81,13 +82,45 @@ void fused_update_cpu(const FusedUpdate& u) {
   update_typed<float, float>(u);
 }
 
+#if !LEANMOE_OPTIM_CUDA_UPDATE
+namespace {
+[[noreturn]] void no_gpu_update(const char* fn, Device device) {
+  throw Error(std::string(fn) + ": argument 'param': no fused update for device " + device_name(device) +
+              " in this build (built without the CUDA backend)");
+}
+}  // namespace
+#endif
+
 void fused_update(const FusedUpdate& u) {
   if (u.param.device == Device::cpu) return fused_update_cpu(u);
 #if LEANMOE_OPTIM_CUDA_UPDATE
   return fused_update_cuda(u);
 #else
-  throw Error(std::string("ExpertOptimizer::step: argument 'param': no fused update for device ") +
-              device_name(u.param.device) + " yet (seam: fused_update_cuda in src/optim/fused_update.h)");
+  no_gpu_update("ExpertOptimizer::step", u.param.device);
+#endif
+}
+
+void zero_state(Device device, float* state, int64_t numel) {
+  if (device == Device::cpu) {
+    std::memset(state, 0, size_t(numel) * sizeof(float));
+    return;
+  }
+#if LEANMOE_OPTIM_CUDA_UPDATE
+  zero_state_cuda(state, numel);
+#else
+  no_gpu_update("ExpertOptimizer::register_tensor", device);
+#endif
+}
+
+void master_from_bf16(Device device, const bf16* param, float* master, int64_t numel) {
+  if (device == Device::cpu) {
+    for (int64_t i = 0; i < numel; ++i) master[i] = bf16_to_float(param[i]);
+    return;
+  }
+#if LEANMOE_OPTIM_CUDA_UPDATE
+  master_from_bf16_cuda(param, master, numel);
+#else
+  no_gpu_update("ExpertOptimizer::register_tensor", device);
 #endif
 }
 

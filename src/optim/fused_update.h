@@ -11,16 +11,21 @@
 // No reduction anywhere: each element depends only on its own inputs, so any split across
 // threads or CUDA blocks gives the same bits.
 //
-// GPU seam: a CUDA implementation defines fused_update_cuda (e.g. src/cuda/optim_update.cu: one
-// launch per tensor, 16-byte vector accesses, on u.stream) and sets LEANMOE_OPTIM_CUDA_UPDATE to
-// 1 below; until then fused_update() refuses cuda tensors with an Error.
+// GPU: src/cuda/optim_update.cu defines the *_cuda functions below (one launch per tensor, 16-byte
+// vector accesses, on u.stream, no synchronisation); LEANMOE_OPTIM_CUDA_UPDATE is 1 whenever the
+// library is built with its CUDA backend. The GPU kernel rounds every operation explicitly, so
+// both devices produce the same bits (src/cuda/kernels/optim_update.cuh says why).
 #pragma once
 #include <cstdint>
 
 #include "leanmoe/leanmoe.h"
 
 #ifndef LEANMOE_OPTIM_CUDA_UPDATE
+#ifdef LEANMOE_WITH_CUDA
+#define LEANMOE_OPTIM_CUDA_UPDATE 1
+#else
 #define LEANMOE_OPTIM_CUDA_UPDATE 0
+#endif
 #endif
 
 namespace leanmoe::optim::detail {
@@ -50,8 +55,16 @@ struct FusedUpdate {
 // Dispatches on param.device.
 void fused_update(const FusedUpdate& u);
 void fused_update_cpu(const FusedUpdate& u);
+
+// State initialisation on the state's device (register_tensor): zeroed fp32 buffer, and the fp32
+// master copy of bf16 parameters. Both have returned with the memory written.
+void zero_state(Device device, float* state, int64_t numel);
+void master_from_bf16(Device device, const bf16* param, float* master, int64_t numel);
+
 #if LEANMOE_OPTIM_CUDA_UPDATE
 void fused_update_cuda(const FusedUpdate& u);
+void zero_state_cuda(float* state, int64_t numel);
+void master_from_bf16_cuda(const bf16* param, float* master, int64_t numel);
 #endif
 
 }  // namespace leanmoe::optim::detail

@@ -1,0 +1,317 @@
+// PyTorch operators over the leanmoe C++ API (the only file of the project that includes torch).
+//
+//   leanmoe::moe_forward          routing + experts; returns the output, the losses {aux, z} and
+//                                 the saved state of SPEC §3 as tensors (H, gates, routing arrays)
+//   leanmoe::moe_backward         gradients of x, the router and both expert weights
+//   leanmoe::moe_backward_adamw_  in-backward mode: dx and d_router are returned, each expert
+//                                 weight is updated by AdamW the moment its gradient is complete
+//                                 (the API's on_expert_grad callback) and its gradient is dropped
+//   leanmoe::adamw_step_          the same AdamW update, for the standard (after-backward) path
+//
+// One kernel per operator serves both devices: tensors are handed over as views, and on the GPU
+// the backend runs on torch's current stream. Workspaces come from torch's allocator (the CUDA
+// caching allocator on the GPU), so nothing is allocated behind torch's back.
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#ifdef LEANMOE_TORCH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <string>
+#include <tuple>
+
+#include "leanmoe/leanmoe.h"
+
+namespace {
+
+using leanmoe::DType;
+
+leanmoe::Tensor view_of(const at::Tensor& t, const char* arg) {
+  leanmoe::Tensor v;
+  if (!t.defined()) return v;
+  TORCH_CHECK(t.dim() <= leanmoe::Tensor::kMaxDims, "leanmoe: argument '", arg, "': at most 4 dims, got ",
+              t.dim());
+  switch (t.scalar_type()) {
+    case at::kBFloat16: v.dtype = DType::bf16; break;
+    case at::kFloat: v.dtype = DType::f32; break;
+    case at::kInt: v.dtype = DType::i32; break;
+    default: TORCH_CHECK(false, "leanmoe: argument '", arg, "': dtype must be bfloat16, float32 or int32, got ",
+                         t.scalar_type());
+  }
+  TORCH_CHECK(t.is_cpu() || t.is_cuda(), "leanmoe: argument '", arg, "': must be on cpu or cuda, got ",
+              t.device());
+  v.device = t.is_cuda() ? leanmoe::Device::cuda : leanmoe::Device::cpu;
+  v.device_index = t.is_cuda() ? t.device().index() : 0;
+  v.data = t.data_ptr();
+  v.ndim = int(t.dim());
+  for (int i = 0; i < v.ndim; ++i) {
+    v.shape[i] = t.size(i);
+    v.stride[i] = t.stride(i);
+  }
+  return v;
+}
+
+leanmoe::Stream current_stream(const at::Tensor& t) {
+#ifdef LEANMOE_TORCH_CUDA
+  if (t.is_cuda()) return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+#else
+  TORCH_CHECK(!t.is_cuda(), "leanmoe: this build of the torch extension has no CUDA support");
+#endif
+  return nullptr;
+}
+
+leanmoe::MoEConfig make_config(const at::Tensor& gate_up_proj, int64_t top_k, c10::string_view router,
+                               bool norm_topk_prob, c10::string_view routing, int64_t tile,
+                               c10::string_view rounding_mode) {
+  TORCH_CHECK(gate_up_proj.dim() == 3, "leanmoe: argument 'gate_up_proj': must be 3-D [E, 2n, d], got ",
+              gate_up_proj.sizes());
+  leanmoe::MoEConfig c;
+  c.E = gate_up_proj.size(0);
+  c.n = gate_up_proj.size(1) / 2;
+  c.d = gate_up_proj.size(2);
+  c.K = top_k;
+  if (router == "softmax_then_topk") c.router = leanmoe::RouterConvention::softmax_then_topk;
+  else if (router == "topk_then_softmax") c.router = leanmoe::RouterConvention::topk_then_softmax;
+  else TORCH_CHECK(false, "leanmoe: argument 'router': must be 'softmax_then_topk' or 'topk_then_softmax', got '",
+                   std::string(router), "'");
+  c.norm_topk_prob = norm_topk_prob;
+  if (routing == "topk") c.routing = leanmoe::Routing::topk;
+  else if (routing == "token_rounding") c.routing = leanmoe::Routing::token_rounding;
+  else TORCH_CHECK(false, "leanmoe: argument 'routing': must be 'topk' or 'token_rounding', got '",
+                   std::string(routing), "'");
+  c.tile = tile;
+  if (rounding_mode == "nearest") c.rounding_mode = leanmoe::RoundingMode::nearest;
+  else if (rounding_mode == "up") c.rounding_mode = leanmoe::RoundingMode::up;
+  else if (rounding_mode == "down") c.rounding_mode = leanmoe::RoundingMode::down;
+  else TORCH_CHECK(false, "leanmoe: argument 'rounding_mode': must be 'nearest', 'up' or 'down', got '",
+                   std::string(rounding_mode), "'");
+  return c;
+}
+
+leanmoe::DType storage_dtype(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 ? DType::bf16 : DType::f32; }
+leanmoe::Device leanmoe_device(const at::Tensor& t) { return t.is_cuda() ? leanmoe::Device::cuda : leanmoe::Device::cpu; }
+
+at::Tensor workspace(size_t bytes, const at::Tensor& like) {
+  return at::empty({int64_t(bytes)}, like.options().dtype(at::kByte));
+}
+
+// Converts leanmoe::Error into a Python ValueError (its message already names argument and rule).
+template <class F>
+auto translate_errors(F&& f) {
+  try {
+    return f();
+  } catch (const leanmoe::Error& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
+using SavedTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// The saved-state views over torch tensors (each contiguous, shaped as make_saved_state makes them).
+leanmoe::SavedState saved_state(const leanmoe::MoEConfig& cfg, const at::Tensor& x, const at::Tensor& h,
+                                const at::Tensor& row_gate, const at::Tensor& row_token,
+                                const at::Tensor& token_rows, const at::Tensor& token_offsets,
+                                const at::Tensor& expert_offsets, const at::Tensor& topk_experts) {
+  leanmoe::SavedState s;
+  s.T = x.size(0);
+  s.rows_capacity = leanmoe::max_routed_rows(cfg, s.T);
+  s.x = view_of(x, "x");
+  s.h = view_of(h, "h");
+  s.row_gate = view_of(row_gate, "row_gate");
+  s.row_token = view_of(row_token, "row_token");
+  s.token_rows = view_of(token_rows, "token_rows");
+  s.token_offsets = view_of(token_offsets, "token_offsets");
+  s.expert_offsets = view_of(expert_offsets, "expert_offsets");
+  s.topk_experts = view_of(topk_experts, "topk_experts");
+  return s;
+}
+
+leanmoe::MoEWeights weights(const at::Tensor& router_weight, const at::Tensor& gate_up_proj,
+                            const at::Tensor& down_proj) {
+  return {view_of(router_weight, "router_weight"), view_of(gate_up_proj, "gate_up_proj"),
+          view_of(down_proj, "down_proj")};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+moe_forward(const at::Tensor& x, const at::Tensor& router_weight, const at::Tensor& gate_up_proj,
+            const at::Tensor& down_proj, int64_t top_k, c10::string_view router, bool norm_topk_prob,
+            c10::string_view routing, int64_t tile, c10::string_view rounding_mode) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const leanmoe::MoEConfig cfg =
+        make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode);
+    TORCH_CHECK(x.dim() == 2, "leanmoe::moe_forward: argument 'x': must be 2-D [T, d], got ", x.sizes());
+    const int64_t T = x.size(0);
+    const int64_t R = leanmoe::max_routed_rows(cfg, T);
+    const auto f32 = x.options().dtype(at::kFloat);
+    const auto i32 = x.options().dtype(at::kInt);
+    // With token rounding fewer than R_max rows may be used; the rest is zeroed so that the outputs
+    // are a function of the inputs (opcheck and torch.compile compare them).
+    const bool partial = cfg.routing == leanmoe::Routing::token_rounding;
+    auto rows = [&](at::IntArrayRef shape, const at::TensorOptions& o) {
+      return partial ? at::zeros(shape, o) : at::empty(shape, o);
+    };
+    at::Tensor out = at::empty({T, cfg.d}, x.options());
+    at::Tensor losses = at::empty({2}, f32);
+    at::Tensor h = rows({R, 2 * cfg.n}, x.options());
+    at::Tensor row_gate = rows({R}, f32), row_token = rows({R}, i32), token_rows = rows({R}, i32);
+    at::Tensor token_offsets = at::empty({T + 1}, i32), expert_offsets = at::empty({cfg.E + 1}, i32);
+    at::Tensor topk_experts = at::empty({T, cfg.K}, i32);
+    leanmoe::SavedState saved =
+        saved_state(cfg, x, h, row_gate, row_token, token_rows, token_offsets, expert_offsets, topk_experts);
+    const leanmoe::LayerPlan plan = leanmoe::plan_layer(cfg, T, storage_dtype(x), leanmoe_device(x));
+    at::Tensor ws = workspace(plan.forward_workspace_bytes, x);
+    leanmoe::forward(cfg, view_of(x, "x"), weights(router_weight, gate_up_proj, down_proj), view_of(out, "out"),
+                     view_of(losses, "losses"), saved, {ws.data_ptr(), plan.forward_workspace_bytes},
+                     current_stream(x));
+    return std::make_tuple(out, losses, h, row_gate, row_token, token_rows, token_offsets, expert_offsets,
+                           topk_experts);
+  });
+}
+
+// Shared by both backward operators: runs leanmoe::backward with the given expert-gradient
+// buffers and callback, returns {dx, d_router}.
+std::tuple<at::Tensor, at::Tensor> run_backward(
+    const leanmoe::MoEConfig& cfg, const at::Tensor& d_out, const at::Tensor& d_losses, const at::Tensor& x,
+    const at::Tensor& router_weight, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
+    const at::Tensor& h, const at::Tensor& row_gate, const at::Tensor& row_token, const at::Tensor& token_rows,
+    const at::Tensor& token_offsets, const at::Tensor& expert_offsets, const at::Tensor& topk_experts,
+    const leanmoe::Tensor& d_gate_up_proj, const leanmoe::Tensor& d_down_proj,
+    const leanmoe::ExpertGradCallback& on_expert_grad) {
+  const int64_t T = x.size(0);
+  // Autograd may hand over a non-contiguous or expanded gradient; the API wants row-major storage.
+  const at::Tensor dout = d_out.contiguous();
+  const at::Tensor dlosses = d_losses.to(at::kFloat).contiguous();
+  at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor d_router = at::empty_like(router_weight, at::MemoryFormat::Contiguous);
+  const leanmoe::SavedState saved =
+      saved_state(cfg, x, h, row_gate, row_token, token_rows, token_offsets, expert_offsets, topk_experts);
+  const leanmoe::LayerPlan plan = leanmoe::plan_layer(cfg, T, storage_dtype(x), leanmoe_device(x));
+  at::Tensor ws = workspace(plan.backward_workspace_bytes, x);
+  const leanmoe::MoEGrads grads{view_of(dx, "dx"), view_of(d_router, "d_router"), d_gate_up_proj, d_down_proj};
+  leanmoe::backward(cfg, view_of(dout, "d_out"), view_of(dlosses, "d_losses"),
+                    weights(router_weight, gate_up_proj, down_proj), saved, grads,
+                    {ws.data_ptr(), plan.backward_workspace_bytes}, on_expert_grad, current_stream(x));
+  return {dx, d_router};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_backward(
+    const at::Tensor& d_out, const at::Tensor& d_losses, const at::Tensor& x, const at::Tensor& router_weight,
+    const at::Tensor& gate_up_proj, const at::Tensor& down_proj, const at::Tensor& h, const at::Tensor& row_gate,
+    const at::Tensor& row_token, const at::Tensor& token_rows, const at::Tensor& token_offsets,
+    const at::Tensor& expert_offsets, const at::Tensor& topk_experts, int64_t top_k, c10::string_view router,
+    bool norm_topk_prob, c10::string_view routing, int64_t tile, c10::string_view rounding_mode) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const leanmoe::MoEConfig cfg =
+        make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode);
+    at::Tensor d_gate_up = at::empty_like(gate_up_proj, at::MemoryFormat::Contiguous);
+    at::Tensor d_down = at::empty_like(down_proj, at::MemoryFormat::Contiguous);
+    auto [dx, d_router] = run_backward(cfg, d_out, d_losses, x, router_weight, gate_up_proj, down_proj, h, row_gate,
+                                       row_token, token_rows, token_offsets, expert_offsets, topk_experts,
+                                       view_of(d_gate_up, "d_gate_up_proj"), view_of(d_down, "d_down_proj"), nullptr);
+    return std::make_tuple(dx, d_router, d_gate_up, d_down);
+  });
+}
+
+struct AdamWHyper {
+  double lr, beta1, beta2, weight_decay, eps;
+};
+
+// One AdamW step of one tensor: exactly what torch.optim.AdamW(fused=True) does per parameter
+// (step += 1, then the fused kernel), so both training modes and plain torch agree bit for bit.
+void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                  const at::Tensor& exp_avg_sq, const at::Tensor& step, const AdamWHyper& hp) {
+  step.add_(1);
+  at::_fused_adamw_({param}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {step}, hp.lr, hp.beta1, hp.beta2,
+                    hp.weight_decay, hp.eps, /*amsgrad=*/false, /*maximize=*/false);
+}
+
+void adamw_step_(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                 const at::Tensor& exp_avg_sq, const at::Tensor& step, double lr, double beta1, double beta2,
+                 double weight_decay, double eps) {
+  c10::DeviceGuard guard(param.device());
+  adamw_update(param, grad, exp_avg, exp_avg_sq, step, {lr, beta1, beta2, weight_decay, eps});
+}
+
+std::tuple<at::Tensor, at::Tensor> moe_backward_adamw_(
+    const at::Tensor& d_out, const at::Tensor& d_losses, const at::Tensor& x, const at::Tensor& router_weight,
+    const at::Tensor& gate_up_proj, const at::Tensor& down_proj, const at::Tensor& h, const at::Tensor& row_gate,
+    const at::Tensor& row_token, const at::Tensor& token_rows, const at::Tensor& token_offsets,
+    const at::Tensor& expert_offsets, const at::Tensor& topk_experts, int64_t top_k, c10::string_view router,
+    bool norm_topk_prob, c10::string_view routing, int64_t tile, c10::string_view rounding_mode,
+    const at::Tensor& gate_up_exp_avg, const at::Tensor& gate_up_exp_avg_sq, const at::Tensor& gate_up_step,
+    const at::Tensor& down_exp_avg, const at::Tensor& down_exp_avg_sq, const at::Tensor& down_step, double lr,
+    double beta1, double beta2, double weight_decay, double eps) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const leanmoe::MoEConfig cfg =
+        make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode);
+    TORCH_CHECK(gate_up_proj.is_contiguous() && down_proj.is_contiguous(),
+                "leanmoe::moe_backward_adamw_: arguments 'gate_up_proj' and 'down_proj': must be contiguous "
+                "(they are updated in place)");
+    // One gradient buffer for both weights: dW2 ([E, d, n]) sits in the front of dW1's
+    // [E, 2n, d] and is consumed (the callback) before dW1 is written, so the layer's expert
+    // gradients cost 2/3 of dW1 + dW2.
+    at::Tensor grad_buffer = at::empty({gate_up_proj.numel()}, gate_up_proj.options());
+    const at::Tensor d_gate_up = grad_buffer.view(gate_up_proj.sizes());
+    const at::Tensor d_down = grad_buffer.narrow(0, 0, down_proj.numel()).view(down_proj.sizes());
+    const AdamWHyper hp{lr, beta1, beta2, weight_decay, eps};
+    bool updated_down = false, updated_gate_up = false;
+    auto on_expert_grad = [&](leanmoe::ExpertWeight which, const leanmoe::Tensor&) {
+      if (which == leanmoe::ExpertWeight::down_proj) {
+        adamw_update(down_proj, d_down, down_exp_avg, down_exp_avg_sq, down_step, hp);
+        updated_down = true;
+      } else {
+        adamw_update(gate_up_proj, d_gate_up, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, hp);
+        updated_gate_up = true;
+      }
+    };
+    auto result = run_backward(cfg, d_out, d_losses, x, router_weight, gate_up_proj, down_proj, h, row_gate,
+                               row_token, token_rows, token_offsets, expert_offsets, topk_experts,
+                               view_of(d_gate_up, "d_gate_up_proj"), view_of(d_down, "d_down_proj"),
+                               on_expert_grad);
+    TORCH_CHECK(updated_down && updated_gate_up,
+                "leanmoe::moe_backward_adamw_: the backend returned without handing over both expert gradients");
+    return result;
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY(leanmoe, m) {
+  const std::string config =
+      "int top_k, str router, bool norm_topk_prob, str routing, int tile, str rounding_mode";
+  const std::string saved =
+      "Tensor h, Tensor row_gate, Tensor row_token, Tensor token_rows, Tensor token_offsets, "
+      "Tensor expert_offsets, Tensor topk_experts";
+  m.def(("moe_forward(Tensor x, Tensor router_weight, Tensor gate_up_proj, Tensor down_proj, " + config +
+        ") -> (Tensor out, Tensor losses, " + saved + ")").c_str());
+  m.def(("moe_backward(Tensor d_out, Tensor d_losses, Tensor x, Tensor router_weight, Tensor gate_up_proj, "
+        "Tensor down_proj, " + saved + ", " + config +
+        ") -> (Tensor dx, Tensor d_router, Tensor d_gate_up_proj, Tensor d_down_proj)").c_str());
+  m.def(("moe_backward_adamw_(Tensor d_out, Tensor d_losses, Tensor x, Tensor router_weight, "
+        "Tensor(a!) gate_up_proj, Tensor(b!) down_proj, " + saved + ", " + config +
+        ", Tensor(c!) gate_up_exp_avg, Tensor(d!) gate_up_exp_avg_sq, Tensor(e!) gate_up_step, "
+        "Tensor(f!) down_exp_avg, Tensor(g!) down_exp_avg_sq, Tensor(h!) down_step, "
+        "float lr, float beta1, float beta2, float weight_decay, float eps) -> (Tensor dx, Tensor d_router)").c_str());
+  m.def("adamw_step_(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
+        "float lr, float beta1, float beta2, float weight_decay, float eps) -> ()");
+  m.def("cuda_available() -> bool", [] { return leanmoe::backend_available(leanmoe::Device::cuda); });
+}
+
+TORCH_LIBRARY_IMPL(leanmoe, CPU, m) {
+  m.impl("moe_forward", &moe_forward);
+  m.impl("moe_backward", &moe_backward);
+  m.impl("moe_backward_adamw_", &moe_backward_adamw_);
+  m.impl("adamw_step_", &adamw_step_);
+}
+
+TORCH_LIBRARY_IMPL(leanmoe, CUDA, m) {
+  m.impl("moe_forward", &moe_forward);
+  m.impl("moe_backward", &moe_backward);
+  m.impl("moe_backward_adamw_", &moe_backward_adamw_);
+  m.impl("adamw_step_", &adamw_step_);
+}

@@ -1,0 +1,138 @@
+"""Expert optimizer with in-backward updates (SPEC §6, Sonar-MoE).
+
+ExpertAdamW(expert_params, lr, betas, eps, weight_decay, in_backward=True) is a torch Optimizer over
+the batched expert tensors ([E, 2n, d] gate_up_proj and [E, d, n] down_proj of each layer):
+
+- in_backward=True: each expert tensor is updated inside the layer's C++ backward, the moment its
+  gradient is complete (down_proj after the last read of W2, then gate_up_proj after the last read
+  of W1); the gradient is dropped at once and never lands in ``.grad``. ``step()`` ends the training
+  step (and updates, the standard way, any expert tensor that did receive a ``.grad``).
+- in_backward=False: standard; ``step()`` updates every expert tensor from its ``.grad``.
+
+Both modes run the same update (torch's fused AdamW kernel, one tensor at a time, what
+``torch.optim.AdamW(fused=True)`` does), so without gradient accumulation and without clipping of
+expert gradients the weights and the optimizer state are bitwise equal between the two modes, and
+equal to torch.optim.AdamW(fused=True) over the same tensors.
+
+The dense (non-expert) parameters are handled by any torch optimizer; clip them with
+``torch.nn.utils.clip_grad_norm_(leanmoe.optim.dense_parameters(model), max_norm)``. Expert
+gradients are never clipped (a global norm is unknown until backward ends): a change of semantics
+versus clipping every gradient. The state dict has torch AdamW's format; LR schedulers work on
+``param_groups`` as usual.
+"""
+import torch
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ._ops import ops
+
+_IN_BACKWARD = WeakIdKeyDictionary()  # expert parameter -> the in-backward ExpertAdamW owning it
+
+EXPERT_PARAMETER_NAMES = ("gate_up_proj", "down_proj")
+
+
+def expert_parameters(model: torch.nn.Module):
+    """The batched expert tensors of a model: 3-D parameters named gate_up_proj or down_proj."""
+    return [p for name, p in model.named_parameters()
+            if name.rsplit(".", 1)[-1] in EXPERT_PARAMETER_NAMES and p.dim() == 3]
+
+
+def dense_parameters(model: torch.nn.Module):
+    """Every other parameter (router, attention, embeddings, norms, ...)."""
+    experts = {id(p) for p in expert_parameters(model)}
+    return [p for p in model.parameters() if id(p) not in experts]
+
+
+def _in_backward_optimizer(gate_up_proj, down_proj):
+    opt = _IN_BACKWARD.get(gate_up_proj)
+    if _IN_BACKWARD.get(down_proj) is not opt:
+        raise ValueError("leanmoe: arguments 'gate_up_proj' and 'down_proj': must both belong to the same in-backward "
+                         "ExpertAdamW, or neither")
+    return opt
+
+
+class ExpertAdamW(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, in_backward=True):
+        if not lr >= 0:
+            raise ValueError(f"leanmoe.optim.ExpertAdamW: argument 'lr': must be >= 0, got {lr}")
+        # fused=True: load_state_dict then puts 'step' on the parameter's device, as the fused kernel needs.
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=True)
+        super().__init__(params, defaults)
+        self.in_backward = bool(in_backward)
+        self._updated = set()  # ids of the tensors updated in backward since the last step()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dtype not in (torch.float32, torch.bfloat16):
+                    raise ValueError(f"leanmoe.optim.ExpertAdamW: argument 'params': dtype must be float32 or "
+                                     f"bfloat16, got {p.dtype}")
+                if self.in_backward:
+                    owner = _IN_BACKWARD.get(p)
+                    if owner is not None and owner is not self:
+                        raise ValueError("leanmoe.optim.ExpertAdamW: argument 'params': a tensor already belongs to "
+                                         "another in-backward optimizer")
+                    _IN_BACKWARD[p] = self
+
+    def release(self):
+        """Stops in-backward updates for this optimizer's tensors (they get .grad again)."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                if _IN_BACKWARD.get(p) is self:
+                    del _IN_BACKWARD[p]
+        self.in_backward = False
+
+    # ---- the update, shared by both modes ----
+    def _state(self, p):
+        state = self.state[p]
+        if len(state) == 0:
+            # torch.optim.AdamW(fused=True)'s state: an fp32 step on the device, moments like p.
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
+    def _hyper(self, p):
+        for group in self.param_groups:
+            if any(q is p for q in group["params"]):
+                beta1, beta2 = group["betas"]
+                return (float(group["lr"]), float(beta1), float(beta2), float(group["weight_decay"]),
+                        float(group["eps"]))
+        raise ValueError("leanmoe.optim.ExpertAdamW: a tensor handed to the update is not one of this optimizer's")
+
+    def _check_not_updated(self, gate_up_proj, down_proj, where):
+        if id(gate_up_proj) in self._updated or id(down_proj) in self._updated:
+            raise RuntimeError(
+                f"leanmoe.optim: an expert weight updated in this step's backward is read again by {where} before "
+                "optimizer.step(). In-backward expert updates do not support gradient accumulation over "
+                "micro-batches nor activation recomputation (gradient checkpointing): call step() after every "
+                "backward, or use ExpertAdamW(..., in_backward=False).")
+
+    def _backward_with_update(self, d_out, d_losses, x, router_weight, gate_up_proj, down_proj, saved, config):
+        self._check_not_updated(gate_up_proj, down_proj, "a second backward")
+        hyper = self._hyper(gate_up_proj)
+        if self._hyper(down_proj) != hyper:
+            raise ValueError("leanmoe.optim.ExpertAdamW: a layer's gate_up_proj and down_proj must share their "
+                             "hyper-parameters (put them in the same param group)")
+        g, d = self._state(gate_up_proj), self._state(down_proj)
+        with torch.no_grad():
+            dx, d_router = ops.moe_backward_adamw_(
+                d_out, d_losses, x, router_weight, gate_up_proj, down_proj, *saved, *config,
+                g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper)
+        self._updated.update((id(gate_up_proj), id(down_proj)))
+        return dx, d_router
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if id(p) in self._updated:
+                    raise RuntimeError("leanmoe.optim.ExpertAdamW: a tensor was updated in backward and also has a "
+                                       ".grad (two paths into one weight)")
+                state = self._state(p)
+                ops.adamw_step_(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], *self._hyper(p))
+        self._updated.clear()
+        return loss

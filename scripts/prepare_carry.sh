@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Fills .carry/ (git-ignored) with what scripts/device_bench.sh needs on the GPU machine, which
+# has no network: CUTLASS's headers (from the nvidia-cutlass wheel, ~28 MB), the PyTorch anchor
+# script, and the commit being measured. Then: device run with carry [".carry"] and the command
+# `bash scripts/device_bench.sh`.
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+anchor="${LEANMOE_ANCHOR:-../shared/anchors/torch_moe_baseline.py}"
+
+if ! src="$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))" 2>/dev/null)"; then
+  echo "prepare_carry: the nvidia-cutlass wheel is missing: python3 -m pip install nvidia-cutlass" >&2
+  exit 1
+fi
+[ -f "$anchor" ] || { echo "prepare_carry: anchor script not found at $anchor (set LEANMOE_ANCHOR)" >&2; exit 1; }
+
+# Copied again only when the wheel's version differs (others may be building from this copy).
+if ! cmp -s "$src/include/cutlass/version.h" .carry/cutlass/include/cutlass/version.h 2>/dev/null; then
+  rm -rf .carry/cutlass
+  mkdir -p .carry/cutlass/tools/util
+  cp -r "$src/include" .carry/cutlass/include
+  cp -r "$src/tools/util/include" .carry/cutlass/tools/util/include
+fi
+cp "$anchor" .carry/torch_moe_baseline.py
+commit="$(git rev-parse --short=12 HEAD)"
+[ -z "$(git status --porcelain --untracked-files=no)" ] || commit="$commit+dirty"
+echo "$commit" > .carry/commit
+echo "prepare_carry: .carry/ holds CUTLASS ($(du -sh .carry/cutlass | cut -f1)), the anchor script, commit $commit" >&2

@@ -1,0 +1,350 @@
+// The CUDA (sm_90a) backend: router GEMM (cuBLAS), routing on the GPU, the expert grouped GEMMs
+// (expert_gemms.h), aggregation and the router backward, all enqueued on the caller's stream.
+//
+// No host synchronisation inside forward/backward. It is guaranteed by construction, and can be
+// checked with `grep -n "Memcpy\|Synchronize\|cudaMalloc\|cudaFree" src/cuda/*.cpp src/cuda/*.cu`:
+// the only device-to-host copy and the only synchronisations are in copy(), synchronize() and
+// all_finite() (the latter runs only for cfg.check_finite, before forward); forward/backward use
+// kernel launches, cudaMemsetAsync and device-to-device cudaMemcpyAsync only (both asynchronous on
+// the stream), every count and offset stays on the device, and every grid is sized from host-known
+// bounds (T, E, R_max). cuBLAS gets its workspace carved from ours (cublasSetWorkspace), so it
+// allocates nothing either. The expert GEMM launchers promise the same (expert_gemms.h).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <string>
+
+#include "backend.h"
+#include "cuda/check.h"
+#include "cuda/expert_gemms.h"
+#include "cuda/launchers.h"
+
+namespace leanmoe::detail {
+namespace {
+
+using cuda::kMaxExperts;
+
+constexpr size_t kAlign = 256;
+// cuBLAS workspace for the router GEMMs (E <= 1024 columns: small GEMMs; 4 MiB covers split-K).
+constexpr size_t kCublasWorkspace = size_t(4) << 20;
+
+// Carves aligned pieces out of one workspace; with base == nullptr it only measures.
+class Carver {
+ public:
+  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
+  template <class V>
+  V* take(int64_t count) {
+    const size_t at = used_;
+    used_ = (used_ + size_t(count) * sizeof(V) + kAlign - 1) / kAlign * kAlign;
+    return base_ ? reinterpret_cast<V*>(base_ + at) : nullptr;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  char* base_;
+  size_t used_ = 0;
+};
+
+struct bf16_storage {
+  uint16_t bits;
+};
+
+cuda::ExpertShape expert_shape(const MoEConfig& cfg, int64_t T) { return {T, cfg.d, cfg.n}; }
+
+// Everything forward needs beyond SavedState.
+struct ForwardWorkspace {
+  void* cublas;
+  float* zp;             // [T, E] logits, then p
+  float* lse;            // [T]
+  float* sum_chosen;     // [T]
+  uint8_t* code;         // [T, E] pair codes
+  uint32_t* rounding_keys;  // [E, T] token-rounding priorities (token rounding only)
+  int32_t* topk_counts;  // [E]
+  int32_t* meta_scratch;
+  double* loss_partial;
+  bf16_storage* a;       // [R_max, n]
+  bf16_storage* y;       // [R_max, d]
+
+  ForwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) {
+    const int64_t R = max_routed_rows(cfg, T), E = cfg.E;
+    cublas = c.take<char>(int64_t(kCublasWorkspace));
+    zp = c.take<float>(T * E);
+    lse = c.take<float>(T);
+    sum_chosen = c.take<float>(T);
+    code = c.take<uint8_t>(T * E);
+    rounding_keys = c.take<uint32_t>(cfg.routing == Routing::token_rounding ? T * E : 0);
+    topk_counts = c.take<int32_t>(E);
+    meta_scratch = c.take<int32_t>(cuda::metadata_scratch_ints(T, E));
+    loss_partial = c.take<double>(cuda::loss_partial_doubles(T, E));
+    a = c.take<bf16_storage>(R * cfg.n);
+    y = c.take<bf16_storage>(R * cfg.d);
+  }
+};
+
+// Everything backward needs beyond SavedState. A' is last read by dw2, which the stream runs
+// before dx_expert writes dX_exp, so the two share one buffer.
+struct BackwardWorkspace {
+  void* cublas;
+  float* zdz;                  // [T, E] logits, then dz
+  bf16_storage* dz_split;      // [T, 2E] = [hi | lo] of dz
+  bf16_storage* router_twice;  // [2E, d] = [Wr; Wr], the partner of dz_split in dz·Wr
+  int32_t* topk_counts;        // [E]
+  float* ds_partial;           // [R_max, parts]
+  float* dS;                   // [R_max]
+  bf16_storage* dh;            // [R_max, 2n]
+  bf16_storage* a_prime_dxexp; // [R_max, max(n, d)]: A', later dX_exp
+  float* dx_router;            // [T, d] dz·Wr
+  float* d_router_f32;         // [2E, d]: dz_hi^T·X over dz_lo^T·X
+  int ds_parts;
+
+  BackwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) {
+    const int64_t R = max_routed_rows(cfg, T), E = cfg.E;
+    ds_parts = cuda::ds_partials(expert_shape(cfg, T));
+    cublas = c.take<char>(int64_t(kCublasWorkspace));
+    zdz = c.take<float>(T * E);
+    dz_split = c.take<bf16_storage>(T * 2 * E);
+    router_twice = c.take<bf16_storage>(2 * E * cfg.d);
+    topk_counts = c.take<int32_t>(E);
+    ds_partial = c.take<float>(R * ds_parts);
+    dS = c.take<float>(R);
+    dh = c.take<bf16_storage>(R * 2 * cfg.n);
+    a_prime_dxexp = c.take<bf16_storage>(R * std::max(cfg.n, cfg.d));
+    dx_router = c.take<float>(T * cfg.d);
+    d_router_f32 = c.take<float>(2 * E * cfg.d);
+  }
+};
+
+// The kernels move rows in 16-byte vectors (gather-sum, cp.async in the expert GEMMs).
+void require_aligned(const char* fn, const char* arg, const Tensor& t) {
+  if (t.defined() && reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    throw Error(std::string(fn) + ": argument '" + arg + "': must be 16-byte aligned on cuda (vector loads), got " +
+                t.describe() + " at an address that is not");
+}
+
+bool gates_renormalised(const MoEConfig& cfg) {
+  return cfg.router == RouterConvention::topk_then_softmax || cfg.norm_topk_prob;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() {
+    LEANMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
+    LEANMOE_CUDA_CHECK(cudaMalloc(&nonfinite_flag_, sizeof(int32_t)));
+  }
+  // The singleton lives until exit; destroying it after the CUDA context is gone would fail.
+
+  Device device() const override { return Device::cuda; }
+
+  std::string description() const override {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) return "cuda";
+    return std::string("cuda: ") + prop.name + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) +
+           ", " + std::to_string(prop.multiProcessorCount) + " SMs)";
+  }
+
+  void* allocate(size_t bytes) override {
+    void* p = nullptr;
+    LEANMOE_CUDA_CHECK(cudaMalloc(&p, bytes));
+    return p;
+  }
+  void deallocate(void* p) override { cudaFree(p); }  // never throws: called from destructors
+
+  void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override {
+    const cudaMemcpyKind k = kind == CopyKind::host_to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    LEANMOE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, k));
+  }
+
+  void synchronize() override { LEANMOE_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+  std::string unsupported_reason(const MoEConfig& cfg, DType dtype) const override {
+    if (dtype != DType::bf16)
+      return std::string("the CUDA backend stores bf16 only (run f32 storage on the cpu device), got ") +
+             dtype_name(dtype);
+    if (cfg.d % 8 != 0) return "cfg.d must be a multiple of 8 on cuda (16-byte rows), got " + std::to_string(cfg.d);
+    if (cfg.E > kMaxExperts)
+      return "cfg.E must be <= " + std::to_string(kMaxExperts) + " on cuda, got " + std::to_string(cfg.E);
+    const char* gemm = cuda::expert_gemms_unsupported(expert_shape(cfg, 1));
+    if (gemm && *gemm) return gemm;
+    return "";
+  }
+
+  size_t forward_workspace_bytes(const MoEConfig& cfg, int64_t T, DType) const override {
+    Carver c(nullptr);
+    ForwardWorkspace w(c, cfg, T);
+    return c.used();
+  }
+  size_t backward_workspace_bytes(const MoEConfig& cfg, int64_t T, DType) const override {
+    Carver c(nullptr);
+    BackwardWorkspace w(c, cfg, T);
+    return c.used();
+  }
+
+  // Host-synchronising by nature (the answer is a host bool); only used for cfg.check_finite.
+  bool all_finite(const Tensor& t) override {
+    if (t.dtype == DType::i32 || t.numel() == 0) return true;
+    std::lock_guard<std::mutex> lock(mutex_);
+    LEANMOE_CUDA_CHECK(cudaMemset(nonfinite_flag_, 0, sizeof(int32_t)));
+    cuda::count_nonfinite(t.data, t.dtype, t.numel(), nonfinite_flag_, nullptr);
+    int32_t flag = 0;
+    LEANMOE_CUDA_CHECK(cudaMemcpy(&flag, nonfinite_flag_, sizeof(int32_t), cudaMemcpyDeviceToHost));
+    return flag == 0;
+  }
+
+  void forward(const ForwardArgs& a) override {
+    std::lock_guard<std::mutex> lock(mutex_);  // one cuBLAS handle: its stream/workspace are per call
+    const MoEConfig& cfg = a.cfg;
+    for (auto [name, t] : {std::pair{"x", &a.x}, {"out", &a.out}, {"w.router", &a.w.router},
+                           {"w.gate_up_proj", &a.w.gate_up_proj}, {"w.down_proj", &a.w.down_proj}})
+      require_aligned("forward", name, *t);
+    const int64_t T = a.x.shape[0], E = cfg.E, K = cfg.K;
+    const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+    Carver carver(a.ws.data);
+    ForwardWorkspace w(carver, cfg, T);
+    SavedState& s = a.saved;
+
+    router_logits(a.x.data, a.w.router.data, T, cfg, w.cublas, w.zp, stream);
+    cuda::router_topk_softmax(w.zp, T, E, K, s.topk_experts.ptr<int32_t>(), w.lse, w.sum_chosen, w.code, stream);
+    const bool rounding = cfg.routing == Routing::token_rounding;
+    if (a.losses.defined() || rounding)
+      cuda::count_topk(s.topk_experts.ptr<int32_t>(), T, E, K, w.topk_counts, stream);
+    if (a.losses.defined())
+      cuda::router_losses(w.zp, w.lse, w.topk_counts, T, E, K, w.loss_partial, a.losses.ptr<float>(), stream);
+    if (rounding)
+      cuda::round_tokens(w.zp, w.sum_chosen, w.topk_counts, T, E, cfg.tile, cfg.rounding_mode, w.rounding_keys,
+                         w.code, stream);
+    cuda::build_metadata(w.code, w.zp, w.sum_chosen, gates_renormalised(cfg), T, E, w.meta_scratch,
+                         {s.row_token.ptr<int32_t>(), s.row_gate.ptr<float>(), s.token_rows.ptr<int32_t>(),
+                          s.token_offsets.ptr<int32_t>(), s.expert_offsets.ptr<int32_t>()},
+                         stream);
+
+    const cuda::RoutedRows rows = routed_rows(s, E);
+    const cuda::ExpertShape shape = expert_shape(cfg, T);
+    cuda::up_proj_swiglu(rows, shape, a.x.data, a.w.gate_up_proj.data, s.h.data, w.a, stream);
+    cuda::down_proj(rows, shape, w.a, a.w.down_proj.data, w.y, stream);
+    cuda::aggregate_rows(w.y, s.row_gate.ptr<float>(), s.token_offsets.ptr<int32_t>(), s.token_rows.ptr<int32_t>(),
+                         T, cfg.d, a.out.data, stream);
+  }
+
+  void backward(const BackwardArgs& a) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const MoEConfig& cfg = a.cfg;
+    const SavedState& s = a.saved;
+    const MoEGrads& g = a.grads;
+    for (auto [name, t] : {std::pair{"d_out", &a.d_out}, {"w.router", &a.w.router},
+                           {"w.gate_up_proj", &a.w.gate_up_proj}, {"w.down_proj", &a.w.down_proj},
+                           {"grads.dx", &g.dx}, {"grads.d_router", &g.d_router},
+                           {"grads.d_gate_up_proj", &g.d_gate_up_proj}, {"grads.d_down_proj", &g.d_down_proj}})
+      require_aligned("backward", name, *t);
+    const int64_t T = s.T, E = cfg.E, K = cfg.K;
+    const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+    Carver carver(a.ws.data);
+    BackwardWorkspace w(carver, cfg, T);
+    const cuda::RoutedRows rows = routed_rows(s, E);
+    const cuda::ExpertShape shape = expert_shape(cfg, T);
+
+    // Expert part, in the order that lets the callback update each weight after its last read.
+    cuda::dh_swiglu_bwd(rows, shape, a.d_out.data, a.w.down_proj.data, s.h.data, w.dh, w.a_prime_dxexp,
+                        w.ds_partial, stream);
+    if (g.d_down_proj.defined()) {
+      cuda::dw2(rows, shape, a.d_out.data, w.a_prime_dxexp, g.d_down_proj.data, stream);
+      if (a.on_expert_grad) a.on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
+    }
+    if (g.dx.defined()) cuda::dx_expert(rows, shape, w.dh, a.w.gate_up_proj.data, w.a_prime_dxexp, stream);
+    if (g.d_gate_up_proj.defined()) {
+      cuda::dw1(rows, shape, w.dh, s.x.data, g.d_gate_up_proj.data, stream);
+      if (a.on_expert_grad) a.on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
+    }
+    if (!g.dx.defined() && !g.d_router.defined()) return;
+
+    // Router part: dS per row, recomputed logits, dz, then the two products with dz.
+    cuda::reduce_ds(w.ds_partial, w.ds_parts, s.expert_offsets.ptr<int32_t>(), E, s.rows_capacity, w.dS, stream);
+    router_logits(s.x.data, a.w.router.data, T, cfg, w.cublas, w.zdz, stream);
+    cuda::count_topk(s.topk_experts.ptr<int32_t>(), T, E, K, w.topk_counts, stream);
+    cuda::RouterBackwardArgs rb{};
+    rb.zdz = w.zdz;
+    rb.topk_experts = s.topk_experts.ptr<int32_t>();
+    rb.topk_counts = w.topk_counts;
+    rb.token_offsets = s.token_offsets.ptr<int32_t>();
+    rb.token_rows = s.token_rows.ptr<int32_t>();
+    rb.expert_offsets = s.expert_offsets.ptr<int32_t>();
+    rb.dS = w.dS;
+    rb.d_losses = a.d_losses.defined() ? a.d_losses.ptr<float>() : nullptr;
+    rb.c_aux = cfg.aux_loss_coef;
+    rb.c_z = cfg.z_loss_coef;
+    rb.renormalised = gates_renormalised(cfg);
+    rb.T = T, rb.E = E, rb.K = K;
+    rb.dz_split = w.dz_split;
+    cuda::router_backward(rb, stream);
+
+    if (g.d_router.defined()) {
+      // [dWr_hi; dWr_lo] [2E, d] = dz_split^T · X; column-major view: C (d x 2E) = X (d x T) · dz_split^T.
+      gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, int(cfg.d), int(2 * E), int(T), s.x.data, int(cfg.d), w.dz_split,
+                int(2 * E), w.d_router_f32, w.cublas, stream);
+      cuda::sum_halves_to_bf16(w.d_router_f32, E * cfg.d, g.d_router.data, stream);
+    }
+    if (g.dx.defined()) {
+      // dz·Wr [T, d] = dz_split · [Wr; Wr]; column-major view: C (d x T) = [Wr; Wr] (d x 2E) · dz_split (2E x T).
+      const size_t router_bytes = size_t(E * cfg.d) * sizeof(bf16_storage);
+      LEANMOE_CUDA_CHECK(cudaMemcpyAsync(w.router_twice, a.w.router.data, router_bytes, cudaMemcpyDeviceToDevice,
+                                         stream));
+      LEANMOE_CUDA_CHECK(cudaMemcpyAsync(w.router_twice + E * cfg.d, a.w.router.data, router_bytes,
+                                         cudaMemcpyDeviceToDevice, stream));
+      gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, int(cfg.d), int(T), int(2 * E), w.router_twice, int(cfg.d), w.dz_split,
+                int(2 * E), w.dx_router, w.cublas, stream);
+      cuda::gather_dx(w.a_prime_dxexp, w.dx_router, s.token_offsets.ptr<int32_t>(), s.token_rows.ptr<int32_t>(), T,
+                      cfg.d, g.dx.data, stream);
+    }
+  }
+
+ private:
+  static cuda::RoutedRows routed_rows(const SavedState& s, int64_t E) {
+    return {s.expert_offsets.ptr<int32_t>(), s.row_token.ptr<int32_t>(), s.row_gate.ptr<float>(), s.rows_capacity,
+            E};
+  }
+
+  void bind_cublas(void* workspace, cudaStream_t stream) {
+    LEANMOE_CUBLAS_CHECK(cublasSetStream(cublas_, stream));  // resets the workspace: set it after
+    LEANMOE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace, kCublasWorkspace));
+  }
+
+  // z [T, E] fp32 = X [T, d] · Wr [E, d]^T. Column-major view: z (E x T) = Wr^T (E x d) · X (d x T).
+  void router_logits(const void* x, const void* wr, int64_t T, const MoEConfig& cfg, void* workspace, float* z,
+                     cudaStream_t stream) {
+    gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, int(cfg.E), int(T), int(cfg.d), wr, int(cfg.d), x, int(cfg.d), z, workspace,
+              stream);
+  }
+
+  // Column-major C (m x n, fp32, ldc = m) = op(A) · op(B): bf16 operands, fp32 accumulation.
+  void gemm_bf16(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, const void* a_mat, int lda,
+                 const void* b_mat, int ldb, float* c, void* workspace, cudaStream_t stream) {
+    bind_cublas(workspace, stream);
+    const float one = 1.f, zero = 0.f;
+    LEANMOE_CUBLAS_CHECK(cublasGemmEx(cublas_, op_a, op_b, m, n, k, &one, a_mat, CUDA_R_16BF, lda, b_mat, CUDA_R_16BF,
+                                      ldb, &zero, c, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+
+  cublasHandle_t cublas_ = nullptr;
+  int32_t* nonfinite_flag_ = nullptr;
+  std::mutex mutex_;
+};
+
+}  // namespace
+
+Backend* cuda_backend() {
+  static Backend* const instance = []() -> Backend* {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+      (void)cudaGetLastError();  // clear the sticky "no device" error
+      return nullptr;
+    }
+    return new CudaBackend();  // intentionally never deleted (see the class comment)
+  }();
+  return instance;
+}
+
+}  // namespace leanmoe::detail

@@ -1,0 +1,177 @@
+// Host launchers of the expert grouped GEMMs (contract in expert_gemms.h). Every launch is
+// asynchronous; grids come from rows_capacity and the static shape only.
+#include "expert_gemms.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "kernels/sm80_grouped_gemm.cuh"
+#include "kernels/sm90_grouped_gemm.cuh"
+#include "leanmoe/leanmoe.h"
+
+namespace leanmoe::cuda {
+namespace {
+
+using kernels::GemmArgs;
+using kernels::GemmKind;
+namespace v0 = kernels::sm80;
+namespace v1 = kernels::sm90;
+
+void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw leanmoe::Error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// Grid of either kernel family: varlen-M -> (m-tile slots, n-tiles), varlen-K -> (m, n, expert).
+template <GemmKind kKind>
+dim3 grid_for(const RoutedRows& rows, const ExpertShape& s, int tile_m, int tile_n) {
+  const kernels::ProblemDims dims = kernels::problem_dims<kKind>(s.d, s.n);
+  const auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  if constexpr (kernels::is_varlen_k(kKind)) {
+    return dim3(static_cast<unsigned>(ceil_div(dims.M, tile_m)), static_cast<unsigned>(ceil_div(dims.N, tile_n)),
+                static_cast<unsigned>(rows.E));
+  } else {
+    // sum_e ceil(rows_e / tile_m) <= ceil(R_max / tile_m) + E: slots past the last tile exit at once.
+    const int64_t m_slots = ceil_div(rows.rows_capacity, tile_m) + rows.E;
+    // The up-projection tile holds tile_n/2 gate and the matching tile_n/2 up columns.
+    const int64_t n_tiles = kKind == GemmKind::UpProjSwiglu ? ceil_div(s.n, tile_n / 2) : ceil_div(dims.N, tile_n);
+    return dim3(static_cast<unsigned>(m_slots), static_cast<unsigned>(n_tiles));
+  }
+}
+
+// LEANMOE_GEMM_V0=1 selects the mma.sync kernels (sm80_grouped_gemm.cuh) instead of the wgmma ones:
+// a correctness fallback and a baseline for comparisons. They also serve E > kMaxExperts.
+bool use_v0() {
+  static const bool v0 = [] {
+    const char* env = std::getenv("LEANMOE_GEMM_V0");
+    return env && env[0] == '1';
+  }();
+  return v0;
+}
+
+int multiprocessor_count() {
+  static const int count = [] {
+    int device = 0, sms = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    return sms > 0 ? sms : 132;
+  }();
+  return count;
+}
+
+// v1 kernels are persistent: kMinBlocks CTAs per SM, never more CTAs than the tile upper bound.
+// LEANMOE_GEMM_MAX_CTAS caps the grid (read per launch): tests use it to give every CTA many tiles.
+template <GemmKind kKind, class Cfg, class RaiseSmemLimit>
+void launch_v1(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStream_t stream,
+               RaiseSmemLimit raise_smem_limit) {
+  static const bool ready = raise_smem_limit(v1::grouped_gemm_kernel<kKind, Cfg>, Cfg::kSmemBytes);
+  (void)ready;
+  const dim3 tiles = grid_for<kKind>(rows, s, Cfg::kTileM, Cfg::kTileN);
+  args.n_tiles = static_cast<int>(tiles.y);
+  args.m_tiles = static_cast<int>(tiles.x);  // varlen-K: row tiles of dW (unused for varlen-M)
+  const int64_t tile_bound = int64_t(tiles.x) * tiles.y * tiles.z;
+  int64_t ctas = std::min<int64_t>(tile_bound, int64_t(multiprocessor_count()) * Cfg::kMinBlocks);
+  if (const char* cap = std::getenv("LEANMOE_GEMM_MAX_CTAS")) ctas = std::clamp<int64_t>(std::atoll(cap), 1, ctas);
+  v1::grouped_gemm_kernel<kKind, Cfg><<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+}
+
+template <GemmKind kKind>
+void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStream_t stream, const char* what) {
+  if (rows.E <= 0) return;
+  if (!kernels::is_varlen_k(kKind) && rows.rows_capacity <= 0) return;
+  args.expert_offsets = rows.expert_offsets;
+  args.row_token = rows.row_token;
+  args.row_gate = rows.row_gate;
+  args.E = static_cast<int>(rows.E);
+  args.d = s.d;
+  args.n = s.n;
+  // Each kernel needs more than the default 48 KB of dynamic shared memory: raised once per kernel.
+  auto raise_smem_limit = [what](auto kernel, int bytes) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) throw leanmoe::Error(std::string(what) + ": " + cudaGetErrorString(err));
+    return true;
+  };
+  if (use_v0() || rows.E > kernels::kMaxExperts) {
+    static const bool ready = raise_smem_limit(v0::grouped_gemm_kernel<kKind>, v0::kSmemBytes);
+    (void)ready;
+    const dim3 grid = grid_for<kKind>(rows, s, v0::kTileM, v0::kTileN);
+    v0::grouped_gemm_kernel<kKind><<<grid, v0::kThreads, v0::kSmemBytes, stream>>>(args);
+  } else if constexpr (kKind == GemmKind::DownProj) {  // K = n: short mainloops for small n
+    if (s.n <= 512) launch_v1<kKind, v1::SmallKTile>(rows, s, args, stream, raise_smem_limit);
+    else launch_v1<kKind, v1::BigTile>(rows, s, args, stream, raise_smem_limit);
+  } else {
+    launch_v1<kKind, v1::BigTile>(rows, s, args, stream, raise_smem_limit);
+  }
+  check_launch(what);
+}
+
+GemmArgs make_args(const void* a, const void* b) {
+  GemmArgs args{};
+  args.a = static_cast<const kernels::bf16*>(a);
+  args.b = static_cast<const kernels::bf16*>(b);
+  return args;
+}
+
+}  // namespace
+
+const char* expert_gemms_unsupported(const ExpertShape& s) {
+  // K of every varlen-M GEMM (d, n or 2n) is walked in whole 64-wide k-tiles, and the up-projection
+  // pairs 64 gate with 64 up columns per tile; M/N edges of 128-wide tiles are predicated.
+  if (s.d <= 0 || s.d % 64 != 0) return "d must be a positive multiple of 64";
+  if (s.n <= 0 || s.n % 64 != 0) return "n must be a positive multiple of 64";
+  return "";
+}
+
+// One fp32 partial per 128 columns in both kernel families.
+static_assert(v0::kTileN == 128);
+int ds_partials(const ExpertShape& s) { return static_cast<int>((s.n + 127) / 128); }
+
+void up_proj_swiglu(const RoutedRows& rows, const ExpertShape& s, const void* x, const void* w1, void* h, void* a,
+                    cudaStream_t stream) {
+  GemmArgs args = make_args(x, w1);
+  args.out = static_cast<kernels::bf16*>(h);
+  args.out2 = static_cast<kernels::bf16*>(a);
+  launch<GemmKind::UpProjSwiglu>(rows, s, args, stream, "up_proj_swiglu");
+}
+
+void down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
+               cudaStream_t stream) {
+  GemmArgs args = make_args(a, w2);
+  args.out = static_cast<kernels::bf16*>(y);
+  launch<GemmKind::DownProj>(rows, s, args, stream, "down_proj");
+}
+
+void dh_swiglu_bwd(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* w2, const void* h,
+                   void* dh, void* a_prime, float* ds_partial, cudaStream_t stream) {
+  GemmArgs args = make_args(d_out, w2);
+  args.h = static_cast<const kernels::bf16*>(h);
+  args.out = static_cast<kernels::bf16*>(dh);
+  args.out2 = static_cast<kernels::bf16*>(a_prime);
+  args.ds_partial = ds_partial;
+  args.ds_tiles = ds_partials(s);
+  launch<GemmKind::DhSwigluBwd>(rows, s, args, stream, "dh_swiglu_bwd");
+}
+
+void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,
+         cudaStream_t stream) {
+  GemmArgs args = make_args(d_out, a_prime);
+  args.out = static_cast<kernels::bf16*>(dw2);
+  launch<GemmKind::Dw2>(rows, s, args, stream, "dw2");
+}
+
+void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
+               cudaStream_t stream) {
+  GemmArgs args = make_args(dh, w1);
+  args.out = static_cast<kernels::bf16*>(dx_exp);
+  launch<GemmKind::DxExpert>(rows, s, args, stream, "dx_expert");
+}
+
+void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* x, void* dw1,
+         cudaStream_t stream) {
+  GemmArgs args = make_args(dh, x);
+  args.out = static_cast<kernels::bf16*>(dw1);
+  launch<GemmKind::Dw1>(rows, s, args, stream, "dw1");
+}
+
+}  // namespace leanmoe::cuda

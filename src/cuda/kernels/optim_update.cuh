@@ -1,0 +1,165 @@
+// Device code of the fused expert-optimizer update (the math is specified in src/optim/fused_update.h).
+//
+// Bit-exact with the CPU path: every operation is an explicitly rounded intrinsic (__fmul_rn,
+// __fadd_rn, __fsub_rn, __fdiv_rn, __fsqrt_rn), which nvcc never contracts into an FMA and never
+// replaces by an approximation, in the same order as the CPU loop. The CPU loop is compiled with
+// -ffp-contract=off (CMakeLists.txt) and without -ffast-math, with correctly rounded sqrt and
+// division, so both devices round every operation once, the same way. bf16 stores use cvt.rn.bf16 (round to
+// nearest even), the same rounding as leanmoe::float_to_bf16 for every non-NaN value.
+//
+// Memory: the update is bandwidth-bound (AdamW, bf16 parameters, no master: 22 bytes moved per
+// element against ~12 flops), so each thread moves a group of V elements with 16-byte accesses
+// (V = 8 for bf16 parameters: one 16-byte access of the parameter, two of each fp32 buffer; V = 4
+// for fp32 parameters), grid-stride over the groups; the numel % V tail is done element by element.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace leanmoe::cuda::optim {
+
+enum class Rule { adamw, sgd };
+
+// Raw pointers and the step scalars (computed on the host, see fused_update.h).
+struct UpdateArgs {
+  void* param = nullptr;        // P[numel]
+  const void* grad = nullptr;   // G[numel]
+  float* master = nullptr;      // fp32 master copy or nullptr
+  float* m = nullptr;           // AdamW exp_avg / SGD momentum buffer (nullptr: no momentum)
+  float* v = nullptr;           // AdamW exp_avg_sq
+  int64_t numel = 0;
+  float grad_scale = 1.f;
+  float decay = 1.f, beta1 = 0.f, one_minus_beta1 = 1.f, beta2 = 0.f, one_minus_beta2 = 1.f;
+  float step_size = 0.f, inv_sqrt_bc2 = 1.f, eps = 0.f;
+  float lr = 0.f, momentum = 0.f, weight_decay = 0.f;
+  bool nesterov = false;
+};
+
+// ---- element math: the same operations, in the same order, as fused_update.cpp ----------------
+
+__device__ __forceinline__ void adamw_element(const UpdateArgs& a, float grad, float& p, float& m, float& v) {
+  const float g = __fmul_rn(grad, a.grad_scale);
+  p = __fmul_rn(p, a.decay);
+  m = __fadd_rn(__fmul_rn(a.beta1, m), __fmul_rn(a.one_minus_beta1, g));
+  v = __fadd_rn(__fmul_rn(a.beta2, v), __fmul_rn(a.one_minus_beta2, __fmul_rn(g, g)));
+  const float denom = __fadd_rn(__fmul_rn(__fsqrt_rn(v), a.inv_sqrt_bc2), a.eps);
+  p = __fsub_rn(p, __fmul_rn(a.step_size, __fdiv_rn(m, denom)));
+}
+
+// `buf` is ignored when has_buf is false (momentum == 0: no buffer).
+__device__ __forceinline__ void sgd_element(const UpdateArgs& a, float grad, float& p, float& buf, bool has_buf) {
+  float g = __fmul_rn(grad, a.grad_scale);
+  if (a.weight_decay != 0.f) g = __fadd_rn(g, __fmul_rn(a.weight_decay, p));
+  float dir = g;
+  if (has_buf) {
+    buf = __fadd_rn(__fmul_rn(a.momentum, buf), g);
+    dir = a.nesterov ? __fadd_rn(g, __fmul_rn(a.momentum, buf)) : buf;
+  }
+  p = __fsub_rn(p, __fmul_rn(a.lr, dir));
+}
+
+// ---- vector loads and stores ----------------------------------------------------------------
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+// V elements of T moved as raw 16-byte words (uint4; uint2 for 8 bytes, e.g. 4 bf16 gradients of
+// fp32 parameters), then converted in registers. V == 1: a plain scalar access.
+template <class T, int V>
+__device__ __forceinline__ void load(const void* base, int64_t i, float (&out)[V]) {
+  const T* src = static_cast<const T*>(base) + i;
+  T x[V];
+  constexpr int kBytes = int(sizeof(T)) * V;
+  if constexpr (kBytes % 16 == 0) {
+    uint4 raw[kBytes / 16];
+#pragma unroll
+    for (int r = 0; r < kBytes / 16; ++r) raw[r] = reinterpret_cast<const uint4*>(src)[r];
+    memcpy(x, raw, kBytes);
+  } else if constexpr (kBytes == 8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(src);
+    memcpy(x, &raw, kBytes);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) x[k] = src[k];
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) out[k] = to_float(x[k]);
+}
+
+template <class T, int V>
+__device__ __forceinline__ void store(void* base, int64_t i, const float (&in)[V]) {
+  T* dst = static_cast<T*>(base) + i;
+  T x[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) x[k] = from_float<T>(in[k]);
+  constexpr int kBytes = int(sizeof(T)) * V;
+  if constexpr (kBytes % 16 == 0) {
+    uint4 raw[kBytes / 16];
+    memcpy(raw, x, kBytes);
+#pragma unroll
+    for (int r = 0; r < kBytes / 16; ++r) reinterpret_cast<uint4*>(dst)[r] = raw[r];
+  } else if constexpr (kBytes == 8) {
+    uint2 raw;
+    memcpy(&raw, x, kBytes);
+    *reinterpret_cast<uint2*>(dst) = raw;
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; ++k) dst[k] = x[k];
+  }
+}
+
+// ---- one group of V consecutive elements starting at i ---------------------------------------
+
+template <Rule R, class P, class G, int V>
+__device__ __forceinline__ void update_group(const UpdateArgs& a, int64_t i) {
+  float g[V], p[V], m[V], v[V];
+  load<G, V>(a.grad, i, g);
+  if (a.master)
+    load<float, V>(a.master, i, p);
+  else
+    load<P, V>(a.param, i, p);
+  if constexpr (R == Rule::adamw) {
+    load<float, V>(a.m, i, m);
+    load<float, V>(a.v, i, v);
+#pragma unroll
+    for (int k = 0; k < V; ++k) adamw_element(a, g[k], p[k], m[k], v[k]);
+    store<float, V>(a.m, i, m);
+    store<float, V>(a.v, i, v);
+  } else {
+    const bool has_buf = a.m != nullptr;
+    if (has_buf) load<float, V>(a.m, i, m);
+#pragma unroll
+    for (int k = 0; k < V; ++k) sgd_element(a, g[k], p[k], m[k], has_buf);
+    if (has_buf) store<float, V>(a.m, i, m);
+  }
+  if (a.master) store<float, V>(a.master, i, p);
+  store<P, V>(a.param, i, p);
+}
+
+// One launch per tensor. V > 1 needs every pointer 16-byte aligned (checked by the launcher);
+// V == 1 is the fallback for views that are not.
+template <Rule R, class P, class G, int V>
+__global__ void __launch_bounds__(256) fused_update_kernel(UpdateArgs a) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t groups = a.numel / V;
+  for (int64_t gi = first; gi < groups; gi += stride) update_group<R, P, G, V>(a, gi * V);
+  if constexpr (V > 1)
+    for (int64_t i = groups * V + first; i < a.numel; i += stride) update_group<R, P, G, 1>(a, i);
+}
+
+// fp32 master copy from bf16 parameters (ExpertOptimizer::register_tensor).
+__global__ void bf16_to_f32_kernel(const __nv_bfloat16* src, float* dst, int64_t numel) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < numel; i += stride)
+    dst[i] = __bfloat162float(src[i]);
+}
+
+}  // namespace leanmoe::cuda::optim

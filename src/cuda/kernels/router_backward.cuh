@@ -1,0 +1,90 @@
+// Router backward (DESIGN.md "Router backward"), one warp per token, from the recomputed logits:
+// p = softmax(z); dp from the rows' dS through the gate convention, plus the aux-loss term;
+// dz = p ⊙ (dp − <p, dp>) + z-loss term. Writes dz in place of z, and its bf16 split [hi | lo].
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "cuda/kernels/warp.cuh"
+#include "cuda/launchers.h"
+
+namespace leanmoe::cuda::kernels {
+
+constexpr int kRouterBwdWarps = 4;
+
+// Expert owning sorted row `row`: the last e with expert_offsets[e] <= row.
+__device__ __forceinline__ int expert_of_row(const int32_t* __restrict__ expert_offsets, int E, int row) {
+  int lo = 0, hi = E - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (expert_offsets[mid] <= row) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Shared memory: kRouterBwdWarps * (2 E floats + K ints).
+__global__ void router_backward_kernel(RouterBackwardArgs a) {
+  extern __shared__ float smem[];
+  const int E = int(a.E), K = int(a.K), T = int(a.T);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* p = smem + warp * 2 * E;
+  float* dp = p + E;
+  int* S = reinterpret_cast<int*>(smem + kRouterBwdWarps * 2 * E) + warp * K;
+  const int t = blockIdx.x * kRouterBwdWarps + warp;
+  if (t >= T) return;
+  const float c_aux = a.d_losses ? a.d_losses[0] : a.c_aux;
+  const float c_z = a.d_losses ? a.d_losses[1] : a.c_z;
+
+  float* zt = a.zdz + int64_t(t) * E;
+  for (int e = lane; e < E; e += 32) {
+    p[e] = zt[e];
+    dp[e] = c_aux * float(E) * (float(a.topk_counts[e]) / float(T * K)) / float(T);
+  }
+  for (int k = lane; k < K; k += 32) S[k] = a.topk_experts[int64_t(t) * K + k];
+  __syncwarp();
+  const float lse = warp_softmax_in_place(p, E, lane);
+
+  float sum_chosen = 0.f;  // sequential in k, as forward computed it
+  for (int k = 0; k < K; ++k) sum_chosen += p[S[k]];
+  const float D = a.renormalised ? sum_chosen : 1.f;
+
+  // The token's rows have distinct experts, so lanes update dp without conflicts.
+  float chosen_weighted = 0.f;  // sum over the token's kept chosen rows of dS * p_e
+  const int begin = a.token_offsets[t], end = a.token_offsets[t + 1];
+  for (int i = begin + lane; i < end; i += 32) {
+    const int row = a.token_rows[i];
+    const int e = expert_of_row(a.expert_offsets, E, row);
+    bool chosen = false;
+    for (int k = 0; k < K; ++k) chosen |= S[k] == e;
+    const float ds = a.dS[row];
+    if (chosen) {
+      dp[e] += ds / D;
+      chosen_weighted += ds * p[e];
+    } else {
+      dp[e] += ds;
+    }
+  }
+  chosen_weighted = warp_sum(chosen_weighted);
+  __syncwarp();
+  if (a.renormalised)
+    for (int k = lane; k < K; k += 32) dp[S[k]] -= chosen_weighted / (D * D);
+  __syncwarp();
+
+  float p_dot_dp = 0.f;
+  for (int e = lane; e < E; e += 32) p_dot_dp += p[e] * dp[e];
+  p_dot_dp = warp_sum(p_dot_dp);
+  const float z_scale = c_z * 2.f * lse / float(T);
+  auto* hi = static_cast<__nv_bfloat16*>(a.dz_split) + int64_t(t) * 2 * E;
+  auto* lo = hi + E;
+  for (int e = lane; e < E; e += 32) {
+    const float dz = p[e] * (dp[e] - p_dot_dp) + z_scale * p[e];
+    zt[e] = dz;
+    const __nv_bfloat16 h = __float2bfloat16_rn(dz);
+    hi[e] = h;
+    lo[e] = __float2bfloat16_rn(dz - __bfloat162float(h));
+  }
+}
+
+}  // namespace leanmoe::cuda::kernels

@@ -1,0 +1,92 @@
+// Host launchers of the CUDA backend's own kernels (everything but the expert GEMMs, which live
+// behind expert_gemms.h). Every launcher enqueues on `stream` and never synchronises with the
+// host: counts and row totals stay on the device, grids are sized from upper bounds (T, E, R_max).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "leanmoe/leanmoe.h"
+
+namespace leanmoe::cuda {
+
+// Pair codes of the [T, E] routing matrix (same meaning as the CPU backend's PairCode).
+enum PairCode : uint8_t { kNotRouted = 0, kChosen = 1, kAdded = 2 };
+
+// Largest E the router kernels take (each warp keeps two rows of E floats in shared memory).
+constexpr int64_t kMaxExperts = 1024;
+
+// ---- routing.cu ----------------------------------------------------------------------------
+// In: zp = logits z [T, E]. Out: zp = p = softmax(z), lse [T], sum_chosen [T] (sum of p over the
+// top-K set), topk_experts [T, K] by descending z (ties -> lower expert), code [T, E] (kChosen on S_t).
+void router_topk_softmax(float* zp, int64_t T, int64_t E, int64_t K, int32_t* topk_experts, float* lse,
+                         float* sum_chosen, uint8_t* code, cudaStream_t stream);
+
+// counts[e] = number of tokens whose top-K set holds e (zeroes counts first).
+void count_topk(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, int32_t* counts,
+                cudaStream_t stream);
+
+// losses[0] = aux = E * sum_e counts_e/(T*K) * mean_t p_{t,e}; losses[1] = mean_t lse_t^2.
+// partial: scratch of loss_partial_doubles(T, E) doubles.
+int64_t loss_partial_doubles(int64_t T, int64_t E);
+void router_losses(const float* p, const float* lse, const int32_t* topk_counts, int64_t T, int64_t E, int64_t K,
+                   double* partial, float* losses, cudaStream_t stream);
+
+// Token rounding (SPEC §5, DESIGN.md): rewrites code so expert e keeps its r_e highest-priority
+// tokens; topk_counts are the f_e. keys: scratch of T*E uint32 (the priorities, expert-major).
+void round_tokens(const float* p, const float* sum_chosen, const int32_t* topk_counts, int64_t T, int64_t E,
+                  int64_t tile, RoundingMode mode, uint32_t* keys, uint8_t* code, cudaStream_t stream);
+
+// Routing metadata from the code matrix: rows sorted by expert, stable by token; a token's rows
+// in ascending expert order. gate: p / sum_chosen for kChosen when `renormalised`, else p.
+struct MetadataOut {
+  int32_t* row_token;       // [R_max]
+  float* row_gate;          // [R_max]
+  int32_t* token_rows;      // [R_max]
+  int32_t* token_offsets;   // [T+1]
+  int32_t* expert_offsets;  // [E+1]
+};
+int64_t metadata_scratch_ints(int64_t T, int64_t E);
+void build_metadata(const uint8_t* code, const float* p, const float* sum_chosen, bool renormalised, int64_t T,
+                    int64_t E, int32_t* scratch, const MetadataOut& out, cudaStream_t stream);
+
+// ---- aggregate.cu --------------------------------------------------------------------------
+// out[t] = bf16(sum over the token's rows of row_gate[row] * y[row]), fp32 sum. y, out bf16.
+void aggregate_rows(const void* y, const float* row_gate, const int32_t* token_offsets, const int32_t* token_rows,
+                    int64_t T, int64_t d, void* out, cudaStream_t stream);
+
+// dx[t] = bf16(sum over the token's rows of dx_exp[row] + dx_router[t]), fp32 sum; dx_router may be null.
+void gather_dx(const void* dx_exp, const float* dx_router, const int32_t* token_offsets, const int32_t* token_rows,
+               int64_t T, int64_t d, void* dx, cudaStream_t stream);
+
+// dS[r] = sum_j partial[r * parts + j] for the routed rows r < expert_offsets[E].
+void reduce_ds(const float* partial, int parts, const int32_t* expert_offsets, int64_t E, int64_t rows_capacity,
+               float* dS, cudaStream_t stream);
+
+// dst[i] = bf16(src[i] + src[count + i]): the hi and lo halves of a product with dz_split.
+void sum_halves_to_bf16(const float* src, int64_t count, void* dst, cudaStream_t stream);
+
+// *nonfinite = 1 if any element of data (bf16 or f32) is NaN/Inf; the caller zeroes it first.
+void count_nonfinite(const void* data, DType dtype, int64_t count, int32_t* nonfinite, cudaStream_t stream);
+
+// ---- router_backward.cu --------------------------------------------------------------------
+// In: zdz = logits z [T, E] (recomputed). Out: zdz = dz [T, E] fp32 and its bf16 split
+// dz ≈ dz_hi + dz_lo stored side by side, dz_split [T, 2E] = [hi | lo]: one bf16 tensor-core GEMM
+// over the doubled dimension then keeps ~16 significant bits of dz (a plain bf16 dz keeps 8).
+struct RouterBackwardArgs {
+  float* zdz;
+  const int32_t* topk_experts;    // [T, K]
+  const int32_t* topk_counts;     // [E]
+  const int32_t* token_offsets;   // [T+1]
+  const int32_t* token_rows;      // [R_max]
+  const int32_t* expert_offsets;  // [E+1]
+  const float* dS;                // [R_max]
+  const float* d_losses;          // device f32[2] {c_aux, c_z}, or null: then c_aux, c_z below
+  float c_aux, c_z;
+  bool renormalised;
+  int64_t T, E, K;
+  void* dz_split;  // bf16 [T, 2E]
+};
+void router_backward(const RouterBackwardArgs& a, cudaStream_t stream);
+
+}  // namespace leanmoe::cuda

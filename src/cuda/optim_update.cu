@@ -1,0 +1,114 @@
+// The GPU side of the expert optimizer (seam: src/optim/fused_update.h): the fused update of one
+// whole tensor in one launch, enqueued on the caller's stream with no synchronisation, and the
+// state initialisation of ExpertOptimizer::register_tensor (zeroed moments, fp32 master copy).
+// Kernels: src/cuda/kernels/optim_update.cuh.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "cuda/check.h"
+#include "cuda/kernels/optim_update.cuh"
+#include "optim/fused_update.h"
+
+namespace leanmoe::optim::detail {
+namespace {
+
+using cuda::optim::Rule;
+using cuda::optim::UpdateArgs;
+
+constexpr int kThreads = 256;
+
+bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+int sm_count() {
+  int device = 0, sms = 0;
+  LEANMOE_CUDA_CHECK(cudaGetDevice(&device));
+  LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+// Grid-stride launch: at most as many blocks as fit on the GPU at once (more would only queue),
+// at least enough to give every group of V elements its own thread on small tensors.
+// Templated on the kernel itself: every instantiation has the same pointer type, but its own occupancy.
+template <auto Kernel>
+int grid_for(int64_t work_items) {
+  static const int blocks_per_sm = [] {
+    int b = 0;
+    LEANMOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, kThreads, 0));
+    return std::max(b, 1);
+  }();
+  const int64_t wanted = (work_items + kThreads - 1) / kThreads;
+  return int(std::clamp<int64_t>(wanted, 1, int64_t(blocks_per_sm) * sm_count()));
+}
+
+template <Rule R, class P, class G>
+void launch(const UpdateArgs& a, cudaStream_t stream) {
+  constexpr int V = 16 / sizeof(P);  // 8 bf16 or 4 fp32 parameters per 16-byte access
+  const bool vector = aligned16(a.param) && aligned16(a.grad) && aligned16(a.master) && aligned16(a.m) &&
+                      aligned16(a.v);
+  if (vector) {
+    constexpr auto kernel = cuda::optim::fused_update_kernel<R, P, G, V>;
+    kernel<<<grid_for<kernel>(a.numel / V + a.numel % V), kThreads, 0, stream>>>(a);
+  } else {  // a view into the middle of a buffer: same math, element by element
+    constexpr auto kernel = cuda::optim::fused_update_kernel<R, P, G, 1>;
+    kernel<<<grid_for<kernel>(a.numel), kThreads, 0, stream>>>(a);
+  }
+  LEANMOE_CUDA_CHECK_LAUNCH("fused_update_kernel");
+}
+
+template <Rule R>
+void launch_typed(const UpdateArgs& a, DType param, DType grad, cudaStream_t stream) {
+  using bf = __nv_bfloat16;
+  const bool p16 = param == DType::bf16, g16 = grad == DType::bf16;
+  if (p16 && g16) return launch<R, bf, bf>(a, stream);
+  if (p16) return launch<R, bf, float>(a, stream);
+  if (g16) return launch<R, float, bf>(a, stream);
+  launch<R, float, float>(a, stream);
+}
+
+}  // namespace
+
+void fused_update_cuda(const FusedUpdate& u) {
+  UpdateArgs a;
+  a.param = u.param.data;
+  a.grad = u.grad.data;
+  a.master = u.master;
+  a.m = u.m;
+  a.v = u.v;
+  a.numel = u.param.numel();
+  a.grad_scale = u.grad_scale;
+  a.decay = u.decay;
+  a.beta1 = u.beta1;
+  a.one_minus_beta1 = u.one_minus_beta1;
+  a.beta2 = u.beta2;
+  a.one_minus_beta2 = u.one_minus_beta2;
+  a.step_size = u.step_size;
+  a.inv_sqrt_bc2 = u.inv_sqrt_bc2;
+  a.eps = u.eps;
+  a.lr = u.lr;
+  a.momentum = u.momentum;
+  a.weight_decay = u.weight_decay;
+  a.nesterov = u.nesterov;
+  const auto stream = static_cast<cudaStream_t>(u.stream);
+  if (u.kind == UpdateKind::adamw)
+    launch_typed<Rule::adamw>(a, u.param.dtype, u.grad.dtype, stream);
+  else
+    launch_typed<Rule::sgd>(a, u.param.dtype, u.grad.dtype, stream);
+}
+
+// Setup only (registration), so these finish before returning: the state is ready for a step on
+// any stream, blocking or not.
+void zero_state_cuda(float* state, int64_t numel) {
+  LEANMOE_CUDA_CHECK(cudaMemsetAsync(state, 0, size_t(numel) * sizeof(float), nullptr));
+  LEANMOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+
+void master_from_bf16_cuda(const bf16* param, float* master, int64_t numel) {
+  constexpr auto kernel = cuda::optim::bf16_to_f32_kernel;
+  kernel<<<grid_for<kernel>(numel), kThreads>>>(reinterpret_cast<const __nv_bfloat16*>(param), master, numel);
+  LEANMOE_CUDA_CHECK_LAUNCH("bf16_to_f32_kernel");
+  LEANMOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+
+}  // namespace leanmoe::optim::detail

@@ -1,0 +1,88 @@
+// Host launchers of the router and routing-metadata kernels (kernels/routing.cuh).
+#include <algorithm>
+
+#include "cuda/check.h"
+#include "cuda/kernels/routing.cuh"
+#include "cuda/launchers.h"
+
+namespace leanmoe::cuda {
+
+namespace {
+int tiles_of(int64_t T) { return int((T + kernels::kTileTokens - 1) / kernels::kTileTokens); }
+int loss_chunks(int64_t T) { return int((T + kernels::kLossChunk - 1) / kernels::kLossChunk); }
+constexpr int kTileWarpsPerBlock = 4;
+}  // namespace
+
+void router_topk_softmax(float* zp, int64_t T, int64_t E, int64_t K, int32_t* topk_experts, float* lse,
+                         float* sum_chosen, uint8_t* code, cudaStream_t stream) {
+  const int blocks = int((T + kernels::kRouterWarps - 1) / kernels::kRouterWarps);
+  const size_t smem = size_t(kernels::kRouterWarps) * (E + K) * sizeof(float);
+  kernels::router_topk_softmax_kernel<<<blocks, 32 * kernels::kRouterWarps, smem, stream>>>(
+      zp, int(T), int(E), int(K), topk_experts, lse, sum_chosen, code);
+  LEANMOE_CUDA_CHECK_LAUNCH("router_topk_softmax_kernel");
+}
+
+void count_topk(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, int32_t* counts,
+                cudaStream_t stream) {
+  LEANMOE_CUDA_CHECK(cudaMemsetAsync(counts, 0, size_t(E) * sizeof(int32_t), stream));
+  const int64_t pairs = T * K;
+  // ~16 pairs per thread: few blocks, so few global adds of the per-block histograms.
+  const int blocks = int(std::clamp<int64_t>((pairs + 4095) / 4096, 1, 256));
+  kernels::count_topk_kernel<<<blocks, 256, size_t(E) * sizeof(int), stream>>>(topk_experts, pairs, int(E), counts);
+  LEANMOE_CUDA_CHECK_LAUNCH("count_topk_kernel");
+}
+
+int64_t loss_partial_doubles(int64_t T, int64_t E) { return int64_t(loss_chunks(T)) * (E + 1); }
+
+void router_losses(const float* p, const float* lse, const int32_t* topk_counts, int64_t T, int64_t E, int64_t K,
+                   double* partial, float* losses, cudaStream_t stream) {
+  const int chunks = loss_chunks(T);
+  double* partial_P = partial;
+  double* partial_Z = partial + int64_t(chunks) * E;
+  kernels::loss_partials_kernel<<<chunks, kernels::kLossChunk, 0, stream>>>(p, lse, int(T), int(E), partial_P,
+                                                                           partial_Z);
+  LEANMOE_CUDA_CHECK_LAUNCH("loss_partials_kernel");
+  kernels::loss_final_kernel<<<1, kernels::kLossChunk, 0, stream>>>(partial_P, partial_Z, chunks, topk_counts,
+                                                                   int(T), int(E), int(K), losses);
+  LEANMOE_CUDA_CHECK_LAUNCH("loss_final_kernel");
+}
+
+void round_tokens(const float* p, const float* sum_chosen, const int32_t* topk_counts, int64_t T, int64_t E,
+                  int64_t tile, RoundingMode mode, uint32_t* keys, uint8_t* code, cudaStream_t stream) {
+  const dim3 key_grid(unsigned((E + kernels::kKeyTile - 1) / kernels::kKeyTile),
+                      unsigned((T + kernels::kKeyTile - 1) / kernels::kKeyTile));
+  kernels::rounding_keys_kernel<<<key_grid, dim3(kernels::kKeyTile, 8), 0, stream>>>(p, sum_chosen, code, int(T),
+                                                                                     int(E), keys);
+  LEANMOE_CUDA_CHECK_LAUNCH("rounding_keys_kernel");
+  kernels::round_tokens_kernel<<<int(E), kernels::kRoundThreads, 0, stream>>>(keys, topk_counts, int(T), int(E), tile,
+                                                                              mode, code);
+  LEANMOE_CUDA_CHECK_LAUNCH("round_tokens_kernel");
+}
+
+// Scratch: tile_counts and tile_base [tiles, E], token_counts [T], expert_counts [E].
+int64_t metadata_scratch_ints(int64_t T, int64_t E) { return 2 * int64_t(tiles_of(T)) * E + T + E; }
+
+void build_metadata(const uint8_t* code, const float* p, const float* sum_chosen, bool renormalised, int64_t T,
+                    int64_t E, int32_t* scratch, const MetadataOut& out, cudaStream_t stream) {
+  const int tiles = tiles_of(T);
+  int32_t* tile_counts = scratch;
+  int32_t* tile_base = tile_counts + int64_t(tiles) * E;
+  int32_t* token_counts = tile_base + int64_t(tiles) * E;
+  int32_t* expert_counts = token_counts + T;
+  const int tile_blocks = (tiles + kTileWarpsPerBlock - 1) / kTileWarpsPerBlock;
+
+  kernels::count_routes_kernel<<<tile_blocks, 32 * kTileWarpsPerBlock, 0, stream>>>(code, int(T), int(E), tiles,
+                                                                                   tile_counts, token_counts);
+  LEANMOE_CUDA_CHECK_LAUNCH("count_routes_kernel");
+  kernels::scan_tiles_kernel<<<int(E), kernels::kScanThreads, 0, stream>>>(tile_counts, tiles, int(E), tile_base,
+                                                                           expert_counts);
+  LEANMOE_CUDA_CHECK_LAUNCH("scan_tiles_kernel");
+  kernels::scan_offsets_kernel<<<2, kernels::kOffsetThreads, 0, stream>>>(expert_counts, int(E), out.expert_offsets,
+                                                                        token_counts, int(T), out.token_offsets);
+  LEANMOE_CUDA_CHECK_LAUNCH("scan_offsets_kernel");
+  kernels::scatter_routes_kernel<<<tile_blocks, 32 * kTileWarpsPerBlock, 0, stream>>>(
+      code, p, sum_chosen, renormalised, int(T), int(E), tiles, tile_base, out);
+  LEANMOE_CUDA_CHECK_LAUNCH("scatter_routes_kernel");
+}
+
+}  // namespace leanmoe::cuda

@@ -1,0 +1,324 @@
+// The six expert grouped GEMMs of the CUDA backend (src/cuda/expert_gemms.h) against plain CPU
+// loops on the same bf16 inputs, on ragged routings: an empty expert, one expert taking every row,
+// row counts that are not multiples of the 128-row tile, T = 1, d and n that are not multiples of
+// the 128-wide tile. Outputs are poisoned with 0xFF bytes (NaN in bf16 and fp32) before each launch
+// so an element the kernel forgot to write fails the comparison.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../../src/cuda/expert_gemms.h"
+#include "leanmoe/bf16.h"
+
+namespace {
+
+using leanmoe::bf16;
+using leanmoe::bf16_to_float;
+using leanmoe::float_to_bf16;
+namespace lc = leanmoe::cuda;
+
+bool have_gpu() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+struct Routing {
+  int64_t T = 0, E = 0, R = 0;
+  std::vector<int32_t> expert_offsets, row_token;
+  std::vector<float> row_gate;
+};
+
+// Each token picks K distinct experts at random, never `empty_expert` (-1: none excluded); with
+// all_to_one every token goes to expert E-1 only (K must be 1). Rows sorted by expert, stable by token.
+Routing make_routing(int64_t T, int64_t E, int64_t K, int64_t empty_expert, bool all_to_one, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<int32_t>> tokens_of(E);
+  for (int64_t t = 0; t < T; ++t) {
+    if (all_to_one) {
+      tokens_of[E - 1].push_back(int32_t(t));
+      continue;
+    }
+    std::vector<int64_t> experts;
+    for (int64_t e = 0; e < E; ++e)
+      if (e != empty_expert) experts.push_back(e);
+    std::shuffle(experts.begin(), experts.end(), rng);
+    for (int64_t k = 0; k < K; ++k) tokens_of[experts[k]].push_back(int32_t(t));
+  }
+  Routing r;
+  r.T = T;
+  r.E = E;
+  std::uniform_real_distribution<float> gate(0.05f, 1.f);
+  r.expert_offsets.push_back(0);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int32_t t : tokens_of[e]) {
+      r.row_token.push_back(t);
+      r.row_gate.push_back(gate(rng));
+    }
+    r.expert_offsets.push_back(int32_t(r.row_token.size()));
+  }
+  r.R = int64_t(r.row_token.size());
+  return r;
+}
+
+std::vector<bf16> random_bf16(size_t count, float scale, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<bf16> v(count);
+  for (auto& x : v) x = float_to_bf16(u(rng));
+  return v;
+}
+
+std::vector<float> to_float(const std::vector<bf16>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = bf16_to_float(v[i]);
+  return f;
+}
+
+// Device buffer of `count` elements of T, freed on scope exit.
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  size_t count = 0;
+  explicit DeviceBuffer(size_t n) : count(n) { EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess); }
+  DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
+    EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void poison() { EXPECT_EQ(cudaMemset(ptr, 0xFF, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess); }
+  std::vector<T> download(size_t n) const {
+    std::vector<T> host(n);
+    EXPECT_EQ(cudaMemcpy(host.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+    return host;
+  }
+};
+
+// Outputs are bf16 roundings of fp32 accumulators: the rounding alone is <= 2^-9 ≈ 2e-3 relative,
+// and the fp32 sums differ from the CPU's only in order (~1e-6 relative for K <= 1e3), so
+// 1e-2 relative (5x margin) plus 1e-3 of the output's RMS (for entries that cancel to ~0).
+void expect_close(const std::vector<bf16>& got, const std::vector<float>& ref, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  double sum_sq = 0;
+  for (float r : ref) sum_sq += double(r) * r;
+  const double rms = ref.empty() ? 0 : std::sqrt(sum_sq / double(ref.size()));
+  size_t bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const float g = bf16_to_float(got[i]);
+    const double tol = 1e-2 * std::fabs(ref[i]) + 1e-3 * rms;
+    if (!(std::fabs(double(g) - ref[i]) <= tol)) {  // NaN (a poisoned, unwritten element) fails too
+      if (bad < 5) ADD_FAILURE() << what << "[" << i << "]: got " << g << ", want " << ref[i];
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << ref.size() << " elements off";
+}
+
+struct Case {
+  int64_t T, E, K, d, n, empty_expert;
+  bool all_to_one;
+};
+
+void run_case(const Case& c) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const lc::ExpertShape s{c.T, c.d, c.n};
+  ASSERT_STREQ(lc::expert_gemms_unsupported(s), "");
+  const Routing rt = make_routing(c.T, c.E, c.K, c.empty_expert, c.all_to_one, 1234u + uint32_t(c.T));
+  const int64_t T = c.T, E = c.E, d = c.d, n = c.n, R = rt.R;
+  const int64_t R_max = R + 5;  // capacity above the routed rows, as with token rounding
+
+  std::mt19937 rng(42);
+  const auto x = random_bf16(T * d, 1.f, rng);
+  const auto d_out = random_bf16(T * d, 1.f, rng);
+  const auto w1 = random_bf16(E * 2 * n * d, 1.f / std::sqrt(float(d)), rng);
+  const auto w2 = random_bf16(E * d * n, 1.f / std::sqrt(float(n)), rng);
+  // Inputs of the later kernels drawn independently, so each kernel is tested on its own.
+  const auto h_in = random_bf16(R_max * 2 * n, 3.f, rng);
+  const auto a_in = random_bf16(R_max * n, 1.f, rng);
+  const auto dh_in = random_bf16(R_max * 2 * n, 1.f, rng);
+  const auto ap_in = random_bf16(R_max * n, 1.f, rng);
+  const auto xf = to_float(x), dof = to_float(d_out), w1f = to_float(w1), w2f = to_float(w2);
+  const auto hf = to_float(h_in), af = to_float(a_in), dhf = to_float(dh_in), apf = to_float(ap_in);
+
+  std::vector<int32_t> token_padded = rt.row_token;
+  token_padded.resize(R_max, 0);
+  std::vector<float> gate_padded = rt.row_gate;
+  gate_padded.resize(R_max, 0.f);
+  DeviceBuffer<int32_t> offsets_d(rt.expert_offsets), token_d(token_padded);
+  DeviceBuffer<float> gate_d(gate_padded);
+  DeviceBuffer<bf16> x_d(x), dout_d(d_out), w1_d(w1), w2_d(w2), h_in_d(h_in), a_in_d(a_in), dh_in_d(dh_in),
+      ap_in_d(ap_in);
+  const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, R_max, E};
+
+  auto expert_of_row = [&](int64_t r) {
+    return int64_t(std::upper_bound(rt.expert_offsets.begin(), rt.expert_offsets.end(), int32_t(r)) -
+                   rt.expert_offsets.begin()) - 1;
+  };
+  auto silu = [](float g) { return g / (1.f + std::exp(-g)); };
+
+  {  // up_proj_swiglu: H = X[tok] W1_e^T, A = silu(g) u from fp32
+    DeviceBuffer<bf16> h(R_max * 2 * n), a(R_max * n);
+    h.poison();
+    a.poison();
+    lc::up_proj_swiglu(rows, s, x_d.ptr, w1_d.ptr, h.ptr, a.ptr, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> h_ref(R * 2 * n), a_ref(R * n);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* xr = &xf[rt.row_token[r] * d];
+      const float* w = &w1f[expert_of_row(r) * 2 * n * d];
+      for (int64_t c = 0; c < 2 * n; ++c) {
+        float acc = 0;
+        for (int64_t k = 0; k < d; ++k) acc += xr[k] * w[c * d + k];
+        h_ref[r * 2 * n + c] = acc;
+      }
+      for (int64_t j = 0; j < n; ++j) a_ref[r * n + j] = silu(h_ref[r * 2 * n + j]) * h_ref[r * 2 * n + n + j];
+    }
+    expect_close(h.download(R * 2 * n), h_ref, "up_proj H");
+    expect_close(a.download(R * n), a_ref, "up_proj A");
+  }
+  {  // down_proj: Y = A W2_e^T
+    DeviceBuffer<bf16> y(R_max * d);
+    y.poison();
+    lc::down_proj(rows, s, a_in_d.ptr, w2_d.ptr, y.ptr, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> y_ref(R * d);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* w = &w2f[expert_of_row(r) * d * n];
+      for (int64_t i = 0; i < d; ++i) {
+        float acc = 0;
+        for (int64_t j = 0; j < n; ++j) acc += af[r * n + j] * w[i * n + j];
+        y_ref[r * d + i] = acc;
+      }
+    }
+    expect_close(y.download(R * d), y_ref, "down_proj Y");
+  }
+  {  // dh_swiglu_bwd
+    const int P = lc::ds_partials(s);
+    ASSERT_GE(P, 1);
+    DeviceBuffer<bf16> dh(R_max * 2 * n), ap(R_max * n);
+    DeviceBuffer<float> ds(R_max * P);
+    dh.poison();
+    ap.poison();
+    ds.poison();
+    lc::dh_swiglu_bwd(rows, s, dout_d.ptr, w2_d.ptr, h_in_d.ptr, dh.ptr, ap.ptr, ds.ptr, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> dh_ref(R * 2 * n), ap_ref(R * n), ds_ref(R), ds_abs(R);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* dor = &dof[rt.row_token[r] * d];
+      const float* w = &w2f[expert_of_row(r) * d * n];
+      const float gate = rt.row_gate[r];
+      double ds_sum = 0, abs_sum = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        float da = 0;
+        for (int64_t i = 0; i < d; ++i) da += dor[i] * w[i * n + j];
+        const float g = hf[r * 2 * n + j], u = hf[r * 2 * n + n + j];
+        const float sig = 1.f / (1.f + std::exp(-g));
+        const float a = g * sig * u;
+        dh_ref[r * 2 * n + j] = gate * da * u * sig * (1.f + g * (1.f - sig));
+        dh_ref[r * 2 * n + n + j] = gate * da * g * sig;
+        ap_ref[r * n + j] = gate * a;
+        ds_sum += double(da) * a;
+        abs_sum += std::fabs(double(da) * a);
+      }
+      ds_ref[r] = float(ds_sum);
+      ds_abs[r] = float(abs_sum);
+    }
+    expect_close(dh.download(R * 2 * n), dh_ref, "dh_swiglu_bwd dH");
+    expect_close(ap.download(R * n), ap_ref, "dh_swiglu_bwd A'");
+    // fp32 sums of n terms in another order: ~n·2^-24 of sum|terms|; 1e-4 of it is a wide margin.
+    const auto ds_got = ds.download(R * P);
+    size_t bad = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      double total = 0;
+      for (int p = 0; p < P; ++p) total += ds_got[r * P + p];
+      if (!(std::fabs(total - ds_ref[r]) <= 1e-4 * ds_abs[r] + 1e-6)) {
+        if (bad < 5) ADD_FAILURE() << "ds row " << r << ": got " << total << ", want " << ds_ref[r];
+        ++bad;
+      }
+    }
+    EXPECT_EQ(bad, 0u) << "ds_partial rows off";
+  }
+  {  // dw2: dW2_e = sum_r dO[tok]^T ⊗ A'[r]
+    DeviceBuffer<bf16> dw(E * d * n);
+    dw.poison();
+    lc::dw2(rows, s, dout_d.ptr, ap_in_d.ptr, dw.ptr, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> ref(E * d * n, 0.f);
+    for (int64_t r = 0; r < R; ++r) {
+      float* out = &ref[expert_of_row(r) * d * n];
+      const float* dor = &dof[rt.row_token[r] * d];
+      for (int64_t i = 0; i < d; ++i)
+        for (int64_t j = 0; j < n; ++j) out[i * n + j] += dor[i] * apf[r * n + j];
+    }
+    expect_close(dw.download(E * d * n), ref, "dw2");
+  }
+  {  // dx_expert: dX_exp = dH W1_e
+    DeviceBuffer<bf16> dx(R_max * d);
+    dx.poison();
+    lc::dx_expert(rows, s, dh_in_d.ptr, w1_d.ptr, dx.ptr, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> ref(R * d, 0.f);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* w = &w1f[expert_of_row(r) * 2 * n * d];
+      for (int64_t k = 0; k < 2 * n; ++k) {
+        const float v = dhf[r * 2 * n + k];
+        for (int64_t i = 0; i < d; ++i) ref[r * d + i] += v * w[k * d + i];
+      }
+    }
+    expect_close(dx.download(R * d), ref, "dx_expert");
+  }
+  {  // dw1: dW1_e = sum_r dH[r]^T ⊗ X[tok]
+    DeviceBuffer<bf16> dw(E * 2 * n * d);
+    dw.poison();
+    lc::dw1(rows, s, dh_in_d.ptr, x_d.ptr, dw.ptr, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> ref(E * 2 * n * d, 0.f);
+    for (int64_t r = 0; r < R; ++r) {
+      float* out = &ref[expert_of_row(r) * 2 * n * d];
+      const float* xr = &xf[rt.row_token[r] * d];
+      for (int64_t k = 0; k < 2 * n; ++k) {
+        const float v = dhf[r * 2 * n + k];
+        for (int64_t i = 0; i < d; ++i) out[k * d + i] += v * xr[i];
+      }
+    }
+    expect_close(dw.download(E * 2 * n * d), ref, "dw1");
+  }
+}
+
+// R = 200 (not a multiple of 128), expert 3 empty, d = n = 192 (edges of 128-wide tiles).
+TEST(ExpertGemms, RaggedWithEmptyExpert) { run_case({100, 8, 2, 192, 192, 3, false}); }
+// A single token (T = 1): most experts empty, tiles of 2 rows.
+TEST(ExpertGemms, SingleToken) { run_case({1, 4, 2, 128, 64, -1, false}); }
+// One expert takes every row (R = 300 over three m-tiles), the others are empty.
+TEST(ExpertGemms, OneExpertTakesAllRows) { run_case({300, 4, 1, 64, 128, -1, true}); }
+// Larger and ragged: R = 2048 over 16 experts, n = 320 (a 64-wide last column tile), d = 256.
+TEST(ExpertGemms, ManyExperts) { run_case({512, 16, 4, 256, 320, -1, false}); }
+
+// n = 576 > 512 takes the long-K down-projection tiles; n and d = 320 end in partial 256-wide tiles.
+TEST(ExpertGemms, WideExperts) { run_case({64, 4, 2, 320, 576, -1, false}); }
+
+// The wgmma kernels are persistent (one CTA per SM walks many tiles, its loads running ahead
+// across tile boundaries); 5 CTAs make every CTA walk many tiles of several experts on a small case.
+TEST(ExpertGemms, FewPersistentCtas) {
+  setenv("LEANMOE_GEMM_MAX_CTAS", "5", 1);
+  run_case({512, 16, 4, 256, 320, 5, false});
+  unsetenv("LEANMOE_GEMM_MAX_CTAS");
+}
+
+TEST(ExpertGemms, UnsupportedShapesAreNamed) {
+  EXPECT_STREQ(lc::expert_gemms_unsupported({8, 1536, 256}), "");
+  EXPECT_STREQ(lc::expert_gemms_unsupported({8, 2880, 2880}), "");
+  EXPECT_STRNE(lc::expert_gemms_unsupported({8, 100, 256}), "");
+  EXPECT_STRNE(lc::expert_gemms_unsupported({8, 1536, 96}), "");
+}
+
+}  // namespace
