@@ -4,4 +4,5 @@
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 bash scripts/install-deps.sh
 bash scripts/build.sh >&2
+pick_openblas_kernels
 exec "$BUILD_DIR/leanmoe" bench "$@"

@@ -48,6 +48,7 @@ usage: leanmoe_bench_inbackward [options]
   --steps N --warmup N     timed and untimed training steps per mode (default 5 / 1)
   --update-reps N          repetitions of the updater measurement (default 10)
   --out DIR                write DIR/inbackward.md and DIR/inbackward.json (default: stdout only)
+  --commit STR             the commit the binary was built from, stamped into the results
 )";
 
 constexpr double kCopyCeilingGBs = 4200.0;  // H200 device-to-device copy, measured (KINDS.md)
@@ -57,7 +58,7 @@ struct Options {
   int64_t layers = 16, T = 8192, d = 2048, n = 1024, E = 64, K = 8;
   bool sgd = false, master = false;
   int steps = 5, warmup = 1, update_reps = 10;
-  std::string out;
+  std::string out, commit = "unknown", command;
 };
 
 int64_t to_int(const std::string& flag, const std::string& v) {
@@ -70,6 +71,7 @@ int64_t to_int(const std::string& flag, const std::string& v) {
 
 Options parse(int argc, char** argv) {
   Options o;
+  for (int i = 0; i < argc; ++i) o.command += (i ? " " : "") + std::string(argv[i]);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -99,6 +101,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--warmup") o.warmup = int(to_int(a, value()));
     else if (a == "--update-reps") o.update_reps = int(to_int(a, value()));
     else if (a == "--out") o.out = value();
+    else if (a == "--commit") o.commit = value();
     else throw Error("unknown argument '" + a + "' (see --help)");
   }
   if (!backend_available(o.device))
@@ -359,6 +362,7 @@ int main(int argc, char** argv) {
        << " K=" << o.K << ", bf16, experts " << (o.sgd ? "SGD momentum" : "AdamW")
        << (o.master ? " + fp32 master" : " (no master)") << "; median of " << o.steps << " steps after "
        << o.warmup << " warm-up.\n"
+       << "Command: `" << o.command << "`; commit " << o.commit << ".\n"
        << "Peak memory: " << (gpu ? "cudaMemGetInfo delta (free before the stack minus lowest free after each synchronised step)"
                                   : "not measured on cpu (tracked expert-gradient bytes only)")
        << ".\n\n";
@@ -393,6 +397,7 @@ int main(int argc, char** argv) {
          << r.backward_ms << ", \"step_call_ms\": " << r.update_ms << ", \"build_s\": " << r.build_s << "}";
     };
     js << "{\n  \"device\": \"" << gpu_name(o.device) << "\", \"date\": \"" << date << "\",\n"
+       << "  \"command\": \"" << json_escape(o.command) << "\", \"commit\": \"" << json_escape(o.commit) << "\",\n"
        << "  \"shape\": {\"layers\": " << o.layers << ", \"T\": " << o.T << ", \"d\": " << o.d << ", \"n\": " << o.n
        << ", \"E\": " << o.E << ", \"K\": " << o.K << "}, \"rule\": \"" << (o.sgd ? "sgd" : "adamw")
        << "\", \"fp32_master\": " << (o.master ? "true" : "false") << ", \"steps\": " << o.steps << ",\n"
