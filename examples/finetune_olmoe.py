@@ -7,7 +7,7 @@ in-backward expert updates. Random init and random tokens (no download), so it r
 Prints loss per step, tokens/s (after the first step) and peak memory for each mode.
 """
 import argparse
-import copy
+import gc
 import resource
 import time
 
@@ -51,6 +51,7 @@ def train(model, mode, args):
     if args.device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+        print(f"  [{mode}] memory at start {torch.cuda.memory_allocated() / 2**30:.2f} GiB (the model)", flush=True)
     vocab = model.config.vocab_size
     tokens, elapsed = 0, 0.0
     for step in range(args.steps):
@@ -100,7 +101,10 @@ def main():
         n_all = sum(p.numel() for p in model.parameters())
         print(f"{mode}: {n_all / 1e6:.1f} M parameters, {n_exp / 1e6:.1f} M in experts", flush=True)
         results[mode] = train(model, mode, args)
+        # The optimizers and LR schedulers reference each other: collect them now, so the next
+        # mode's peak memory does not include this mode's leftovers.
         del model
+        gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
     if len(results) == 2:

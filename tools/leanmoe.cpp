@@ -225,12 +225,16 @@ struct BenchResult {
   double fwd_ms = 0, bwd_ms = 0;
   std::vector<double> fwd_all_ms, bwd_all_ms;
   size_t saved_bytes = 0, naive_bytes = 0, fwd_ws_bytes = 0, bwd_ws_bytes = 0;
+  size_t io_bytes = 0;  // one [T, d] tensor: out, and later dx
   std::string error;  // set when this shape could not run (e.g. a backend limit): the grid goes on
   double fwd_tflops() const { return forward_flops(cfg, shape.T) / (fwd_ms * 1e9); }
   double bwd_tflops() const { return backward_flops(cfg, shape.T) / (bwd_ms * 1e9); }
-  // What the layer holds beyond the caller's tensors: the saved state and one workspace at a time
-  // (forward's and backward's are never live together, so a caller may share one buffer).
-  size_t activation_bytes() const { return saved_bytes + std::max(fwd_ws_bytes, bwd_ws_bytes); }
+  // Activation memory of one layer, counted like the anchor's peak (BENCHMARKS.md): the saved state
+  // and out stay live from forward to backward; one workspace at a time (forward's and backward's
+  // are never live together); dx joins during backward. Weights, x and dO are there "before".
+  size_t activation_bytes() const {
+    return saved_bytes + io_bytes + std::max(fwd_ws_bytes, bwd_ws_bytes + io_bytes);
+  }
 };
 
 double median(std::vector<double> v) {
@@ -291,6 +295,7 @@ BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, DType dt, Dev
   r.fwd_ms = median(r.fwd_all_ms);
   r.bwd_ms = median(r.bwd_all_ms);
   r.saved_bytes = mem.saved().bytes_excluding_x();
+  r.io_bytes = out.bytes();
   r.naive_bytes = reference::naive_saved_bytes(cfg, T, dt);
   r.fwd_ws_bytes = mem.plan().forward_workspace_bytes;
   r.bwd_ws_bytes = mem.plan().backward_workspace_bytes;
@@ -363,7 +368,7 @@ void write_json(const std::string& path, const std::string& command, Device dev,
       << ", \"rows_topk\": " << r.shape.T * c.K << ", \"fwd_ms\": " << r.fwd_ms << ", \"bwd_ms\": " << r.bwd_ms
       << ", \"fwd_tflops\": " << r.fwd_tflops() << ", \"bwd_tflops\": " << r.bwd_tflops()
       << ", \"fwd_flops\": " << forward_flops(c, r.shape.T) << ", \"bwd_flops\": " << backward_flops(c, r.shape.T)
-      << ", \"saved_bytes\": " << r.saved_bytes << ", \"naive_saved_bytes\": " << r.naive_bytes
+      << ", \"saved_bytes\": " << r.saved_bytes << ", \"io_bytes\": " << r.io_bytes << ", \"naive_saved_bytes\": " << r.naive_bytes
       << ", \"fwd_workspace_bytes\": " << r.fwd_ws_bytes << ", \"bwd_workspace_bytes\": " << r.bwd_ws_bytes
       << ", \"activation_bytes\": " << r.activation_bytes() << ",\n   \"fwd_ms_all\": " << json_list(r.fwd_all_ms)
       << ", \"bwd_ms_all\": " << json_list(r.bwd_all_ms) << "}";

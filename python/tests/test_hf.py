@@ -6,6 +6,7 @@ import torch
 
 import leanmoe
 import leanmoe.hf
+from conftest import skip_unsupported
 from leanmoe.optim import ExpertAdamW, dense_parameters, expert_parameters
 
 transformers = pytest.importorskip("transformers")
@@ -39,34 +40,45 @@ def batch(device, seed=0, B=2, S=16):
 KINDS = ["olmoe", "qwen3_moe", "granitemoe"]
 
 
+def cosine(a, b):
+    return torch.nn.functional.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", KINDS)
-def test_matches_transformers(kind, device):
-    """Loss and every gradient agree with the transformers implementation. fp32 on the CPU:
-    different summation orders only, 1e-4 of the largest magnitude. bf16 on the GPU: both sides
-    round activations and gradients to bf16 at different points, and the difference travels
-    through two layers of attention: 5e-2 of the largest magnitude."""
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    tol = 5e-2 if dtype == torch.bfloat16 else 1e-4
+def test_matches_transformers(kind, dtype, device):
+    """Loss and every gradient against the transformers implementation run in fp32 on the same
+    weights (bf16 weights are exact in fp32).
+    fp32 (CPU only): only summation orders differ: 1e-4 of the largest magnitude.
+    bf16 (the CUDA storage type; the CPU backend takes it too): bf16 rounding through two decoder layers can
+    move a token to another expert, so transformers' own bf16 run is measured against fp32 too,
+    and leanmoe must be as close to fp32 as it: per gradient, cosine >= min(0.99, transformers
+    bf16's cosine) - 0.01; loss within max(1e-2 relative, twice transformers bf16's error)."""
+    skip_unsupported(device, dtype)
     model = tiny(kind, dtype=dtype, device=device)
+    reference = copy.deepcopy(model).float()
+    hf_bf16 = copy.deepcopy(model) if dtype == torch.bfloat16 else None
     b = batch(device)
-    ref_loss = model(**b).loss
+    ref_loss = reference(**b).loss
     ref_loss.backward()
-    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad()
+    ref_grads = {n: p.grad for n, p in reference.named_parameters()}
     assert leanmoe.hf.apply(model) == 2
     loss = model(**b).loss
     loss.backward()
-    torch.testing.assert_close(loss.float(), ref_loss.float(), rtol=tol, atol=0)
-    for n, p in model.named_parameters():
-        got, ref = p.grad.float(), ref_grads[n].float()
-        if dtype == torch.float32:
-            err = (got - ref).abs().max() / ref.abs().max().clamp_min(1e-8)
-            assert err < tol, f"{n}: relative error {err:.2e}"
-        else:
-            # transformers rounds the router logits to bf16 before its top-K, leanmoe keeps them in
-            # fp32 (DESIGN.md), so a near-tie may route a token differently: compare directions.
-            cos = torch.nn.functional.cosine_similarity(got.flatten(), ref.flatten(), dim=0)
-            assert cos > 0.98, f"{n}: cosine similarity {cos:.4f}"
+    if dtype == torch.float32:
+        torch.testing.assert_close(loss, ref_loss, rtol=1e-4, atol=0)
+        for n, p in model.named_parameters():
+            err = (p.grad - ref_grads[n]).abs().max() / ref_grads[n].abs().max().clamp_min(1e-8)
+            assert err < 1e-4, f"{n}: relative error {err:.2e}"
+    else:
+        hf_loss = hf_bf16(**b).loss
+        hf_loss.backward()
+        hf_grads = dict(hf_bf16.named_parameters())
+        loss_err, hf_loss_err = abs(loss.item() - ref_loss.item()), abs(hf_loss.item() - ref_loss.item())
+        assert loss_err <= max(1e-2 * abs(ref_loss.item()), 2 * hf_loss_err), (loss_err, hf_loss_err)
+        for n, p in model.named_parameters():
+            ours, theirs = cosine(p.grad, ref_grads[n]), cosine(hf_grads[n].grad, ref_grads[n])
+            assert ours >= min(0.99, theirs) - 0.01, f"{n}: cosine to fp32 {ours:.4f} (transformers bf16 {theirs:.4f})"
     assert leanmoe.hf.aux_loss(model).dim() == 0
 
 

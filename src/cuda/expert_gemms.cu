@@ -98,8 +98,10 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStr
     const dim3 grid = grid_for<kKind>(rows, s, v0::kTileM, v0::kTileN);
     v0::grouped_gemm_kernel<kKind><<<grid, v0::kThreads, v0::kSmemBytes, stream>>>(args);
   } else if constexpr (kKind == GemmKind::DownProj) {  // K = n: short mainloops for small n
-    if (s.n <= 512) launch_v1<kKind, v1::SmallKTile>(rows, s, args, stream, raise_smem_limit);
+    if (s.n <= 512) launch_v1<kKind, v1::TwoCtaTile>(rows, s, args, stream, raise_smem_limit);
     else launch_v1<kKind, v1::BigTile>(rows, s, args, stream, raise_smem_limit);
+  } else if constexpr (kKind == GemmKind::DhSwigluBwd || kKind == GemmKind::Dw2) {
+    launch_v1<kKind, v1::TwoCtaTile>(rows, s, args, stream, raise_smem_limit);
   } else {
     launch_v1<kKind, v1::BigTile>(rows, s, args, stream, raise_smem_limit);
   }

@@ -143,25 +143,4 @@ __device__ __forceinline__ void store_bf16x2(bf16* p, float x, float y) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
 }
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-__device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-}
-__device__ __forceinline__ void store_16B(bf16* p, uint4 v) { *reinterpret_cast<uint4*>(p) = v; }
-__device__ __forceinline__ uint4 load_16B(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
-
-// 4x4 transpose of 32-bit words across the 4 lanes of a quad (q = lane % 4): lane q's result word p
-// is lane p's input word q. Round k swaps with lane q^k, register picks by selects (no local memory).
-__device__ __forceinline__ uint4 quad_transpose(const uint32_t (&v)[4], int q) {
-  auto pick = [](const uint32_t (&w)[4], int i) { return i == 0 ? w[0] : i == 1 ? w[1] : i == 2 ? w[2] : w[3]; };
-  uint32_t got[4];  // got[k] = word q of lane q^k
-  got[0] = pick(v, q);
-#pragma unroll
-  for (int k = 1; k < 4; ++k) got[k] = __shfl_xor_sync(0xffffffffu, pick(v, q ^ k), k);
-  return make_uint4(pick(got, q), pick(got, q ^ 1), pick(got, q ^ 2), pick(got, q ^ 3));
-}
-
 }  // namespace leanmoe::cuda::kernels

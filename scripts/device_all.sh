@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One batched call on the H200 with binaries built on the dev machine and carried in .carry/bin
+# (leanmoe, leanmoe_gpu_tests, leanmoe_bench_inbackward) plus .carry/blaslibs.tar.xz (OpenBLAS for
+# the CPU reference) and .carry/torch_moe_baseline.py (the anchor). Writes everything under $OUT:
+# GPU tests, a memcheck run, the grid benchmark beside the PyTorch anchor (results.md), token
+# rounding vs top-K, and the in-backward stack benchmark. Each step has its own time limit so one
+# failure does not cost the rest.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+OUT="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$OUT"
+mkdir -p /tmp/blas && tar xJf .carry/blaslibs.tar.xz -C /tmp/blas && export LD_LIBRARY_PATH=/tmp/blas:${LD_LIBRARY_PATH:-}
+B=.carry/bin
+commit="$(cat $B/commit 2>/dev/null || echo unknown)"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+
+echo "== GPU tests"; timeout 150 $B/leanmoe_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc=$?"
+grep -E "PASSED|FAILED|tests ran" "$OUT/gpu_tests.log" | tail -8
+echo "== memcheck"; timeout 90 compute-sanitizer --tool memcheck $B/leanmoe_gpu_tests \
+  --gtest_filter='CudaBackend.SingleToken*:CudaBackend.TokenRounding*:ExpertGemms.*' >"$OUT/memcheck.log" 2>&1
+echo "memcheck rc=$?"; tail -2 "$OUT/memcheck.log"
+
+echo "== grid"; timeout 200 $B/leanmoe bench --grid --iters 10 --warmup 3 --json "$OUT/leanmoe.json" >"$OUT/leanmoe.txt" 2>"$OUT/leanmoe.err"
+echo "grid rc=$?"; tail -3 "$OUT/leanmoe.err"
+echo "== anchor"; NO_LOOP=1 OUT="$OUT" PYTHONUNBUFFERED=1 timeout 200 python3 .carry/torch_moe_baseline.py >"$OUT/baseline.log" 2>&1
+echo "anchor rc=$?"; tail -1 "$OUT/baseline.log"
+python3 bench/compare.py --leanmoe "$OUT/leanmoe.json" --anchor "$OUT/baseline.json" --commit "$commit" \
+  --command "leanmoe bench --grid --iters 10 --warmup 3 --json leanmoe.json; NO_LOOP=1 python3 torch_moe_baseline.py" \
+  --out "$OUT/results.md" && echo "results.md written"
+
+echo "== token rounding vs top-K"
+for c in 7B-n256 30B-n256; do for r in topk token-rounding; do
+  timeout 40 $B/leanmoe bench --config $c --routing $r --iters 10 --warmup 3 --json "$OUT/tr_${c}_${r}.json" 2>/dev/null | tail -4
+done; done > "$OUT/token_rounding.txt"; cat "$OUT/token_rounding.txt"
+
+echo "== in-backward stack"; timeout 150 $B/leanmoe_bench_inbackward --device cuda --commit "$commit" --out "$OUT" >"$OUT/inbackward.log" 2>&1
+echo "inbackward rc=$?"; tail -25 "$OUT/inbackward.log"
