@@ -1,0 +1,303 @@
+"""One training step of HF transformers v5 MoE models: transformers' experts vs leanmoe.
+
+Modes (same model shape, random init, bf16 parameters, random tokens, no downloads):
+  a  transformers' experts (grouped_mm when the installed version offers it) + fused torch AdamW
+     over every parameter + clip_grad_norm_(all parameters, 1.0)
+  b  leanmoe.hf under the MoE blocks + the same optimizer and clipping (expert grads in .grad)
+  c  leanmoe.hf + in-backward expert updates (leanmoe.optim.ExpertAdamW) + fused torch AdamW over
+     the dense parameters, clip_grad_norm_(dense parameters, 1.0) (expert grads never land in .grad)
+
+Step = forward + loss (+ 0.01 * load-balancing loss) + backward + clip + optimizer step(s) + zero_grad.
+Per model and mode: a fresh model, 1 warm-up step (allocates the optimizer state), then --steps
+timed steps; time = median of synchronize-bracketed wall times; peak = max_memory_allocated over
+the timed steps. Bar (the issue): (c) peak <= 0.81 x (a) peak, and (c) step time < (a).
+
+    python3 bench/hf_step_bench.py --device cpu --tiny                       # smoke test
+    python3 bench/hf_step_bench.py --out results/                            # H200, both models
+"""
+import argparse
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import transformers
+
+import leanmoe
+import leanmoe.hf
+from leanmoe.optim import ExpertAdamW, dense_parameters, expert_parameters
+
+# Shapes of the published configs (random init here). OLMoE-1B-7B: allenai/OLMoE-1B-7B-0924;
+# Granite: ibm-granite/granite-3.1-3b-a800m-base (muP-style multipliers and tied embeddings included,
+# they change the arithmetic a little, not the shapes).
+MODELS = {
+    "olmoe": dict(
+        cls="OlmoeForCausalLM", cfg="OlmoeConfig", name="OLMoE-1B-7B",
+        full=dict(vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_hidden_layers=16,
+                  num_attention_heads=16, num_key_value_heads=16, num_experts=64, num_experts_per_tok=8,
+                  tie_word_embeddings=False),
+        tiny=dict(vocab_size=512, hidden_size=128, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, num_experts=8, num_experts_per_tok=2,
+                  tie_word_embeddings=False)),
+    "granite": dict(
+        cls="GraniteMoeForCausalLM", cfg="GraniteMoeConfig", name="Granite-3.1-3B-A800M",
+        full=dict(vocab_size=49155, hidden_size=1536, intermediate_size=512, num_hidden_layers=32,
+                  num_attention_heads=24, num_key_value_heads=8, num_local_experts=40, num_experts_per_tok=8,
+                  tie_word_embeddings=True, embedding_multiplier=12.0, logits_scaling=6.0,
+                  residual_multiplier=0.22, attention_multiplier=0.015625),
+        tiny=dict(vocab_size=512, hidden_size=128, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
+                  tie_word_embeddings=True, embedding_multiplier=12.0, logits_scaling=6.0,
+                  residual_multiplier=0.22, attention_multiplier=0.0625)),
+}
+
+MODES = {
+    "a": "HF experts + fused AdamW + global clip",
+    "b": "leanmoe experts + fused AdamW + global clip",
+    "c": "leanmoe + in-backward expert AdamW + dense clip",
+}
+
+MEMORY_BAR = 0.81  # (c) peak must be at least 19% below (a)
+
+
+def build(model_key, mode, args, dtype):
+    """A fresh model directly on the device (no CPU init). Returns (model, experts implementation)."""
+    spec = MODELS[model_key]
+    shape = dict(spec["tiny" if args.tiny else "full"])
+    cfg = getattr(transformers, spec["cfg"])(
+        max_position_embeddings=max(4096, args.seq), attn_implementation="sdpa",
+        # (a): transformers computes and adds its load-balancing loss itself; (b)/(c): leanmoe
+        # computes it in its forward and we add it (leanmoe does not record router logits).
+        output_router_logits=(mode == "a" and args.aux_coef > 0), router_aux_loss_coef=args.aux_coef,
+        **shape)
+    cls = getattr(transformers, spec["cls"])
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        try:
+            model = cls._from_config(cfg, dtype=dtype, experts_implementation="grouped_mm")
+        except (TypeError, ValueError, ImportError) as e:  # older transformers, or no grouped_mm here
+            print(f"  [{mode}] experts_implementation='grouped_mm' refused ({type(e).__name__}: {e}); "
+                  "using the default", flush=True)
+            model = cls._from_config(cfg, dtype=dtype)
+    impl = getattr(model.config, "_experts_implementation", None) or "default (no experts_implementation seam)"
+    if mode in ("b", "c"):
+        blocks = leanmoe.hf.apply(model)
+        impl = f"leanmoe ({blocks} blocks)"
+    model.train()
+    return model, impl
+
+
+def make_optimizers(model, mode, args):
+    """Returns (optimizers, parameters to clip)."""
+    hyper = dict(lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    if mode in ("a", "b"):
+        params = list(model.parameters())
+        return [torch.optim.AdamW(params, fused=True, **hyper)], params
+    dense = dense_parameters(model)
+    experts = ExpertAdamW(expert_parameters(model), in_backward=True, **hyper)
+    return [experts, torch.optim.AdamW(dense, fused=True, **hyper)], dense
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_mode(model_key, mode, args, dtype):
+    cuda = args.device == "cuda"
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    model, impl = build(model_key, mode, args, dtype)
+    n_all = sum(p.numel() for p in model.parameters())
+    n_exp = sum(p.numel() for p in expert_parameters(model))
+    print(f"  [{mode}] {MODES[mode]}; experts: {impl}; {n_all / 1e9:.3f} B params ({n_exp / 1e9:.3f} B in experts)",
+          flush=True)
+    optimizers, clipped = make_optimizers(model, mode, args)
+    vocab = model.config.vocab_size
+    gen = torch.Generator().manual_seed(1234)
+    batches = [torch.randint(0, vocab, (args.batch, args.seq), generator=gen).to(args.device)
+               for _ in range(args.warmup + args.steps)]
+
+    def step(ids):
+        loss = model(input_ids=ids, labels=ids).loss
+        if mode != "a" and args.aux_coef > 0:
+            loss = loss + args.aux_coef * leanmoe.hf.aux_loss(model)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(clipped, 1.0)
+        for opt in optimizers:
+            opt.step()
+        for opt in optimizers:
+            opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    times, losses = [], []
+    resident = None
+    for i, ids in enumerate(batches):
+        if i == args.warmup:  # optimizer state exists now; the peak of the timed steps starts here
+            sync(args.device)
+            if cuda:
+                resident = torch.cuda.memory_allocated() / 2**30
+                torch.cuda.reset_peak_memory_stats()
+        sync(args.device)
+        start = time.perf_counter()
+        loss = step(ids)
+        sync(args.device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - start)
+        losses.append(float(loss))
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    result = dict(mode=mode, description=MODES[mode], experts=impl, params=n_all, expert_params=n_exp,
+                  step_s=statistics.median(times), step_times_s=times, peak_gib=peak, resident_gib=resident,
+                  losses=losses, tokens_per_s=args.batch * args.seq / statistics.median(times))
+    mem = f"peak {peak:.2f} GiB (resident {resident:.2f} GiB)" if cuda else "peak n/a on cpu"
+    print(f"  [{mode}] step {result['step_s'] * 1e3:.1f} ms (median of {len(times)}), {mem}, "
+          f"losses {' '.join(f'{l:.4f}' for l in losses)}", flush=True)
+    for opt in optimizers:
+        if isinstance(opt, ExpertAdamW):
+            opt.release()
+    del model, optimizers, clipped, batches, step
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    return result
+
+
+def verdict(res):
+    """(c)/(a) ratios and PASS/FAIL against the bar, or None when a mode is missing."""
+    a, c = res.get("a"), res.get("c")
+    if not a or not c or "error" in a or "error" in c:
+        return None
+    time_ratio = c["step_s"] / a["step_s"]
+    mem_ratio = c["peak_gib"] / a["peak_gib"] if a["peak_gib"] else None
+    mem_ok = None if mem_ratio is None else mem_ratio <= MEMORY_BAR  # None: no peak on the CPU
+    time_ok = time_ratio < 1.0
+    return dict(mem_ratio=mem_ratio, time_ratio=time_ratio, mem_pass=mem_ok, time_pass=time_ok,
+                passed=bool(mem_ok) and time_ok)
+
+
+def commit_of(args):
+    if args.commit:
+        return args.commit
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        return subprocess.check_output(["git", "-C", here, "rev-parse", "HEAD"], text=True,
+                                       stderr=subprocess.DEVNULL).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def pass_fail(ok):
+    return "n/a" if ok is None else ("PASS" if ok else "FAIL")
+
+
+def fmt(x, spec):
+    return "n/a" if x is None else format(x, spec)
+
+
+def markdown(meta, results, args):
+    lines = [f"# HF training step: transformers experts vs leanmoe ({meta['gpu']})", "",
+             f"- command: `{meta['command']}`", f"- commit: {meta['commit']}", f"- GPU: {meta['gpu']}",
+             f"- date: {meta['date']}",
+             f"- torch {meta['torch']}, transformers {meta['transformers']}, leanmoe {meta['leanmoe']}",
+             f"- batch {args.batch} x {args.seq}, {meta['dtype']} parameters, random init and tokens, "
+             f"{args.warmup} warm-up + {args.steps} timed steps (median), aux-loss coef {args.aux_coef}",
+             "- step = forward + loss + backward + clip_grad_norm_(1.0) + optimizer step(s) + zero_grad; "
+             "peak = torch.cuda.max_memory_allocated over the timed steps; resident = allocated after warm-up "
+             "(weights + optimizer state)",
+             "- modes: " + "; ".join(f"({k}) {v}" for k, v in MODES.items()), ""]
+    lines += ["| model | mode | experts | step ms | tokens/s | peak GiB | resident GiB | last loss |",
+              "|---|---|---|---:|---:|---:|---:|---:|"]
+    for model_key, res in results.items():
+        for mode, r in res.items():
+            if mode == "verdict":
+                continue
+            name = MODELS[model_key]["name"]
+            if "error" in r:
+                lines.append(f"| {name} | {mode} | | {r['error']} | | | | |")
+                continue
+            lines.append(f"| {name} | {mode} | {r['experts']} | {r['step_s'] * 1e3:.1f} | {r['tokens_per_s']:,.0f} | "
+                         f"{fmt(r['peak_gib'], '.2f')} | {fmt(r['resident_gib'], '.2f')} | {r['losses'][-1]:.4f} |")
+    lines += ["", f"Bar: (c) peak <= {MEMORY_BAR:.2f} x (a) peak and (c) step time < (a).", "",
+              "| model | peak (c)/(a) | time (c)/(a) | time (b)/(a) | memory | time | result |",
+              "|---|---:|---:|---:|---|---|---|"]
+    for model_key, res in results.items():
+        v = res.get("verdict")
+        name = MODELS[model_key]["name"]
+        if v is None:
+            lines.append(f"| {name} | n/a | n/a | n/a | | | INCOMPLETE |")
+            continue
+        b = res.get("b")
+        tb = fmt(b["step_s"] / res["a"]["step_s"] if b and "error" not in b else None, ".3f")
+        lines.append(f"| {name} | {fmt(v['mem_ratio'], '.3f')} | {v['time_ratio']:.3f} | {tb} | "
+                     f"{pass_fail(v['mem_pass'])} | {pass_fail(v['time_pass'])} | "
+                     f"{pass_fail(v['passed'] if v['mem_pass'] is not None else None)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--tiny", action="store_true", help="2-layer small-width shapes (smoke test)")
+    p.add_argument("--models", default="olmoe,granite")
+    p.add_argument("--modes", default="a,b,c")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=3, help="timed steps (median reported)")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--aux-coef", type=float, default=0.01)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--out", default=None, help="directory for hf_step.md and hf_step.json")
+    p.add_argument("--commit", default=None)
+    args = p.parse_args()
+    if args.steps < 1 or args.warmup < 1:
+        p.error("--steps and --warmup must be >= 1 (the warm-up step allocates the optimizer state)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA device visible (use --device cpu --tiny for a smoke test)")
+    dtype = getattr(torch, args.dtype)
+    meta = dict(command="python3 " + " ".join(sys.argv), commit=commit_of(args),
+                gpu=torch.cuda.get_device_name() if args.device == "cuda" else f"CPU ({platform.processor() or 'cpu'})",
+                date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                torch=torch.__version__, transformers=transformers.__version__, leanmoe=leanmoe.__version__,
+                dtype=args.dtype, batch=args.batch, seq=args.seq, steps=args.steps, warmup=args.warmup,
+                tiny=args.tiny, aux_coef=args.aux_coef)
+    print(f"{meta['gpu']}; torch {meta['torch']}, transformers {meta['transformers']}, leanmoe {meta['leanmoe']}; "
+          f"batch {args.batch} x {args.seq}, {args.dtype}{', tiny shapes' if args.tiny else ''}", flush=True)
+    results = {}
+    wall = time.perf_counter()
+    for model_key in args.models.split(","):
+        print(f"{MODELS[model_key]['name']}{' (tiny)' if args.tiny else ''}:", flush=True)
+        res = {}
+        for mode in args.modes.split(","):
+            try:
+                res[mode] = run_mode(model_key, mode, args, dtype)
+            except torch.OutOfMemoryError as e:
+                print(f"  [{mode}] out of memory: {str(e).splitlines()[0]}", flush=True)
+                res[mode] = dict(mode=mode, error="OOM")
+            # Outside the except block: its traceback pins the failed mode's frame (model, optimizers).
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
+        res["verdict"] = verdict(res)
+        results[model_key] = res
+    print(f"total {time.perf_counter() - wall:.1f} s\n", flush=True)
+    table = markdown(meta, results, args)
+    print(table, flush=True)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "hf_step.md"), "w") as f:
+            f.write(table)
+        with open(os.path.join(args.out, "hf_step.json"), "w") as f:
+            json.dump(dict(meta=meta, results=results), f, indent=2)
+        print(f"wrote {args.out}/hf_step.md and hf_step.json", flush=True)
+
+
+if __name__ == "__main__":
+    main()
