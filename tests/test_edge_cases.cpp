@@ -125,3 +125,33 @@ TEST(EdgeCases, TokensLeftWithoutExperts) {
     EXPECT_GT(empty_tokens, 0) << "no token ended with zero experts";
   }
 }
+
+// An undefined expert gradient is neither computed nor handed to the callback; the other one is,
+// in SPEC §6 order.
+TEST(EdgeCases, UndefinedExpertGradientSkipsItsCallback) {
+  using namespace leanmoe;
+  MoEConfig cfg;
+  cfg.d = 16, cfg.n = 8, cfg.E = 4, cfg.K = 2;
+  const int64_t T = 9;
+  const reference::HostLayerInputs in = reference::random_inputs(cfg, T, DType::f32, 7);
+  std::vector<float> x = in.x, wr = in.router, w1 = in.gate_up, w2 = in.down, d_out = in.d_out;
+  std::vector<float> out(T * cfg.d), dx(T * cfg.d), dw1(w1.size(), -1.f);
+  auto view = [](std::vector<float>& v, std::initializer_list<int64_t> shape) {
+    return Tensor::contiguous(v.data(), DType::f32, Device::cpu, shape);
+  };
+  MoEWeights w{view(wr, {cfg.E, cfg.d}), view(w1, {cfg.E, 2 * cfg.n, cfg.d}), view(w2, {cfg.E, cfg.d, cfg.n})};
+  LayerMemory mem(cfg, T, DType::f32, Device::cpu);
+  forward(cfg, view(x, {T, cfg.d}), w, view(out, {T, cfg.d}), Tensor{}, mem.saved(), mem.forward_workspace());
+  MoEGrads g;
+  g.dx = view(dx, {T, cfg.d});
+  g.d_gate_up_proj = view(dw1, {cfg.E, 2 * cfg.n, cfg.d});
+  std::vector<ExpertWeight> calls;
+  backward(cfg, view(d_out, {T, cfg.d}), Tensor{}, w, mem.saved(), g, mem.backward_workspace(),
+           [&](ExpertWeight which, const Tensor& grad) {
+             EXPECT_TRUE(grad.defined());
+             calls.push_back(which);
+           });
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0], ExpertWeight::gate_up_proj);
+  EXPECT_NE(dw1[0], -1.f);  // dW1 was written
+}

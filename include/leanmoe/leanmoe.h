@@ -110,9 +110,8 @@ struct MoEWeights {
   Tensor down_proj;
 };
 
-// Gradients, same shapes and dtype as the weights / input. Any may be left undefined to skip it,
-// except that skipping d_gate_up_proj or d_down_proj is only allowed with a callback that wants
-// no buffer (see ExpertGradCallback).
+// Gradients, same shapes and dtype as the weights / input. Any may be left undefined: that
+// gradient is then not computed, and for an expert weight its ExpertGradCallback is not called.
 struct MoEGrads {
   Tensor dx;              // [T, d]
   Tensor d_router;        // [E, d]

@@ -234,13 +234,14 @@ class CpuBackend final : public Backend {
 
     // W2 phase: its last read of W2, then the down_proj gradient is handed over (SPEC §6).
     experts_backward_down(problem, a.d_out.data, saved.h.data, s.dS, s.dH, g.d_down_proj.data, s.experts);
-    if (a.on_expert_grad) a.on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
+    if (a.on_expert_grad && g.d_down_proj.defined()) a.on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
 
     // W1 phase: its last read of W1, then the gate_up_proj gradient is handed over.
     to_float(saved.x.data, saved.x.dtype, T * d, r.x);
     const bool want_dx = g.dx.defined();
     experts_backward_up(problem, r.x, s.dH, want_dx ? s.dx_rows : nullptr, g.d_gate_up_proj.data, s.experts);
-    if (a.on_expert_grad) a.on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
+    if (a.on_expert_grad && g.d_gate_up_proj.defined())
+      a.on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
 
     // Router path, from logits recomputed out of X and Wr (nothing else is cached).
     if (!want_dx && !g.d_router.defined()) return;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "leanmoe/optim.h"
+#include "optim/binary_io.h"
 #include "optim/fused_update.h"
 
 namespace leanmoe::optim {
@@ -37,16 +38,10 @@ bool same_shape(const Tensor& a, const Tensor& b) {
   return true;
 }
 
-template <class V>
-void put(std::ostream& o, const V& v) {
-  o.write(reinterpret_cast<const char*>(&v), sizeof(V));
-}
+using io::put;
 template <class V>
 V get(std::istream& in) {
-  V v{};
-  in.read(reinterpret_cast<char*>(&v), sizeof(V));
-  if (!in) throw Error("ExpertOptimizer::load: argument 'in': truncated or not an optimizer state");
-  return v;
+  return io::get<V>(in, "ExpertOptimizer::load: argument 'in': truncated or not an optimizer state");
 }
 
 float& lr_of(Rule& r) { return std::visit([](auto& x) -> float& { return x.lr; }, r); }

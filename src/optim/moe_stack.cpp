@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "leanmoe/optim.h"
+#include "optim/binary_io.h"
 
 namespace leanmoe::optim {
 
@@ -68,16 +69,10 @@ double squared_norm(const Tensor& t) {
   return s;
 }
 
-template <class V>
-void put(std::ostream& o, const V& v) {
-  o.write(reinterpret_cast<const char*>(&v), sizeof(V));
-}
+using io::put;
 template <class V>
 V get(std::istream& in) {
-  V v{};
-  in.read(reinterpret_cast<char*>(&v), sizeof(V));
-  if (!in) throw Error("MoEStack::load: argument 'in': truncated or not a stack checkpoint");
-  return v;
+  return io::get<V>(in, "MoEStack::load: argument 'in': truncated or not a stack checkpoint");
 }
 
 struct Layer {
