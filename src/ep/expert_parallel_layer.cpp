@@ -1,0 +1,363 @@
+// ExpertParallelLayer (include/leanmoe/ep.h): routing on the token's own rank, dispatch of token
+// rows to the expert owners, local expert math, and the way back. The expert math and routing are
+// the CPU backend's own functions (cpu/router.h, cpu/experts.h), called on the received rows with
+// routing metadata built here, so EP computes exactly what one rank computes.
+//
+// Row orders. EP keeps every sum of one rank running the concatenated batch
+// [rank 0's tokens; rank 1's tokens; ...] in the same order (docs/ep.md):
+// - origin: rows sorted by expert, stable by token (build_metadata). Owner q's experts are
+//   contiguous, so the rows bound for q are one contiguous range, sent in row order.
+// - owner: rows sorted by local expert, stable by (source rank, source token) = global token
+//   order, which is the single-rank row order of that expert: the grouped GEMMs see the same rows
+//   in the same order.
+// - combine: the owner returns one row per (token, expert) pair (Y forward; dX_exp and dS
+//   backward), in the order it received them, so the origin receives them in its own row order
+//   and runs the single-rank gather-sum unchanged. Returning per-pair rows costs K*d per token
+//   instead of at most min(K, P)*d for owner-side partial sums; it buys the unchanged sum order.
+// Results are still not bitwise equal to one rank: BLAS picks GEMM kernels by shape (the router
+// GEMM over T_r rows rounds differently from the one over T rows), and d_router is summed per
+// rank and then across ranks.
+#include <cstring>
+
+#include "cpu/experts.h"
+#include "cpu/router.h"
+#include "leanmoe/ep.h"
+
+namespace leanmoe::ep {
+
+using namespace leanmoe::cpu;
+
+namespace {
+
+// One (token, expert) pair as sent to the expert's owner.
+struct PairRecord {
+  int32_t token;         // index among the tokens of the same message
+  int32_t local_expert;  // expert index on the owner, 0..E/P-1
+  float gate;
+};
+
+std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> off(counts.size() + 1, 0);
+  for (size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
+  return off;
+}
+
+void require(bool ok, const std::string& msg) {
+  if (!ok) throw Error(msg);
+}
+
+void check_matrix(const Tensor& t, const char* fn, const char* arg, std::initializer_list<int64_t> shape, DType dtype) {
+  const std::string where = std::string(fn) + ": argument '" + arg + "': ";
+  require(t.defined(), where + "is required");
+  require(t.device == Device::cpu, where + "must be on cpu (the EP layer's expert math runs on the CPU backend), got " +
+                                       t.describe());
+  require(t.dtype == dtype, where + "must have dtype " + dtype_name(dtype) + ", got " + t.describe());
+  require(t.ndim == int(shape.size()), where + "must have " + std::to_string(shape.size()) + " dims, got " + t.describe());
+  int i = 0;
+  for (int64_t s : shape) {
+    require(t.shape[i] == s, where + "dim " + std::to_string(i) + " must be " + std::to_string(s) + ", got " +
+                                 t.describe());
+    ++i;
+  }
+  require(t.is_contiguous(), where + "must be contiguous, got " + t.describe());
+}
+
+// Scratch for the expert loops on the owner, sized for T_loc received tokens (an expert gets at
+// most one row per token).
+struct OwnedScratch {
+  std::vector<float> rows, w1, w2, h_acc, act, d_act, dw;
+  ExpertScratch view;
+  OwnedScratch(const MoEConfig& c, int64_t T_loc, DType dtype) {
+    const int64_t d = c.d, n = c.n;
+    const bool copies = dtype == DType::bf16;
+    rows.resize(T_loc * d);
+    w1.resize(copies ? 2 * n * d : 0);
+    w2.resize(copies ? d * n : 0);
+    h_acc.resize(T_loc * 2 * n);
+    act.resize(T_loc * n);
+    d_act.resize(T_loc * n);
+    dw.resize(2 * n * d);
+    view = {rows.data(), w1.data(), w2.data(), h_acc.data(), act.data(), d_act.data(), dw.data()};
+  }
+};
+
+}  // namespace
+
+struct ExpertParallelLayer::State {
+  MoEConfig cfg;
+  Communicator& comm;
+  int P = 1;
+  int64_t El = 0, first = 0;
+  DType dtype = DType::f32;
+  bool forward_done = false;
+
+  // Origin side: this rank's tokens and their routing (as SavedState on one rank).
+  Tensor x;
+  int64_t T = 0, R = 0;
+  std::vector<int32_t> topk, row_token, token_offsets, token_rows, expert_offsets;
+  std::vector<float> row_gate;
+  std::vector<int32_t> send_tokens;          // tokens sent to each owner, concatenated by owner
+  std::vector<int64_t> send_token_counts;    // [P]
+  std::vector<int64_t> send_pair_counts;     // [P] = this rank's rows of each owner's experts
+
+  // Owner side: the rows received for the local experts.
+  int64_t T_loc = 0, R_loc = 0;
+  std::vector<int64_t> recv_token_counts, recv_pair_counts;  // [P]
+  std::vector<char> x_recv;                  // [T_loc, d] storage dtype (kept: backward's dW1 needs it)
+  std::vector<int32_t> local_expert_offsets;  // [El+1]
+  std::vector<int32_t> local_row_token;      // [R_loc]
+  std::vector<float> local_row_gate;         // [R_loc]
+  std::vector<int32_t> pair_row;             // [R_loc] received pair i -> local sorted row
+  std::vector<char> h;                       // [R_loc, 2n] storage dtype
+
+  State(const MoEConfig& c, Communicator& cm) : cfg(c), comm(cm) {}
+
+  ExpertsProblem local_problem(const MoEWeights& w) const {
+    return {cfg.d, cfg.n, El, dtype, w.gate_up_proj.data, w.down_proj.data, local_expert_offsets.data(),
+            local_row_token.data(), local_row_gate.data()};
+  }
+
+  // all_to_all_v of `per_peer` elements of elem_bytes from each rank (counts on both sides known).
+  void exchange(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                const std::vector<int64_t>& recv_counts, size_t elem_bytes) {
+    const std::vector<int64_t> so = prefix_offsets(send_counts), ro = prefix_offsets(recv_counts);
+    comm.all_to_all_v(send, send_counts.data(), so.data(), recv, recv_counts.data(), ro.data(), elem_bytes);
+  }
+
+  // Rows of `src` [T, d] (storage dtype) for the tokens each owner needs, concatenated by owner.
+  std::vector<char> gather_token_rows(const void* src) const {
+    const size_t row_bytes = size_t(cfg.d) * dtype_size(dtype);
+    std::vector<char> rows(send_tokens.size() * row_bytes);
+    for (size_t i = 0; i < send_tokens.size(); ++i)
+      std::memcpy(rows.data() + i * row_bytes, static_cast<const char*>(src) + send_tokens[i] * row_bytes, row_bytes);
+    return rows;
+  }
+};
+
+ExpertParallelLayer::ExpertParallelLayer(const MoEConfig& cfg, Communicator& comm)
+    : s_(std::make_unique<State>(cfg, comm)) {
+  const int P = comm.size();
+  require(P >= 1, "ExpertParallelLayer: argument 'comm': size must be >= 1, got " + std::to_string(P));
+  require(cfg.d > 0 && cfg.n > 0 && cfg.E > 0 && cfg.K > 0 && cfg.K <= cfg.E,
+          "ExpertParallelLayer: argument 'cfg': needs d, n, E > 0 and 0 < K <= E, got " + cfg.describe());
+  require(cfg.E % P == 0, "ExpertParallelLayer: argument 'cfg': E (" + std::to_string(cfg.E) +
+                              ") must be a multiple of the ranks (" + std::to_string(P) + ")");
+  require(cfg.aux_loss_coef == 0.f && cfg.z_loss_coef == 0.f,
+          "ExpertParallelLayer: argument 'cfg': aux_loss_coef and z_loss_coef must be 0 (cross-rank batch "
+          "statistics of the router losses are not implemented), got " + cfg.describe());
+  require(cfg.routing == Routing::topk || cfg.tile > 0,
+          "ExpertParallelLayer: argument 'cfg': tile must be > 0 for token rounding, got " + cfg.describe());
+  s_->P = P;
+  s_->El = cfg.E / P;
+  s_->first = comm.rank() * s_->El;
+}
+
+ExpertParallelLayer::~ExpertParallelLayer() = default;
+
+int64_t ExpertParallelLayer::local_experts() const { return s_->El; }
+int64_t ExpertParallelLayer::first_expert() const { return s_->first; }
+
+std::vector<int64_t> ExpertParallelLayer::local_expert_counts() const {
+  std::vector<int64_t> counts(s_->El, 0);
+  if (!s_->forward_done) return counts;
+  for (int64_t e = 0; e < s_->El; ++e) counts[e] = s_->local_expert_offsets[e + 1] - s_->local_expert_offsets[e];
+  return counts;
+}
+
+void ExpertParallelLayer::forward(const Tensor& x, const MoEWeights& w, const Tensor& out) {
+  State& s = *s_;
+  const MoEConfig& c = s.cfg;
+  const int64_t d = c.d, n = c.n, E = c.E, K = c.K, El = s.El;
+  const int P = s.P;
+  require(x.defined() && x.ndim == 2, "ep forward: argument 'x': must be [T, d], got " + x.describe());
+  require(x.shape[0] > 0, "ep forward: argument 'x': needs at least one token, got " + x.describe());
+  const int64_t T = x.shape[0];
+  s.dtype = x.dtype;
+  require(s.dtype == DType::f32 || s.dtype == DType::bf16,
+          "ep forward: argument 'x': dtype must be bf16 or f32, got " + x.describe());
+  check_matrix(x, "ep forward", "x", {T, d}, s.dtype);
+  check_matrix(out, "ep forward", "out", {T, d}, s.dtype);
+  check_matrix(w.router, "ep forward", "w.router", {E, d}, s.dtype);
+  check_matrix(w.gate_up_proj, "ep forward", "w.gate_up_proj", {El, 2 * n, d}, s.dtype);
+  check_matrix(w.down_proj, "ep forward", "w.down_proj", {El, d, n}, s.dtype);
+
+  // 1. Routing of this rank's own tokens (cpu_backend.cpp's steps, on T_r tokens).
+  s.x = x;
+  s.T = T;
+  std::vector<float> xf(T * d), wr(E * d), z(T * E), p(T * E), lse(T), sum_chosen(T), gate_den(T);
+  to_float(x.data, s.dtype, T * d, xf.data());
+  to_float(w.router.data, s.dtype, E * d, wr.data());
+  gemm(false, true, T, E, d, xf.data(), wr.data(), z.data());
+  softmax_rows(z.data(), T, E, p.data(), lse.data());
+  s.topk.resize(T * K);
+  topk_rows(z.data(), T, E, K, s.topk.data());
+  chosen_prob_sums(p.data(), s.topk.data(), T, E, K, sum_chosen.data());
+  const bool renormalised = gates_renormalised(c);
+  for (int64_t t = 0; t < T; ++t) gate_den[t] = renormalised ? sum_chosen[t] : 1.f;
+  std::vector<int32_t> code(T * E), pair_scratch(T * E);
+  mark_topk_pairs(s.topk.data(), T, E, K, code.data());
+  // Per-rank token rounding: this rank's counts per expert become tile multiples, so each owner's
+  // total (a sum over ranks) is one too.
+  if (c.routing == Routing::token_rounding)
+    round_tokens(p.data(), sum_chosen.data(), T, E, c.tile, c.rounding_mode, code.data(), pair_scratch.data());
+  const int64_t R_max = max_routed_rows(c, T);
+  s.row_token.assign(R_max, 0);
+  s.row_gate.assign(R_max, 0.f);
+  s.token_rows.assign(R_max, 0);
+  s.expert_offsets.assign(E + 1, 0);
+  s.token_offsets.assign(T + 1, 0);
+  const RoutingMetadata meta{s.row_token.data(), s.row_gate.data(), s.expert_offsets.data(), s.token_offsets.data(),
+                             s.token_rows.data()};
+  s.R = build_metadata(code.data(), p.data(), gate_den.data(), T, E, pair_scratch.data(), meta);
+  std::vector<int32_t> row_expert(s.R);
+  row_experts(s.expert_offsets.data(), E, row_expert.data());
+
+  // 2. What goes to each owner q: its rows (one pair record each, in row order) and the tokens
+  //    they use, each token once, ascending.
+  s.send_tokens.clear();
+  s.send_token_counts.assign(P, 0);
+  s.send_pair_counts.assign(P, 0);
+  std::vector<PairRecord> pairs(s.R);
+  std::vector<int32_t> message_index(T, -1);
+  for (int q = 0; q < P; ++q) {
+    const int64_t begin = s.expert_offsets[q * El], end = s.expert_offsets[(q + 1) * El];
+    s.send_pair_counts[q] = end - begin;
+    std::fill(message_index.begin(), message_index.end(), -1);
+    for (int64_t row = begin; row < end; ++row) message_index[s.row_token[row]] = 0;
+    int32_t next = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      if (message_index[t] < 0) continue;
+      message_index[t] = next++;
+      s.send_tokens.push_back(int32_t(t));
+    }
+    s.send_token_counts[q] = next;
+    for (int64_t row = begin; row < end; ++row)
+      pairs[row] = {message_index[s.row_token[row]], int32_t(row_expert[row] - q * El), s.row_gate[row]};
+  }
+
+  // 3. Dispatch: counts, token rows, pair records.
+  s.recv_token_counts = exchange_counts(s.comm, s.send_token_counts);
+  s.recv_pair_counts = exchange_counts(s.comm, s.send_pair_counts);
+  const std::vector<int64_t> recv_token_off = prefix_offsets(s.recv_token_counts);
+  const std::vector<int64_t> recv_pair_off = prefix_offsets(s.recv_pair_counts);
+  s.T_loc = recv_token_off[P];
+  s.R_loc = recv_pair_off[P];
+  const size_t row_bytes = size_t(d) * dtype_size(s.dtype);
+  const std::vector<char> x_send = s.gather_token_rows(x.data);
+  s.x_recv.assign(s.T_loc * row_bytes, 0);
+  s.exchange(x_send.data(), s.send_token_counts, s.x_recv.data(), s.recv_token_counts, row_bytes);
+  std::vector<PairRecord> pairs_recv(s.R_loc);
+  s.exchange(pairs.data(), s.send_pair_counts, pairs_recv.data(), s.recv_pair_counts, sizeof(PairRecord));
+
+  // 4. Owner metadata: rows by local expert, stable by (source rank, source token).
+  s.local_expert_offsets.assign(El + 1, 0);
+  for (const PairRecord& r : pairs_recv) ++s.local_expert_offsets[r.local_expert + 1];
+  for (int64_t e = 0; e < El; ++e) s.local_expert_offsets[e + 1] += s.local_expert_offsets[e];
+  std::vector<int32_t> cursor(s.local_expert_offsets.begin(), s.local_expert_offsets.end() - 1);
+  s.local_row_token.assign(s.R_loc, 0);
+  s.local_row_gate.assign(s.R_loc, 0.f);
+  s.pair_row.assign(s.R_loc, 0);
+  for (int src = 0; src < P; ++src)
+    for (int64_t i = recv_pair_off[src]; i < recv_pair_off[src + 1]; ++i) {
+      const PairRecord& r = pairs_recv[i];
+      const int32_t row = cursor[r.local_expert]++;
+      s.pair_row[i] = row;
+      s.local_row_token[row] = int32_t(recv_token_off[src] + r.token);
+      s.local_row_gate[row] = r.gate;
+    }
+  s.forward_done = true;
+
+  // 5. Local experts on the received rows: H kept for backward, Y rounded to storage.
+  std::vector<float> x_loc(s.T_loc * d), y_loc(s.R_loc * d);
+  to_float(s.x_recv.data(), s.dtype, s.T_loc * d, x_loc.data());
+  s.h.assign(s.R_loc * 2 * n * dtype_size(s.dtype), 0);
+  OwnedScratch scratch(c, s.T_loc, s.dtype);
+  experts_forward(s.local_problem(w), x_loc.data(), s.h.data(), y_loc.data(), scratch.view);
+
+  // 6. Combine: Y per pair back to its origin, which receives them in its own row order.
+  std::vector<float> y_send(s.R_loc * d), y_rows(s.R * d);
+  for (int64_t i = 0; i < s.R_loc; ++i)
+    std::memcpy(&y_send[i * d], &y_loc[int64_t(s.pair_row[i]) * d], d * sizeof(float));
+  s.exchange(y_send.data(), s.recv_pair_counts, y_rows.data(), s.send_pair_counts, d * sizeof(float));
+  gather_sum_rows(y_rows.data(), s.row_gate.data(), nullptr, s.token_offsets.data(), s.token_rows.data(), T, d,
+                  s.dtype, out.data);
+}
+
+void ExpertParallelLayer::backward(const Tensor& d_out, const MoEWeights& w, const MoEGrads& g,
+                                   const ExpertGradCallback& on_expert_grad) {
+  State& s = *s_;
+  const MoEConfig& c = s.cfg;
+  const int64_t d = c.d, n = c.n, E = c.E, K = c.K, El = s.El, T = s.T;
+  require(s.forward_done, "ep backward: argument 'd_out': forward must run first");
+  check_matrix(d_out, "ep backward", "d_out", {T, d}, s.dtype);
+  check_matrix(w.router, "ep backward", "w.router", {E, d}, s.dtype);
+  check_matrix(w.gate_up_proj, "ep backward", "w.gate_up_proj", {El, 2 * n, d}, s.dtype);
+  check_matrix(w.down_proj, "ep backward", "w.down_proj", {El, d, n}, s.dtype);
+  if (g.dx.defined()) check_matrix(g.dx, "ep backward", "grads.dx", {T, d}, s.dtype);
+  if (g.d_router.defined()) check_matrix(g.d_router, "ep backward", "grads.d_router", {E, d}, s.dtype);
+  if (g.d_gate_up_proj.defined())
+    check_matrix(g.d_gate_up_proj, "ep backward", "grads.d_gate_up_proj", {El, 2 * n, d}, s.dtype);
+  if (g.d_down_proj.defined())
+    check_matrix(g.d_down_proj, "ep backward", "grads.d_down_proj", {El, d, n}, s.dtype);
+
+  // 1. dO rows to the owners, the same tokens as x went in forward.
+  const size_t row_bytes = size_t(d) * dtype_size(s.dtype);
+  const std::vector<char> dout_send = s.gather_token_rows(d_out.data);
+  std::vector<char> dout_recv(s.T_loc * row_bytes);
+  s.exchange(dout_send.data(), s.send_token_counts, dout_recv.data(), s.recv_token_counts, row_bytes);
+
+  // 2. Local expert backward; the in-backward callbacks see only this rank's slices.
+  const ExpertsProblem problem = s.local_problem(w);
+  OwnedScratch scratch(c, s.T_loc, s.dtype);
+  std::vector<float> dS_loc(s.R_loc), dH(s.R_loc * 2 * n), dx_loc(s.R_loc * d), x_loc(s.T_loc * d);
+  experts_backward_down(problem, dout_recv.data(), s.h.data(), dS_loc.data(), dH.data(), g.d_down_proj.data,
+                        scratch.view);
+  if (on_expert_grad && g.d_down_proj.defined()) on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
+  to_float(s.x_recv.data(), s.dtype, s.T_loc * d, x_loc.data());
+  experts_backward_up(problem, x_loc.data(), dH.data(), dx_loc.data(), g.d_gate_up_proj.data, scratch.view);
+  if (on_expert_grad && g.d_gate_up_proj.defined()) on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
+
+  // 3. Per pair back to the origin: [dX_exp row (d floats), dS] in the received pair order.
+  const int64_t packed = d + 1;
+  std::vector<float> back_send(s.R_loc * packed), back_recv(s.R * packed);
+  for (int64_t i = 0; i < s.R_loc; ++i) {
+    const int64_t row = s.pair_row[i];
+    std::memcpy(&back_send[i * packed], &dx_loc[row * d], d * sizeof(float));
+    back_send[i * packed + d] = dS_loc[row];
+  }
+  s.exchange(back_send.data(), s.recv_pair_counts, back_recv.data(), s.send_pair_counts, packed * sizeof(float));
+  std::vector<float> dS(s.R), dx_rows(s.R * d);
+  for (int64_t row = 0; row < s.R; ++row) {
+    std::memcpy(&dx_rows[row * d], &back_recv[row * packed], d * sizeof(float));
+    dS[row] = back_recv[row * packed + d];
+  }
+
+  // 4. Router backward on the origin, from logits recomputed out of X and Wr (as on one rank).
+  if (!g.dx.defined() && !g.d_router.defined()) return;
+  std::vector<float> xf(T * d), wr(E * d), z(T * E), p(T * E), lse(T), sum_chosen(T), dz(T * E);
+  std::vector<int32_t> counts(E), row_expert(s.R);
+  to_float(s.x.data, s.dtype, T * d, xf.data());
+  to_float(w.router.data, s.dtype, E * d, wr.data());
+  gemm(false, true, T, E, d, xf.data(), wr.data(), z.data());
+  softmax_rows(z.data(), T, E, p.data(), lse.data());
+  chosen_prob_sums(p.data(), s.topk.data(), T, E, K, sum_chosen.data());
+  topk_counts(s.topk.data(), T, E, K, counts.data());
+  row_experts(s.expert_offsets.data(), E, row_expert.data());
+  const RouterBackwardInputs in{p.data(), lse.data(), sum_chosen.data(), gates_renormalised(c), s.topk.data(),
+                                counts.data(), s.token_offsets.data(), s.token_rows.data(), row_expert.data(),
+                                dS.data(), 0.f, 0.f};
+  router_backward(in, T, E, K, dz.data());
+  if (g.d_router.defined()) {
+    std::vector<float> d_router(E * d);
+    gemm(true, false, E, d, T, dz.data(), xf.data(), d_router.data());  // dWr = dzᵀ·X over this rank's tokens
+    store(d_router.data(), E * d, s.dtype, g.d_router.data);
+  }
+  if (g.dx.defined()) {
+    std::vector<float> dz_wr(T * d);
+    gemm(false, false, T, d, E, dz.data(), wr.data(), dz_wr.data());
+    gather_sum_rows(dx_rows.data(), nullptr, dz_wr.data(), s.token_offsets.data(), s.token_rows.data(), T, d, s.dtype,
+                    g.dx.data);
+  }
+}
+
+}  // namespace leanmoe::ep
