@@ -50,12 +50,14 @@ Tensor Tensor::contiguous(void* data, DType dtype, Device device, std::initializ
 }
 
 int64_t Tensor::numel() const {
+  if (ndim < 0 || ndim > kMaxDims) return 0;  // an invalid hand-built view: never index past shape[]
   int64_t n = 1;
   for (int i = 0; i < ndim; ++i) n *= shape[i];
   return ndim == 0 ? 0 : n;
 }
 
 bool Tensor::is_contiguous() const {
+  if (ndim < 0 || ndim > kMaxDims) return false;
   int64_t st = 1;
   for (int k = ndim - 1; k >= 0; --k) {
     if (shape[k] != 1 && stride[k] != st) return false;
@@ -66,6 +68,8 @@ bool Tensor::is_contiguous() const {
 
 std::string Tensor::describe() const {
   if (!defined()) return "an undefined tensor";
+  // A hand-built view may carry any ndim: never index shape[] past kMaxDims (error messages land here).
+  if (ndim < 0 || ndim > kMaxDims) return "a tensor with invalid ndim = " + std::to_string(ndim);
   std::ostringstream s;
   s << dtype_name(dtype) << "[";
   for (int i = 0; i < ndim; ++i) s << (i ? ", " : "") << shape[i];
@@ -85,8 +89,10 @@ std::string MoEConfig::describe() const {
 int64_t max_routed_rows(const MoEConfig& cfg, int64_t T) {
   if (cfg.routing == Routing::topk) return T * cfg.K;
   // Rounding moves each expert's count by less than one tile and never above T.
+  // An expert never gains more than T rows, so min(tile - 1, T) bounds the gain and keeps
+  // E * gain inside int64 for any tile (a tile near 2^63 would otherwise overflow).
   int64_t bound = T * cfg.K;
-  if (cfg.rounding_mode != RoundingMode::down) bound += cfg.E * (cfg.tile - 1);
+  if (cfg.rounding_mode != RoundingMode::down) bound += cfg.E * std::min(cfg.tile - 1, T);
   return std::min(bound, T * cfg.E);
 }
 
@@ -140,7 +146,7 @@ size_t SavedState::bytes_excluding_x() const {
 
 LayerPlan plan_layer(const MoEConfig& cfg, int64_t T, DType dtype, Device device) {
   detail::validate_config(cfg, "plan_layer");
-  if (T <= 0) throw Error("plan_layer: argument 'T': must be > 0, got " + std::to_string(T));
+  detail::validate_tokens(cfg, T, "plan_layer");
   detail::Backend& be = detail::backend_for(device, "device");
   LayerPlan p;
   p.T = T;
@@ -154,6 +160,7 @@ LayerPlan plan_layer(const MoEConfig& cfg, int64_t T, DType dtype, Device device
 SavedState make_saved_state(const MoEConfig& cfg, int64_t T, DType dtype, Device device, void* buffer,
                             size_t buffer_bytes, int device_index) {
   detail::validate_config(cfg, "make_saved_state");
+  detail::validate_tokens(cfg, T, "make_saved_state");
   const SavedLayout l = saved_layout(cfg, T, dtype);
   if (buffer == nullptr) throw Error("make_saved_state: argument 'buffer': must not be null");
   if (buffer_bytes < l.total)

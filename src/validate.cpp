@@ -3,6 +3,8 @@
 #include "validate.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -147,6 +149,9 @@ void validate_config(const MoEConfig& cfg, const char* fn) {
   positive("K", cfg.K);
   if (cfg.K > cfg.E)
     fail(fn, "cfg", "cfg.K must be <= cfg.E = " + std::to_string(cfg.E), "K = " + std::to_string(cfg.K));
+  // Expert ids live in i32 tensors (topk_experts); this also keeps T*E products inside int64.
+  if (cfg.E > std::numeric_limits<int32_t>::max())
+    fail(fn, "cfg", "cfg.E must be <= 2^31 - 1 (expert ids are i32)", std::to_string(cfg.E));
   if (cfg.routing == Routing::token_rounding && cfg.tile <= 0)
     fail(fn, "cfg", "cfg.tile must be > 0 for token_rounding", std::to_string(cfg.tile));
   if (!std::isfinite(cfg.aux_loss_coef))
@@ -155,12 +160,25 @@ void validate_config(const MoEConfig& cfg, const char* fn) {
     fail(fn, "cfg", "cfg.z_loss_coef must be finite", std::to_string(cfg.z_loss_coef));
 }
 
+void validate_tokens(const MoEConfig& cfg, int64_t T, const char* fn) {
+  constexpr int64_t kMaxI32 = std::numeric_limits<int32_t>::max();
+  if (T <= 0) fail(fn, "T", "must be > 0", std::to_string(T));
+  // Row indices and offsets are i32 (SavedState, kernels): R_max = T*K for top-K must fit, e.g.
+  // T = 2^28 tokens with K = 8 would wrap every offset past row 2^31 - 1.
+  if (T > kMaxI32) fail(fn, "T", "must be <= 2^31 - 1 (routing metadata is i32)", std::to_string(T));
+  const int64_t R = max_routed_rows(cfg, T);
+  if (R > kMaxI32)
+    fail(fn, "T", "must keep max_routed_rows(cfg, T) <= 2^31 - 1 (routed rows are indexed in i32)",
+         "T = " + std::to_string(T) + " with R_max = " + std::to_string(R));
+}
+
 void validate_forward(const ForwardArgs& a, Backend& be) {
   const char* fn = "leanmoe::forward";
   const MoEConfig& cfg = a.cfg;
   validate_config(cfg, fn);
   check_activation(fn, "x", a.x, -1, cfg, "");
   const int64_t T = a.x.shape[0];
+  validate_tokens(cfg, T, fn);
   check_backend_support(fn, cfg, a.x.dtype, be);
   check_weights(fn, cfg, a.w, a.x, "x");
   check_tensor(fn, "out", a.out, {{"T", T}, {"d", cfg.d}}, a.x.dtype, "(the storage dtype of x)", a.x, "x");
@@ -184,6 +202,7 @@ void validate_backward(const BackwardArgs& a, Backend& be) {
     fail(fn, "saved", "must be filled by forward before backward (saved.x is undefined)", "a saved state with no x");
   check_activation(fn, "d_out", a.d_out, s.T, cfg, "saved.T");
   const int64_t T = s.T;
+  validate_tokens(cfg, T, fn);
   const DType dtype = a.d_out.dtype;
   check_backend_support(fn, cfg, dtype, be);
   check_tensor(fn, "saved.x", s.x, {{"T", T}, {"d", cfg.d}}, dtype, "(the storage dtype of d_out)", a.d_out, "d_out");

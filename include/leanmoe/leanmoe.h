@@ -92,6 +92,7 @@ struct MoEConfig {
   std::string describe() const;
 };
 
+// Routing indices are int32: T, E and R_max must each be at most 2^31 - 1 (checked).
 // Upper bound of routed rows R for T tokens (exact T*K for top-K routing; token rounding may add
 // up to tile-1 rows per expert, never more than T per expert).
 int64_t max_routed_rows(const MoEConfig& cfg, int64_t T);

@@ -125,6 +125,13 @@ void require_aligned(const char* fn, const char* arg, const Tensor& t) {
                 t.describe() + " at an address that is not");
 }
 
+// The workspace is carved at 256-byte offsets from its base, so its base alignment is every slice's.
+void require_aligned_workspace(const char* fn, Workspace ws) {
+  if (reinterpret_cast<uintptr_t>(ws.data) % 16 != 0)
+    throw Error(std::string(fn) + ": argument 'ws': must be 16-byte aligned on cuda (vector loads of its slices), " +
+                "got an address that is not");
+}
+
 bool gates_renormalised(const MoEConfig& cfg) {
   return cfg.router == RouterConvention::topk_then_softmax || cfg.norm_topk_prob;
 }
@@ -157,6 +164,9 @@ class CudaBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes, CopyKind kind) override {
     const cudaMemcpyKind k = kind == CopyKind::host_to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
     LEANMOE_CUDA_CHECK(cudaMemcpy(dst, src, bytes, k));
+    // From pageable memory cudaMemcpy may return before the DMA lands; work on a non-blocking
+    // stream (which does not wait for the legacy stream) could then read stale data.
+    if (kind == CopyKind::host_to_device) LEANMOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   }
 
   void synchronize() override { LEANMOE_CUDA_CHECK(cudaDeviceSynchronize()); }
@@ -188,6 +198,9 @@ class CudaBackend final : public Backend {
   bool all_finite(const Tensor& t) override {
     if (t.dtype == DType::i32 || t.numel() == 0) return true;
     std::lock_guard<std::mutex> lock(mutex_);
+    // The check runs on the legacy default stream, which does not wait for a caller's non-blocking
+    // stream: without this, x produced on such a stream could be checked before it is written.
+    LEANMOE_CUDA_CHECK(cudaDeviceSynchronize());
     LEANMOE_CUDA_CHECK(cudaMemset(nonfinite_flag_, 0, sizeof(int32_t)));
     cuda::count_nonfinite(t.data, t.dtype, t.numel(), nonfinite_flag_, nullptr);
     int32_t flag = 0;
@@ -199,8 +212,10 @@ class CudaBackend final : public Backend {
     std::lock_guard<std::mutex> lock(mutex_);  // one cuBLAS handle: its stream/workspace are per call
     const MoEConfig& cfg = a.cfg;
     for (auto [name, t] : {std::pair{"x", &a.x}, {"out", &a.out}, {"w.router", &a.w.router},
-                           {"w.gate_up_proj", &a.w.gate_up_proj}, {"w.down_proj", &a.w.down_proj}})
+                           {"w.gate_up_proj", &a.w.gate_up_proj}, {"w.down_proj", &a.w.down_proj},
+                           {"saved.h", &a.saved.h}})
       require_aligned("forward", name, *t);
+    require_aligned_workspace("forward", a.ws);
     const int64_t T = a.x.shape[0], E = cfg.E, K = cfg.K;
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     Carver carver(a.ws.data);
@@ -238,8 +253,10 @@ class CudaBackend final : public Backend {
     for (auto [name, t] : {std::pair{"d_out", &a.d_out}, {"w.router", &a.w.router},
                            {"w.gate_up_proj", &a.w.gate_up_proj}, {"w.down_proj", &a.w.down_proj},
                            {"grads.dx", &g.dx}, {"grads.d_router", &g.d_router},
-                           {"grads.d_gate_up_proj", &g.d_gate_up_proj}, {"grads.d_down_proj", &g.d_down_proj}})
+                           {"grads.d_gate_up_proj", &g.d_gate_up_proj}, {"grads.d_down_proj", &g.d_down_proj},
+                           {"saved.x", &s.x}, {"saved.h", &s.h}})
       require_aligned("backward", name, *t);
+    require_aligned_workspace("backward", a.ws);
     const int64_t T = s.T, E = cfg.E, K = cfg.K;
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     Carver carver(a.ws.data);

@@ -22,6 +22,7 @@
 #include "cpu/experts.h"
 #include "cpu/router.h"
 #include "leanmoe/ep.h"
+#include "validate.h"
 
 namespace leanmoe::ep {
 
@@ -49,6 +50,7 @@ void require(bool ok, const std::string& msg) {
 void check_matrix(const Tensor& t, const char* fn, const char* arg, std::initializer_list<int64_t> shape, DType dtype) {
   const std::string where = std::string(fn) + ": argument '" + arg + "': ";
   require(t.defined(), where + "is required");
+  require(t.data != nullptr, where + "must not have a null data pointer, got " + t.describe() + " with data = null");
   require(t.device == Device::cpu, where + "must be on cpu (the EP layer's expert math runs on the CPU backend), got " +
                                        t.describe());
   require(t.dtype == dtype, where + "must have dtype " + dtype_name(dtype) + ", got " + t.describe());
@@ -172,6 +174,7 @@ void ExpertParallelLayer::forward(const Tensor& x, const MoEWeights& w, const Te
   require(x.defined() && x.ndim == 2, "ep forward: argument 'x': must be [T, d], got " + x.describe());
   require(x.shape[0] > 0, "ep forward: argument 'x': needs at least one token, got " + x.describe());
   const int64_t T = x.shape[0];
+  ::leanmoe::detail::validate_tokens(c, T, "ep forward");  // routing metadata is i32
   s.dtype = x.dtype;
   require(s.dtype == DType::f32 || s.dtype == DType::bf16,
           "ep forward: argument 'x': dtype must be bf16 or f32, got " + x.describe());

@@ -12,6 +12,7 @@
 
 #include "leanmoe/optim.h"
 #include "optim/binary_io.h"
+#include "validate.h"
 
 namespace leanmoe::optim {
 
@@ -147,10 +148,15 @@ MoEStack::MoEStack(std::vector<MoEConfig> cfgs, int64_t T, DType dtype, Device d
   }
   if (dtype != DType::bf16 && dtype != DType::f32)
     throw Error(std::string(fn) + ": argument 'dtype': must be bf16 or f32, got " + dtype_name(dtype));
-  for (const MoEConfig& c : cfgs)
+  for (const MoEConfig& c : cfgs) {
+    // Before any allocation: a bad E or n would otherwise size the weight buffers first
+    // (std::length_error or a huge allocation instead of a leanmoe::Error).
+    ::leanmoe::detail::validate_config(c, fn);
+    ::leanmoe::detail::validate_tokens(c, T, fn);
     if (c.d != cfgs[0].d)
       throw Error(std::string(fn) + ": argument 'layers': every layer must share d = " + std::to_string(cfgs[0].d) +
                   ", got d = " + std::to_string(c.d));
+  }
   Impl& m = *impl_;
   m.T = T;
   m.dtype = dtype;
