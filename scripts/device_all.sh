@@ -4,10 +4,14 @@
 # the CPU reference) and .carry/torch_moe_baseline.py (the anchor). Writes everything under $OUT:
 # GPU tests, a memcheck run, the grid benchmark beside the PyTorch anchor (results.md), token
 # rounding vs top-K, and the in-backward stack benchmark. Each step has its own time limit so one
-# failure does not cost the rest.
+# failure does not cost the rest. The device returns at most 8 files from $OUT, so everything is
+# written to a work folder and only the results plus one tarball of the logs land in $OUT.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-OUT="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$OUT"
+FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"
+OUT="$(mktemp -d)"
+trap 'for f in results.md leanmoe.json baseline.json inbackward.md inbackward.json token_rounding.txt gpu_tests.log; do
+        [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"; done; tar czf "$FINAL/logs.tar.gz" -C "$OUT" .' EXIT
 mkdir -p /tmp/blas && tar xJf .carry/blaslibs.tar.xz -C /tmp/blas && export LD_LIBRARY_PATH=/tmp/blas:${LD_LIBRARY_PATH:-}
 B=.carry/bin
 commit="$(cat $B/commit 2>/dev/null || echo unknown)"

@@ -2,7 +2,7 @@
 # Fills .carry/ (git-ignored) with what scripts/device_bench.sh needs on the GPU machine, which
 # has no network: CUTLASS's headers (from the nvidia-cutlass wheel, ~28 MB), the PyTorch anchor
 # script, and the commit being measured. Then: device run with carry [".carry"] and the command
-# `bash scripts/device_bench.sh`.
+# `bash scripts/device_bench.sh` (builds there), or see the end of this file for device_all.sh.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 anchor="${LEANMOE_ANCHOR:-../shared/anchors/torch_moe_baseline.py}"
 
@@ -24,3 +24,17 @@ commit="$(git rev-parse --short=12 HEAD)"
 [ -z "$(git status --porcelain --untracked-files=no)" ] || commit="$commit+dirty"
 echo "$commit" > .carry/commit
 echo "prepare_carry: .carry/ holds CUTLASS ($(du -sh .carry/cutlass | cut -f1)), the anchor script, commit $commit" >&2
+
+# For scripts/device_all.sh: binaries built here with the CUDA backend (they run on the H200, whose
+# image has no OpenBLAS for the CPU reference), and OpenBLAS with its runtime libraries, xz-packed
+# (36 MB -> 5 MB) to stay inside the 64 MiB carry limit. Then: carry [".carry/bin",
+# ".carry/blaslibs.tar.xz", ".carry/torch_moe_baseline.py"] and run `bash scripts/device_all.sh`.
+LEANMOE_BUILD_DIR=build-device LEANMOE_CUDA=ON bash scripts/build.sh >&2
+mkdir -p .carry/bin
+cp build-device/leanmoe build-device/leanmoe_bench_inbackward build-device/tests/leanmoe_gpu_tests .carry/bin/
+echo "$commit" > .carry/bin/commit
+blas="$(ldd build-device/leanmoe | awk '/libopenblas/{print $3}')"
+libs="$(mktemp -d)"
+cp -L "$blas" $(ldd "$blas" | awk '/gfortran|quadmath/{print $3}') "$libs/"
+tar cJf .carry/blaslibs.tar.xz -C "$libs" . && rm -rf "$libs"
+echo "prepare_carry: .carry/bin and .carry/blaslibs.tar.xz ready for scripts/device_all.sh" >&2
