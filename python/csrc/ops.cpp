@@ -1,4 +1,4 @@
-// PyTorch operators over the leanmoe C++ API (the only file of the project that includes torch).
+// PyTorch operators over the leanmoe C++ API (with ep_ops.cpp, the only files of the project that include torch).
 //
 //   leanmoe::moe_forward          routing + experts; returns the output, the losses {aux, z} and
 //                                 the saved state of SPEC §3 as tensors (H, gates, routing arrays)

@@ -1,0 +1,99 @@
+"""leanmoe.ep under torch.distributed: 2 CPU processes (gloo) against one process running
+leanmoe.MoE on the same weights and the concatenated batch."""
+import datetime
+import os
+import socket
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
+                                reason="torch.distributed with gloo is not available")
+
+P, T_PER_RANK, d, n, E, K = 2, 24, 32, 16, 8, 2
+# fp32 storage, fp32 accumulation on both sides; EP sums every expert's rows in the single-rank
+# order (docs/ep.md) but BLAS chooses kernels by shape (router GEMM over 24 vs 48 rows) and
+# d_router is summed per rank then across ranks: differences are a few ulps of sums over <= 48
+# terms of O(1) values, ~1e-6 relative; 1e-5 relative with an absolute floor leaves 10x margin.
+RTOL, ATOL = 1e-5, 1e-5
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _weights_and_batch():
+    g = torch.Generator().manual_seed(7)
+    router = torch.randn(E, d, generator=g) / d ** 0.5
+    gate_up = torch.randn(E, 2 * n, d, generator=g) / d ** 0.5
+    down = torch.randn(E, d, n, generator=g) / n ** 0.5
+    x = torch.randn(P * T_PER_RANK, d, generator=g)
+    d_out = torch.randn(P * T_PER_RANK, d, generator=g)
+    return router, gate_up, down, x, d_out
+
+
+def _worker(rank, port, result_dir, router_convention):
+    import leanmoe.ep
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P,
+                            timeout=datetime.timedelta(seconds=60))  # a hung peer fails the test
+    try:
+        router, gate_up, down, x, d_out = _weights_and_batch()
+        moe = leanmoe.ep.ExpertParallelMoE(d, n, E, K, router=router_convention)
+        moe.load_global_weights(router, gate_up, down)
+        rows = slice(rank * T_PER_RANK, (rank + 1) * T_PER_RANK)
+        x_r = x[rows].clone().requires_grad_()
+        out = moe(x_r)
+        out.backward(d_out[rows])
+        norm = leanmoe.ep.global_grad_norm([moe.gate_up_proj, moe.down_proj], [moe.router.weight])
+        result = dict(out=out.detach(), dx=x_r.grad, d_router=moe.router.weight.grad.clone(),
+                      d_gate_up=moe.gate_up_proj.grad.clone(), d_down=moe.down_proj.grad.clone(), norm=norm,
+                      first=moe.first_expert, El=moe.local_experts)
+        result["clip_norm"] = leanmoe.ep.clip_grad_norm_(moe, max_norm=0.5 * norm.item())
+        result["clipped_d_down"] = moe.down_proj.grad
+        torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("router_convention", ["softmax_then_topk", "topk_then_softmax"])
+def test_ep_matches_single_process(router_convention):
+    import leanmoe
+
+    with tempfile.TemporaryDirectory() as result_dir:
+        mp.spawn(_worker, args=(_free_port(), result_dir, router_convention), nprocs=P, join=True)
+        results = [torch.load(os.path.join(result_dir, f"rank{r}.pt")) for r in range(P)]
+
+    router, gate_up, down, x, d_out = _weights_and_batch()
+    ref = leanmoe.MoE(d, n, E, K, router=router_convention)
+    with torch.no_grad():
+        ref.router.weight.copy_(router)
+        ref.gate_up_proj.copy_(gate_up)
+        ref.down_proj.copy_(down)
+    x = x.requires_grad_()
+    out = ref(x).output
+    out.backward(d_out)
+    ref_norm = torch.cat([p.grad.flatten() for p in ref.parameters()]).norm()
+    ref_grads = {name: p.grad.clone() for name, p in ref.named_parameters()}
+    torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm=0.5 * ref_norm.item())
+
+    def close(actual, expected):
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+
+    close(torch.cat([r["out"] for r in results]), out.detach())
+    close(torch.cat([r["dx"] for r in results]), x.grad)
+    for r in results:
+        s = slice(r["first"], r["first"] + r["El"])
+        close(r["d_router"], ref_grads["router.weight"])  # all-reduced: the whole batch's gradient on every rank
+        close(r["d_gate_up"], ref_grads["gate_up_proj"][s])
+        close(r["d_down"], ref_grads["down_proj"][s])
+        close(r["norm"], ref_norm)
+        close(r["clip_norm"], ref_norm)
+        close(r["clipped_d_down"], ref.down_proj.grad[s])  # the same scale on every rank as on one
+    assert results[0]["first"] == 0 and results[1]["first"] == E // P
