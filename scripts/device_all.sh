@@ -6,11 +6,13 @@
 # rounding vs top-K, and the in-backward stack benchmark. Each step has its own time limit so one
 # failure does not cost the rest. The device returns at most 8 files from $OUT, so everything is
 # written to a work folder and only the results plus one tarball of the logs land in $OUT.
+# HF=1 also builds the PyTorch front there (against its torch, linking .carry/bin/libleanmoe.a) and
+# runs bench/hf_step_bench.py (issue #5's step benchmark, ~150 s).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"
 OUT="$(mktemp -d)"
-trap 'for f in results.md leanmoe.json baseline.json inbackward.md inbackward.json token_rounding.txt gpu_tests.log; do
+trap 'for f in results.md leanmoe.json baseline.json inbackward.md inbackward.json hf_step.md hf_step.json; do
         [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"; done; tar czf "$FINAL/logs.tar.gz" -C "$OUT" .' EXIT
 mkdir -p /tmp/blas && tar xJf .carry/blaslibs.tar.xz -C /tmp/blas && export LD_LIBRARY_PATH=/tmp/blas:${LD_LIBRARY_PATH:-}
 B=.carry/bin
@@ -38,3 +40,14 @@ done; done > "$OUT/token_rounding.txt"; cat "$OUT/token_rounding.txt"
 
 echo "== in-backward stack"; timeout 150 $B/leanmoe_bench_inbackward --device cuda --commit "$commit" --out "$OUT" >"$OUT/inbackward.log" 2>&1
 echo "inbackward rc=$?"; tail -25 "$OUT/inbackward.log"
+
+if [ "${HF:-0}" = 1 ]; then
+  echo "== HF training step (python front)"
+  R="$PWD"
+  CMAKE_BUILD_PARALLEL_LEVEL=16 timeout 180 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site ./python \
+    -Ccmake.define.LEANMOE_CORE_LIBRARY="$R/$B/libleanmoe.a" -Ccmake.define.LEANMOE_BLAS_LIBRARY=/tmp/blas/libopenblas.so.0 \
+    >"$OUT/python_build.log" 2>&1 || { echo "python build failed"; tail -20 "$OUT/python_build.log"; exit 1; }
+  (cd /tmp && PYTHONPATH=/tmp/site timeout 240 python3 "$R/bench/hf_step_bench.py" --out "$OUT" --commit "$commit") \
+    >"$OUT/hf_step.log" 2>&1
+  echo "hf step rc=$?"; tail -25 "$OUT/hf_step.log"
+fi
