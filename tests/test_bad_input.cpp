@@ -6,25 +6,13 @@
 #include <limits>
 
 #include "../src/validate.h"
+#include "expect_error.h"
 #include "leanmoe/leanmoe.h"
 
 using namespace leanmoe;
 
 namespace {
 
-// Runs `call`, expecting an Error whose message contains every fragment.
-template <class F>
-void expect_error(F&& call, std::initializer_list<const char*> fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "no leanmoe::Error thrown (expected one mentioning '" << *fragments.begin() << "')";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    for (const char* f : fragments) EXPECT_NE(what.find(f), std::string::npos) << "'" << f << "' missing from: " << what;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-leanmoe exception: " << e.what();
-  }
-}
 
 // A valid f32 call on the CPU (T = 8, d = 16, n = 8, E = 4, K = 2); each test breaks one thing.
 struct Args {

@@ -12,6 +12,7 @@
 
 #include "ep_thread_communicator.h"
 #include "leanmoe/ep.h"
+#include "expect_error.h"
 #include "leanmoe/leanmoe.h"
 #include "leanmoe/optim.h"
 
@@ -19,18 +20,6 @@ using namespace leanmoe;
 
 namespace {
 
-template <class F>
-void expect_error(F&& call, std::initializer_list<const char*> fragments) {
-  try {
-    call();
-    ADD_FAILURE() << "no leanmoe::Error thrown (expected one mentioning '" << *fragments.begin() << "')";
-  } catch (const Error& e) {
-    const std::string what = e.what();
-    for (const char* f : fragments) EXPECT_NE(what.find(f), std::string::npos) << "'" << f << "' missing from: " << what;
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a non-leanmoe exception: " << e.what();
-  }
-}
 
 MoEConfig small_config() {
   MoEConfig c;

@@ -20,6 +20,7 @@
 
 #include "leanmoe/ep.h"
 #include "leanmoe/leanmoe.h"
+#include "torch_bridge.h"
 
 namespace {
 
@@ -78,32 +79,12 @@ leanmoe::Tensor cpu_view(const at::Tensor& t, const char* arg) {
   TORCH_CHECK(t.is_cpu(), "leanmoe.ep: argument '", arg, "': must be on cpu (expert parallelism runs on the CPU "
               "backend for now), got ", t.device());
   TORCH_CHECK(t.is_contiguous(), "leanmoe.ep: argument '", arg, "': must be contiguous");
-  TORCH_CHECK(t.dim() <= leanmoe::Tensor::kMaxDims, "leanmoe.ep: argument '", arg, "': at most 4 dims");
-  leanmoe::Tensor v;
-  switch (t.scalar_type()) {
-    case at::kBFloat16: v.dtype = leanmoe::DType::bf16; break;
-    case at::kFloat: v.dtype = leanmoe::DType::f32; break;
-    default: TORCH_CHECK(false, "leanmoe.ep: argument '", arg, "': dtype must be bfloat16 or float32, got ",
-                         t.scalar_type());
-  }
-  v.device = leanmoe::Device::cpu;
-  v.data = t.data_ptr();
-  v.ndim = int(t.dim());
-  for (int i = 0; i < v.ndim; ++i) {
-    v.shape[i] = t.size(i);
-    v.stride[i] = t.stride(i);
-  }
-  return v;
+  TORCH_CHECK(t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kFloat, "leanmoe.ep: argument '", arg,
+              "': dtype must be bfloat16 or float32, got ", t.scalar_type());
+  return leanmoe_torch::view_of(t, arg);
 }
 
-template <class F>
-auto translate_errors(F&& f) {
-  try {
-    return f();
-  } catch (const leanmoe::Error& e) {
-    TORCH_CHECK_VALUE(false, e.what());
-  }
-}
+using leanmoe_torch::translate_errors;
 
 leanmoe::MoEConfig make_config(int64_t E, int64_t n, int64_t d, int64_t K, const std::string& router,
                                bool norm_topk_prob) {

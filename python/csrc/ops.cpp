@@ -23,35 +23,14 @@
 #include <tuple>
 
 #include "leanmoe/leanmoe.h"
+#include "torch_bridge.h"
 
 namespace {
 
 using leanmoe::DType;
+using leanmoe_torch::translate_errors;
+using leanmoe_torch::view_of;
 
-leanmoe::Tensor view_of(const at::Tensor& t, const char* arg) {
-  leanmoe::Tensor v;
-  if (!t.defined()) return v;
-  TORCH_CHECK(t.dim() <= leanmoe::Tensor::kMaxDims, "leanmoe: argument '", arg, "': at most 4 dims, got ",
-              t.dim());
-  switch (t.scalar_type()) {
-    case at::kBFloat16: v.dtype = DType::bf16; break;
-    case at::kFloat: v.dtype = DType::f32; break;
-    case at::kInt: v.dtype = DType::i32; break;
-    default: TORCH_CHECK(false, "leanmoe: argument '", arg, "': dtype must be bfloat16, float32 or int32, got ",
-                         t.scalar_type());
-  }
-  TORCH_CHECK(t.is_cpu() || t.is_cuda(), "leanmoe: argument '", arg, "': must be on cpu or cuda, got ",
-              t.device());
-  v.device = t.is_cuda() ? leanmoe::Device::cuda : leanmoe::Device::cpu;
-  v.device_index = t.is_cuda() ? t.device().index() : 0;
-  v.data = t.data_ptr();
-  v.ndim = int(t.dim());
-  for (int i = 0; i < v.ndim; ++i) {
-    v.shape[i] = t.size(i);
-    v.stride[i] = t.stride(i);
-  }
-  return v;
-}
 
 leanmoe::Stream current_stream(const at::Tensor& t) {
 #ifdef LEANMOE_TORCH_CUDA
@@ -97,15 +76,6 @@ at::Tensor workspace(size_t bytes, const at::Tensor& like) {
   return at::empty({int64_t(bytes)}, like.options().dtype(at::kByte));
 }
 
-// Converts leanmoe::Error into a Python ValueError (its message already names argument and rule).
-template <class F>
-auto translate_errors(F&& f) {
-  try {
-    return f();
-  } catch (const leanmoe::Error& e) {
-    TORCH_CHECK_VALUE(false, e.what());
-  }
-}
 
 using SavedTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
