@@ -7,7 +7,8 @@
 # failure does not cost the rest. The device returns at most 8 files from $OUT, so everything is
 # written to a work folder and only the results plus one tarball of the logs land in $OUT.
 # HF=1 also builds the PyTorch front there (against its torch, linking .carry/bin/libleanmoe.a) and
-# runs bench/hf_step_bench.py (issue #5's step benchmark, ~150 s).
+# runs bench/hf_step_bench.py (issue #5's step benchmark, ~150 s). GRID=0 skips the layer
+# benchmarks (grid, anchor, token rounding, in-backward stack: ~4 min). HF=1 also runs pytest there.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"
@@ -25,21 +26,28 @@ echo "== memcheck"; timeout 90 compute-sanitizer --tool memcheck $B/leanmoe_gpu_
   --gtest_filter='CudaBackend.SingleToken*:CudaBackend.TokenRounding*:ExpertGemms.*' >"$OUT/memcheck.log" 2>&1
 echo "memcheck rc=$?"; tail -2 "$OUT/memcheck.log"
 
-echo "== grid"; timeout 200 $B/leanmoe bench --grid --iters 10 --warmup 3 --json "$OUT/leanmoe.json" >"$OUT/leanmoe.txt" 2>"$OUT/leanmoe.err"
-echo "grid rc=$?"; tail -3 "$OUT/leanmoe.err"
-echo "== anchor"; NO_LOOP=1 OUT="$OUT" PYTHONUNBUFFERED=1 timeout 200 python3 .carry/torch_moe_baseline.py >"$OUT/baseline.log" 2>&1
-echo "anchor rc=$?"; tail -1 "$OUT/baseline.log"
-python3 bench/compare.py --leanmoe "$OUT/leanmoe.json" --anchor "$OUT/baseline.json" --commit "$commit" \
-  --command "leanmoe bench --grid --iters 10 --warmup 3 --json leanmoe.json; NO_LOOP=1 python3 torch_moe_baseline.py" \
-  --out "$OUT/results.md" && echo "results.md written"
+if [ "${GRID:-1}" = 1 ]; then
+  echo "== grid"; timeout 200 $B/leanmoe bench --grid --iters 10 --warmup 3 --json "$OUT/leanmoe.json" >"$OUT/leanmoe.txt" 2>"$OUT/leanmoe.err"
+  echo "grid rc=$?"; tail -3 "$OUT/leanmoe.err"
+  echo "== anchor"; NO_LOOP=1 OUT="$OUT" PYTHONUNBUFFERED=1 timeout 200 python3 .carry/torch_moe_baseline.py >"$OUT/baseline.log" 2>&1
+  echo "anchor rc=$?"; tail -1 "$OUT/baseline.log"
+  python3 bench/compare.py --leanmoe "$OUT/leanmoe.json" --anchor "$OUT/baseline.json" --commit "$commit" \
+    --command "leanmoe bench --grid --iters 10 --warmup 3 --json leanmoe.json; NO_LOOP=1 python3 torch_moe_baseline.py" \
+    --out "$OUT/results.md" && echo "results.md written"
 
-echo "== token rounding vs top-K"
-for c in 7B-n256 30B-n256; do for r in topk token-rounding; do
-  timeout 40 $B/leanmoe bench --config $c --routing $r --iters 10 --warmup 3 --json "$OUT/tr_${c}_${r}.json" 2>/dev/null | tail -4
-done; done > "$OUT/token_rounding.txt"; cat "$OUT/token_rounding.txt"
+  echo "== token rounding vs top-K"
+  for c in 7B-n256 30B-n256; do for r in topk token-rounding; do
+    timeout 40 $B/leanmoe bench --config $c --routing $r --iters 10 --warmup 3 --json "$OUT/tr_${c}_${r}.json" 2>/dev/null | tail -4
+  done; done > "$OUT/token_rounding.txt"; cat "$OUT/token_rounding.txt"
+fi
 
-echo "== in-backward stack"; timeout 150 $B/leanmoe_bench_inbackward --device cuda --commit "$commit" --out "$OUT" >"$OUT/inbackward.log" 2>&1
-echo "inbackward rc=$?"; tail -25 "$OUT/inbackward.log"
+echo "== each expert GEMM on its own"
+timeout 60 $B/leanmoe_bench_gemms --config 7B-n256,120B-n2048,olmoe-1b-7b >"$OUT/gemms.txt" 2>&1; echo "gemms rc=$?"; cat "$OUT/gemms.txt"
+
+if [ "${GRID:-1}" = 1 ]; then
+  echo "== in-backward stack"; timeout 150 $B/leanmoe_bench_inbackward --device cuda --commit "$commit" --out "$OUT" >"$OUT/inbackward.log" 2>&1
+  echo "inbackward rc=$?"; tail -25 "$OUT/inbackward.log"
+fi
 
 if [ "${HF:-0}" = 1 ]; then
   echo "== HF training step (python front)"
@@ -47,6 +55,8 @@ if [ "${HF:-0}" = 1 ]; then
   CMAKE_BUILD_PARALLEL_LEVEL=16 timeout 180 python3 -m pip install -q --no-build-isolation --no-deps --target /tmp/site ./python \
     -Ccmake.define.LEANMOE_CORE_LIBRARY="$R/$B/libleanmoe.a" -Ccmake.define.LEANMOE_BLAS_LIBRARY=/tmp/blas/libopenblas.so.0 \
     >"$OUT/python_build.log" 2>&1 || { echo "python build failed"; tail -20 "$OUT/python_build.log"; exit 1; }
+  (cd /tmp && PYTHONPATH=/tmp/site timeout 150 python3 -m pytest -q -x "$R/python/tests") >"$OUT/pytest.log" 2>&1
+  echo "pytest rc=$?"; tail -3 "$OUT/pytest.log"
   (cd /tmp && PYTHONPATH=/tmp/site timeout 240 python3 "$R/bench/hf_step_bench.py" --out "$OUT" --commit "$commit") \
     >"$OUT/hf_step.log" 2>&1
   echo "hf step rc=$?"; tail -25 "$OUT/hf_step.log"

@@ -31,7 +31,7 @@ echo "prepare_carry: .carry/ holds CUTLASS ($(du -sh .carry/cutlass | cut -f1)),
 # ".carry/blaslibs.tar.xz", ".carry/torch_moe_baseline.py"] and run `bash scripts/device_all.sh`.
 LEANMOE_BUILD_DIR=build-device LEANMOE_CUDA=ON bash scripts/build.sh >&2
 mkdir -p .carry/bin
-cp build-device/leanmoe build-device/leanmoe_bench_inbackward build-device/tests/leanmoe_gpu_tests \
+cp build-device/leanmoe build-device/leanmoe_bench_inbackward build-device/leanmoe_bench_gemms build-device/tests/leanmoe_gpu_tests \
    build-device/libleanmoe.a .carry/bin/
 echo "$commit" > .carry/bin/commit
 blas="$(ldd build-device/leanmoe | awk '/libopenblas/{print $3}')"

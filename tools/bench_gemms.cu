@@ -1,0 +1,193 @@
+// leanmoe_bench_gemms: times each of the six expert grouped GEMMs (src/cuda/expert_gemms.h) on
+// its own, on named BENCHMARKS.md shapes, so a kernel change can be judged GEMM by GEMM (the
+// layer benchmark `leanmoe bench` only sees forward and backward totals). Routing is uniform
+// random top-K (each token picks K distinct experts), rows sorted by expert as the backend does;
+// inputs are filled on the device with a hash (no host copy of multi-GB weights).
+//
+//   leanmoe_bench_gemms [--config NAME[,NAME...]] [--iters N] [--warmup N]
+//
+// Prints one markdown row per (config, GEMM): median ms over the timed launches and TFLOP/s with
+// 2·M·N·K per GEMM (R = T·K routed rows: up 2·R·2n·d, down 2·R·d·n, dh 2·R·n·d, dx 2·R·d·2n,
+// dw2 2·R·d·n, dw1 2·R·2n·d). Kernel-selection environment variables of expert_gemms.cu apply.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../src/cuda/expert_gemms.h"
+#include "configs.h"
+
+namespace {
+
+namespace lc = leanmoe::cuda;
+
+void check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+// Uniform in [-scale, scale) from a 32-bit integer hash of the index: reproducible, no host copy.
+__global__ void fill_uniform(__nv_bfloat16* p, size_t count, float scale, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed ^ uint32_t(i >> 32) * 0x85EBCA77u;
+    h ^= h >> 15;
+    h *= 0x2C1B3C6Du;
+    h ^= h >> 12;
+    p[i] = __float2bfloat16(scale * (float(h >> 8) * (2.f / 16777216.f) - 1.f));
+  }
+}
+
+template <class T>
+struct DeviceBuffer {
+  T* ptr = nullptr;
+  explicit DeviceBuffer(size_t count) { check(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr) { o.ptr = nullptr; }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+DeviceBuffer<__nv_bfloat16> random_bf16(size_t count, float scale, uint32_t seed) {
+  DeviceBuffer<__nv_bfloat16> b(count);
+  fill_uniform<<<1024, 256>>>(b.ptr, count, scale, seed);
+  check(cudaGetLastError(), "fill_uniform");
+  return b;
+}
+
+// Median time in ms of `launch` over `iters` launches after `warmup`, one event pair per launch.
+double median_ms(const std::function<void()>& launch, int iters, int warmup) {
+  for (int i = 0; i < warmup; ++i) launch();
+  std::vector<cudaEvent_t> ev(2 * iters);
+  for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < iters; ++i) {
+    check(cudaEventRecord(ev[2 * i]), "cudaEventRecord");
+    launch();
+    check(cudaEventRecord(ev[2 * i + 1]), "cudaEventRecord");
+  }
+  check(cudaDeviceSynchronize(), "GEMM launches");
+  std::vector<double> ms(iters);
+  for (int i = 0; i < iters; ++i) {
+    float t = 0;
+    check(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
+    ms[i] = t;
+  }
+  for (auto& e : ev) cudaEventDestroy(e);
+  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
+  return ms[iters / 2];
+}
+
+void bench_shape(const leanmoe::tools::BenchShape& c, int iters, int warmup) {
+  const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
+  // Uniform random top-K routing, rows sorted by expert and stable by token (what routing emits).
+  std::mt19937 rng(1234);
+  std::vector<std::vector<int32_t>> tokens_of(E);
+  std::vector<int32_t> experts(E);
+  for (int64_t t = 0; t < T; ++t) {
+    std::iota(experts.begin(), experts.end(), 0);
+    for (int64_t k = 0; k < K; ++k) {
+      std::swap(experts[k], experts[k + rng() % (E - k)]);
+      tokens_of[experts[k]].push_back(int32_t(t));
+    }
+  }
+  std::vector<int32_t> offsets{0}, row_token;
+  for (auto& rows : tokens_of) {
+    row_token.insert(row_token.end(), rows.begin(), rows.end());
+    offsets.push_back(int32_t(row_token.size()));
+  }
+  std::vector<float> gates(R, 0.5f);
+  DeviceBuffer<int32_t> d_offsets(E + 1), d_row_token(R);
+  DeviceBuffer<float> d_gate(R), ds_partial(R * lc::ds_partials({T, d, n}));
+  check(cudaMemcpy(d_offsets.ptr, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice), "H2D");
+  check(cudaMemcpy(d_row_token.ptr, row_token.data(), R * 4, cudaMemcpyHostToDevice), "H2D");
+  check(cudaMemcpy(d_gate.ptr, gates.data(), R * 4, cudaMemcpyHostToDevice), "H2D");
+
+  auto x = random_bf16(T * d, 1.f, 1), d_out = random_bf16(T * d, 1.f, 2);
+  auto w1 = random_bf16(E * 2 * n * d, 0.02f, 3), w2 = random_bf16(E * d * n, 0.02f, 4);
+  auto h = random_bf16(R * 2 * n, 1.f, 5), a = random_bf16(R * n, 1.f, 6), y = random_bf16(R * d, 1.f, 7);
+  auto dh = random_bf16(R * 2 * n, 1.f, 8), a_prime = random_bf16(R * n, 1.f, 9);
+  auto dx = random_bf16(R * d, 1.f, 10), dw1 = random_bf16(E * 2 * n * d, 1.f, 11), dw2 = random_bf16(E * d * n, 1.f, 12);
+  check(cudaDeviceSynchronize(), "fill");
+
+  const lc::RoutedRows rows{d_offsets.ptr, d_row_token.ptr, d_gate.ptr, R, E};
+  const lc::ExpertShape s{T, d, n};
+  if (const char* why = lc::expert_gemms_unsupported(s); why[0]) throw std::runtime_error(c.name + ": " + why);
+  const double mnk = double(R) * d * n;  // the 2n GEMMs count twice
+  struct Gemm {
+    const char* name;
+    double flops;
+    std::function<void()> launch;
+  };
+  const std::vector<Gemm> gemms = {
+      {"up", 4 * mnk, [&] { lc::up_proj_swiglu(rows, s, x.ptr, w1.ptr, h.ptr, a.ptr, nullptr); }},
+      {"down", 2 * mnk, [&] { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr); }},
+      {"dh", 2 * mnk, [&] { lc::dh_swiglu_bwd(rows, s, d_out.ptr, w2.ptr, h.ptr, dh.ptr, a_prime.ptr, ds_partial.ptr, nullptr); }},
+      {"dw2", 2 * mnk, [&] { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr); }},
+      {"dx", 4 * mnk, [&] { lc::dx_expert(rows, s, dh.ptr, w1.ptr, dx.ptr, nullptr); }},
+      {"dw1", 4 * mnk, [&] { lc::dw1(rows, s, dh.ptr, x.ptr, dw1.ptr, nullptr); }},
+  };
+  for (const auto& g : gemms) {
+    const double ms = median_ms(g.launch, iters, warmup);
+    std::printf("| %s | %lld | %lld | %lld | %lld | %lld | %s | %.3f | %.1f |\n", c.name.c_str(), (long long)T,
+                (long long)d, (long long)n, (long long)E, (long long)K, g.name, ms, g.flops / (ms * 1e9));
+    std::fflush(stdout);
+  }
+}
+
+int parse_int(const std::string& flag, const char* v) {
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (!*v || *end || x < 1) throw std::runtime_error(flag + ": expected an integer >= 1, got '" + v + "'");
+  return int(x);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    std::string configs = "7B-n256,120B-n2048";
+    int iters = 20, warmup = 3;
+    for (int i = 1; i < argc; ++i) {
+      const std::string flag = argv[i];
+      if (flag == "--help" || flag == "-h") {
+        std::printf("leanmoe_bench_gemms [--config NAME[,NAME...]|grid] [--iters N] [--warmup N]\nconfigs: %s\n",
+                    leanmoe::tools::shape_names().c_str());
+        return 0;
+      }
+      if (i + 1 >= argc) throw std::runtime_error(flag + " needs a value (see --help)");
+      const char* v = argv[++i];
+      if (flag == "--config") configs = v;
+      else if (flag == "--iters") iters = parse_int(flag, v);
+      else if (flag == "--warmup") warmup = parse_int(flag, v);
+      else throw std::runtime_error("unknown flag " + flag + " (see --help)");
+    }
+    std::vector<leanmoe::tools::BenchShape> shapes;
+    if (configs == "grid") {
+      shapes = leanmoe::tools::grid_shapes();
+    } else {
+      for (size_t b = 0; b <= configs.size();) {
+        const size_t e = std::min(configs.find(',', b), configs.size());
+        const std::string name = configs.substr(b, e - b);
+        const auto* shape = leanmoe::tools::find_shape(name);
+        if (!shape) throw std::runtime_error("--config: unknown '" + name + "'; known: " + leanmoe::tools::shape_names());
+        shapes.push_back(*shape);
+        b = e + 1;
+      }
+    }
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    std::printf("GPU: %s; median of %d launches after %d warm-up\n\n", prop.name, iters, warmup);
+    std::printf("| config | T | d | n | E | K | GEMM | ms | TFLOP/s |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (const auto& s : shapes) bench_shape(s, iters, warmup);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "leanmoe_bench_gemms: %s\n", e.what());
+    return 1;
+  }
+}
