@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "leanmoe/ep.h"
@@ -81,14 +82,17 @@ class ThreadCommunicator final : public ep::Communicator {
   int rank_;
 };
 
-// Runs body(comm) on `size` threads, one rank each; rethrows the first failure.
-inline void run_ranks(int size, const std::function<void(ThreadCommunicator&)>& body) {
+// Runs body(comm) on `size` threads, one rank each; rethrows the first failure. Comm is any
+// communicator constructible from (ThreadGroup&, rank): ThreadCommunicator here, the GPU tests'
+// device-memory one in tests/gpu/test_ep_gpu.cpp.
+template <class Comm = ThreadCommunicator>
+void run_ranks(int size, const std::type_identity_t<std::function<void(Comm&)>>& body) {
   ThreadGroup group(size);
   std::vector<std::exception_ptr> errors(size);
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r)
     threads.emplace_back([&, r] {
-      ThreadCommunicator comm(group, r);
+      Comm comm(group, r);
       try {
         body(comm);
       } catch (...) {

@@ -43,6 +43,12 @@ std::unique_ptr<Communicator> make_nccl_communicator(void* nccl_comm, int rank, 
                                                      Stream stream);
 bool nccl_available();
 
+// One NCCL communicator per GPU of this process (ncclCommInitAll over `devices`, rank i on
+// devices[i]), for single-process EP: one host thread per GPU, each calling cudaSetDevice(devices[i])
+// before using communicator i. Each owns its ncclComm_t and a non-blocking stream created on its
+// device (both destroyed with it). NCCL rejects a device listed twice. Throws without NCCL.
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices);
+
 // Exchanges one int64 per peer: recv[p] = peer p's send[rank()] (host vectors of size()).
 std::vector<int64_t> exchange_counts(Communicator& comm, const std::vector<int64_t>& send);
 
@@ -51,7 +57,11 @@ std::vector<int64_t> exchange_counts(Communicator& comm, const std::vector<int64
 // gradient, after its all-reduce, on one rank only) or its square is counted P times.
 float global_grad_norm(float local_sum_of_squares, Communicator& comm);
 
-// One MoE layer split over the ranks of `comm` (CPU storage for now: see docs/ep.md).
+// One MoE layer split over the ranks of `comm`. Storage follows comm.device(): a cpu communicator
+// runs the CPU backend's math (f32 or bf16 storage); a cuda communicator (NCCL, or the tests'
+// device thread communicator) runs the CUDA backend's kernels on comm.stream() (bf16 storage,
+// 16-byte aligned tensors, d and n multiples of 64, E <= 1024; one host sync per forward, for the
+// all-to-all sizes; none in backward). See docs/ep.md.
 // cfg describes the whole layer (E is the global expert count; E % P == 0). Routing is computed on
 // each rank for its own tokens with the full replicated router. Token rounding, when asked for,
 // is applied per rank to that rank's own tokens before dispatch, so every expert's count on its
@@ -73,6 +83,7 @@ class ExpertParallelLayer {
   void forward(const Tensor& x, const MoEWeights& w, const Tensor& out);
   // grads.dx [T_r, d], d_router [E, d] (this rank's tokens only: all-reduce it), expert gradients
   // of the local slices. on_expert_grad sees the local slices, W2 first, then W1 (SPEC §6).
+  // Collective: every rank must define the same set of gradients (what travels depends on it).
   void backward(const Tensor& d_out, const MoEWeights& w, const MoEGrads& grads,
                 const ExpertGradCallback& on_expert_grad = nullptr);
 

@@ -8,7 +8,9 @@
 // kernel launches, cudaMemsetAsync and device-to-device cudaMemcpyAsync only (both asynchronous on
 // the stream), every count and offset stays on the device, and every grid is sized from host-known
 // bounds (T, E, R_max). cuBLAS gets its workspace carved from ours (cublasSetWorkspace), so it
-// allocates nothing either. The expert GEMM launchers promise the same (expert_gemms.h).
+// allocates nothing either. The expert GEMM launchers promise the same (expert_gemms.h); the
+// CUTLASS ones get their argument arrays carved from ours too (the cudaMalloc in
+// cutlass_grouped_gemm.cu serves only callers that pass no workspace: tests and tools).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -68,6 +70,7 @@ struct ForwardWorkspace {
   double* loss_partial;
   bf16_storage* a;       // [R_max, n]
   bf16_storage* y;       // [R_max, d]
+  void* expert_gemm;     // down_proj's argument arrays and TMA descriptors
 
   ForwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) {
     const int64_t R = max_routed_rows(cfg, T), E = cfg.E;
@@ -82,6 +85,7 @@ struct ForwardWorkspace {
     loss_partial = c.take<double>(cuda::loss_partial_doubles(T, E));
     a = c.take<bf16_storage>(R * cfg.n);
     y = c.take<bf16_storage>(R * cfg.d);
+    expert_gemm = c.take<char>(int64_t(cuda::expert_gemm_workspace_bytes(E)));
   }
 };
 
@@ -99,6 +103,7 @@ struct BackwardWorkspace {
   bf16_storage* a_prime_dxexp; // [R_max, max(n, d)]: A', later dX_exp
   float* dx_router;            // [T, d] dz·Wr
   float* d_router_f32;         // [2E, d]: dz_hi^T·X over dz_lo^T·X
+  void* expert_gemm;           // dx_expert's argument arrays and TMA descriptors
   int ds_parts;
 
   BackwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) {
@@ -115,6 +120,7 @@ struct BackwardWorkspace {
     a_prime_dxexp = c.take<bf16_storage>(R * std::max(cfg.n, cfg.d));
     dx_router = c.take<float>(T * cfg.d);
     d_router_f32 = c.take<float>(2 * E * cfg.d);
+    expert_gemm = c.take<char>(int64_t(cuda::expert_gemm_workspace_bytes(E)));
   }
 };
 
@@ -240,7 +246,7 @@ class CudaBackend final : public Backend {
     const cuda::RoutedRows rows = routed_rows(s, E);
     const cuda::ExpertShape shape = expert_shape(cfg, T);
     cuda::up_proj_swiglu(rows, shape, a.x.data, a.w.gate_up_proj.data, s.h.data, w.a, stream);
-    cuda::down_proj(rows, shape, w.a, a.w.down_proj.data, w.y, stream);
+    cuda::down_proj(rows, shape, w.a, a.w.down_proj.data, w.y, stream, w.expert_gemm);
     cuda::aggregate_rows(w.y, s.row_gate.ptr<float>(), s.token_offsets.ptr<int32_t>(), s.token_rows.ptr<int32_t>(),
                          T, cfg.d, a.out.data, stream);
   }
@@ -271,7 +277,8 @@ class CudaBackend final : public Backend {
       cuda::dw2(rows, shape, a.d_out.data, w.a_prime_dxexp, g.d_down_proj.data, stream);
       if (a.on_expert_grad) a.on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
     }
-    if (g.dx.defined()) cuda::dx_expert(rows, shape, w.dh, a.w.gate_up_proj.data, w.a_prime_dxexp, stream);
+    if (g.dx.defined())
+      cuda::dx_expert(rows, shape, w.dh, a.w.gate_up_proj.data, w.a_prime_dxexp, stream, w.expert_gemm);
     if (g.d_gate_up_proj.defined()) {
       cuda::dw1(rows, shape, w.dh, s.x.data, g.d_gate_up_proj.data, stream);
       if (a.on_expert_grad) a.on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);

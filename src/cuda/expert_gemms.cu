@@ -2,12 +2,16 @@
 // asynchronous; grids come from rows_capacity and the static shape only.
 #include "expert_gemms.h"
 
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+
 #include <algorithm>
 #include <cstdlib>
 #include <string>
 
+#include "cutlass_grouped_gemm.h"
 #include "kernels/sm80_grouped_gemm.cuh"
 #include "kernels/sm90_grouped_gemm.cuh"
+#include "kernels/sm90_ws_grouped_gemm.cuh"
 #include "leanmoe/leanmoe.h"
 
 namespace leanmoe::cuda {
@@ -76,6 +80,70 @@ void launch_v1(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cuda
   v1::grouped_gemm_kernel<kKind, Cfg><<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
 }
 
+// LEANMOE_GEMM_WS (read per launch, for A/B comparisons): 1 or unset = the warp-specialised kernel
+// (sm90_ws_grouped_gemm.cuh) for the up-projection and dW1 (cooperative 128x256) and for dH and dW2
+// (ping-pong 128x128 per consumer); 2 = the same kernel with the other schedule for each; 0 = the v1
+// kernel for all four.
+constexpr bool has_ws_kernel(GemmKind k) {
+  return k == GemmKind::UpProjSwiglu || k == GemmKind::DhSwigluBwd || kernels::is_varlen_k(k);
+}
+// Ping-pong (one consumer's epilogue under the other's MMAs) for dH, whose epilogue is heavy (reads
+// H, writes dH, A' and ds), and dW2, whose [d, n] outputs are small (7B-n256: 12 x 2 tiles of 128x128
+// per expert, each 24 k-tiles deep); cooperative 128x256 for up and dW1 ([2n, d] per expert), whose
+// tiles take 2/3 of the L2 traffic per FLOP of 128x128 ones. Not yet measured for dW1/dW2:
+// LEANMOE_GEMM_WS=2 runs the other choice.
+constexpr bool ws_ping_pong_by_default(GemmKind k) { return k == GemmKind::DhSwigluBwd || k == GemmKind::Dw2; }
+int ws_mode() {
+  const char* env = std::getenv("LEANMOE_GEMM_WS");
+  return env && env[0] == '0' ? 0 : env && env[0] == '2' ? 2 : 1;
+}
+
+// 2D TMA map over a row-major bf16 matrix [rows, cols] (all experts' weights stacked), 128B swizzle,
+// box {box_cols, box_rows}. The driver entry point is fetched through the runtime (no -lcuda).
+CUtensorMap weight_tensor_map(const void* w, int64_t rows, int64_t cols, int box_cols, int box_rows, const char* what) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  if (!encode) throw leanmoe::Error(std::string(what) + ": the CUDA driver has no cuTensorMapEncodeTiled");
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};  // bytes between rows
+  const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)}, elem_strides[2] = {1, 1};
+  const CUresult res = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(w), dims, strides, box,
+                              elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (res != CUDA_SUCCESS)
+    throw leanmoe::Error(std::string(what) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(res) +
+                         "); the weights must be 16-byte aligned");
+  return map;
+}
+
+// Warp-specialised kernel: one CTA per SM (capped as for v1); varlen-M weights through one TMA map.
+template <GemmKind kKind, class Cfg, class RaiseSmemLimit>
+void launch_ws(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStream_t stream,
+               RaiseSmemLimit raise_smem_limit, const char* what) {
+  static const bool ready = raise_smem_limit(v1::ws_grouped_gemm_kernel<kKind, Cfg>, Cfg::kSmemBytes);
+  (void)ready;
+  const dim3 tiles = grid_for<kKind>(rows, s, Cfg::kTileM, Cfg::kTileN);
+  args.n_tiles = static_cast<int>(tiles.y);
+  args.m_tiles = static_cast<int>(tiles.x);  // varlen-K: row tiles of dW (unused for varlen-M)
+  int64_t ctas = std::min<int64_t>(int64_t(tiles.x) * tiles.y * tiles.z, multiprocessor_count());
+  if (const char* cap = std::getenv("LEANMOE_GEMM_MAX_CTAS")) ctas = std::clamp<int64_t>(std::atoll(cap), 1, ctas);
+  CUtensorMap map{};  // varlen-K: both operands are row-gathered or row ranges, copied with cp.async
+  if constexpr (kKind == GemmKind::UpProjSwiglu)
+    map = weight_tensor_map(args.b, rows.E * 2 * s.n, s.d, 64, Cfg::kTileN / 2, what);
+  else if constexpr (kKind == GemmKind::DhSwigluBwd)
+    map = weight_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, what);
+  v1::ws_grouped_gemm_kernel<kKind, Cfg>
+      <<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args, map);
+}
+
 template <GemmKind kKind>
 void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStream_t stream, const char* what) {
   if (rows.E <= 0) return;
@@ -97,6 +165,13 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStr
     (void)ready;
     const dim3 grid = grid_for<kKind>(rows, s, v0::kTileM, v0::kTileN);
     v0::grouped_gemm_kernel<kKind><<<grid, v0::kThreads, v0::kSmemBytes, stream>>>(args);
+  } else if (has_ws_kernel(kKind) && ws_mode() != 0) {
+    if constexpr (has_ws_kernel(kKind)) {
+      if ((ws_mode() == 1) == ws_ping_pong_by_default(kKind))
+        launch_ws<kKind, v1::WsPingPong>(rows, s, args, stream, raise_smem_limit, what);
+      else
+        launch_ws<kKind, v1::WsCooperative>(rows, s, args, stream, raise_smem_limit, what);
+    }
   } else if constexpr (kKind == GemmKind::DownProj) {  // K = n: short mainloops for small n
     if (s.n <= 512) launch_v1<kKind, v1::TwoCtaTile>(rows, s, args, stream, raise_smem_limit);
     else launch_v1<kKind, v1::BigTile>(rows, s, args, stream, raise_smem_limit);
@@ -138,7 +213,10 @@ void up_proj_swiglu(const RoutedRows& rows, const ExpertShape& s, const void* x,
 }
 
 void down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
-               cudaStream_t stream) {
+               cudaStream_t stream, void* workspace) {
+  // CUTLASS's grouped GEMM (cutlass_grouped_gemm.cu) unless LEANMOE_GEMM_CUTLASS=0 or
+  // LEANMOE_GEMM_V0=1 ask for the hand-written kernels (A/B comparisons).
+  if (!use_v0() && cutlass_gemms_enabled()) return cutlass_down_proj(rows, s, a, w2, y, workspace, stream);
   GemmArgs args = make_args(a, w2);
   args.out = static_cast<kernels::bf16*>(y);
   launch<GemmKind::DownProj>(rows, s, args, stream, "down_proj");
@@ -163,7 +241,8 @@ void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const 
 }
 
 void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
-               cudaStream_t stream) {
+               cudaStream_t stream, void* workspace) {
+  if (!use_v0() && cutlass_gemms_enabled()) return cutlass_dx_expert(rows, s, dh, w1, dx_exp, workspace, stream);
   GemmArgs args = make_args(dh, w1);
   args.out = static_cast<kernels::bf16*>(dx_exp);
   launch<GemmKind::DxExpert>(rows, s, args, stream, "dx_expert");

@@ -6,6 +6,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 namespace leanmoe::cuda {
@@ -33,9 +34,16 @@ const char* expert_gemms_unsupported(const ExpertShape& s);
 void up_proj_swiglu(const RoutedRows& rows, const ExpertShape& s, const void* x, const void* w1, void* h, void* a,
                     cudaStream_t stream);
 
-// Forward 4: Y[r] = A[r] · W2_e^T, w2 [E, d, n], Y bf16 [R, d].
+// Device scratch of down_proj and dx_expert (CUTLASS grouped GEMM: per-expert shape/pointer/stride
+// arrays, 60 bytes per expert, and 4 TMA descriptors of 128 bytes per SM, 68 KB on 132 SMs).
+// Depends on E and the current device's SM count only. Any alignment (the launchers align inside).
+size_t expert_gemm_workspace_bytes(int64_t E);
+
+// Forward 4: Y[r] = A[r] · W2_e^T, w2 [E, d, n], Y bf16 [R, d]. `workspace`: expert_gemm_workspace_bytes(E)
+// bytes, used by one launch at a time; nullptr (tests, tools) takes a per-device buffer allocated on
+// first use, which synchronises the device then: the library always passes its planned workspace.
 void down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
-               cudaStream_t stream);
+               cudaStream_t stream, void* workspace = nullptr);
 
 // Backward 1 (dH kernel): dA'[r] = dO[row_token[r]] · W2_e (gather of dO fused), epilogue reads H:
 // a = silu(g)·u; ds_partial[r * ds_partials(s) + j] = sum over the j-th column tile of dA'·a;
@@ -49,9 +57,9 @@ void dh_swiglu_bwd(const RoutedRows& rows, const ExpertShape& s, const void* d_o
 void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,
          cudaStream_t stream);
 
-// Backward 3: dX_exp[r] = dH[r] · W1_e  -> bf16 [R, d].
+// Backward 3: dX_exp[r] = dH[r] · W1_e  -> bf16 [R, d]. `workspace` as for down_proj.
 void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
-               cudaStream_t stream);
+               cudaStream_t stream, void* workspace = nullptr);
 
 // Backward 4: dW1_e = sum_{r in e} dH[r]^T ⊗ X[row_token[r]]  -> bf16 [E, 2n, d] (varlen-K, gather X).
 // Experts with no rows get zeros.

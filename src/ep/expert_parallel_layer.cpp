@@ -17,12 +17,19 @@
 // Results are still not bitwise equal to one rank: BLAS picks GEMM kernels by shape (the router
 // GEMM over T_r rows rounds differently from the one over T rows), and d_router is summed per
 // rank and then across ranks.
+//
+// With a cuda communicator (comm.device() == cuda) the tensors live on the GPU and this file only
+// validates and forwards to the CUDA implementation (src/cuda/ep_layer.cpp), which follows the same
+// row orders with the CUDA backend's kernels.
 #include <cstring>
 
 #include "cpu/experts.h"
 #include "cpu/router.h"
 #include "leanmoe/ep.h"
 #include "validate.h"
+#if defined(LEANMOE_WITH_CUDA)
+#include "cuda/ep_layer.h"
+#endif
 
 namespace leanmoe::ep {
 
@@ -47,12 +54,17 @@ void require(bool ok, const std::string& msg) {
   if (!ok) throw Error(msg);
 }
 
-void check_matrix(const Tensor& t, const char* fn, const char* arg, std::initializer_list<int64_t> shape, DType dtype) {
+// Every tensor lives on the communicator's device (cpu: the CPU backend's math; cuda: ep_layer.cpp).
+void check_matrix(const Tensor& t, const char* fn, const char* arg, std::initializer_list<int64_t> shape, DType dtype,
+                  Device device) {
   const std::string where = std::string(fn) + ": argument '" + arg + "': ";
   require(t.defined(), where + "is required");
   require(t.data != nullptr, where + "must not have a null data pointer, got " + t.describe() + " with data = null");
-  require(t.device == Device::cpu, where + "must be on cpu (the EP layer's expert math runs on the CPU backend), got " +
-                                       t.describe());
+  require(t.device == device, where + "must be on " + device_name(device) + " (the communicator's device), got " +
+                                  t.describe());
+  // The CUDA kernels move rows in 16-byte vectors (gather-sum, row copies, the GEMMs' cp.async).
+  require(device == Device::cpu || reinterpret_cast<uintptr_t>(t.data) % 16 == 0,
+          where + "must be 16-byte aligned on cuda (vector loads), got " + t.describe() + " at an address that is not");
   require(t.dtype == dtype, where + "must have dtype " + dtype_name(dtype) + ", got " + t.describe());
   require(t.ndim == int(shape.size()), where + "must have " + std::to_string(shape.size()) + " dims, got " + t.describe());
   int i = 0;
@@ -111,6 +123,9 @@ struct ExpertParallelLayer::State {
   std::vector<float> local_row_gate;         // [R_loc]
   std::vector<int32_t> pair_row;             // [R_loc] received pair i -> local sorted row
   std::vector<char> h;                       // [R_loc, 2n] storage dtype
+#if defined(LEANMOE_WITH_CUDA)
+  std::unique_ptr<cuda::EpLayer> gpu;        // set when comm.device() == cuda: everything below is unused
+#endif
 
   State(const MoEConfig& c, Communicator& cm) : cfg(c), comm(cm) {}
 
@@ -152,6 +167,17 @@ ExpertParallelLayer::ExpertParallelLayer(const MoEConfig& cfg, Communicator& com
   s_->P = P;
   s_->El = cfg.E / P;
   s_->first = comm.rank() * s_->El;
+  if (comm.device() == Device::cuda) {
+#if defined(LEANMOE_WITH_CUDA)
+    // Storage-independent rules here; the dtype (bf16 only) is checked in forward.
+    const std::string why = cuda::ep_unsupported_reason(cfg, DType::bf16);
+    require(why.empty(), "ExpertParallelLayer: argument 'cfg': not supported by the CUDA EP layer: " + why);
+    s_->gpu = std::make_unique<cuda::EpLayer>(cfg, comm);
+#else
+    throw Error("ExpertParallelLayer: argument 'comm': is a cuda communicator, but this leanmoe was built without "
+                "the CUDA backend");
+#endif
+  }
 }
 
 ExpertParallelLayer::~ExpertParallelLayer() = default;
@@ -160,6 +186,9 @@ int64_t ExpertParallelLayer::local_experts() const { return s_->El; }
 int64_t ExpertParallelLayer::first_expert() const { return s_->first; }
 
 std::vector<int64_t> ExpertParallelLayer::local_expert_counts() const {
+#if defined(LEANMOE_WITH_CUDA)
+  if (s_->gpu) return s_->gpu->local_expert_counts();
+#endif
   std::vector<int64_t> counts(s_->El, 0);
   if (!s_->forward_done) return counts;
   for (int64_t e = 0; e < s_->El; ++e) counts[e] = s_->local_expert_offsets[e + 1] - s_->local_expert_offsets[e];
@@ -178,11 +207,27 @@ void ExpertParallelLayer::forward(const Tensor& x, const MoEWeights& w, const Te
   s.dtype = x.dtype;
   require(s.dtype == DType::f32 || s.dtype == DType::bf16,
           "ep forward: argument 'x': dtype must be bf16 or f32, got " + x.describe());
-  check_matrix(x, "ep forward", "x", {T, d}, s.dtype);
-  check_matrix(out, "ep forward", "out", {T, d}, s.dtype);
-  check_matrix(w.router, "ep forward", "w.router", {E, d}, s.dtype);
-  check_matrix(w.gate_up_proj, "ep forward", "w.gate_up_proj", {El, 2 * n, d}, s.dtype);
-  check_matrix(w.down_proj, "ep forward", "w.down_proj", {El, d, n}, s.dtype);
+  const Device dev = s.comm.device();
+#if defined(LEANMOE_WITH_CUDA)
+  if (s.gpu) {
+    const std::string why = cuda::ep_unsupported_reason(c, s.dtype);
+    require(why.empty(), "ep forward: argument 'x': " + why + " (" + x.describe() + ")");
+  }
+#endif
+  check_matrix(x, "ep forward", "x", {T, d}, s.dtype, dev);
+  check_matrix(out, "ep forward", "out", {T, d}, s.dtype, dev);
+  check_matrix(w.router, "ep forward", "w.router", {E, d}, s.dtype, dev);
+  check_matrix(w.gate_up_proj, "ep forward", "w.gate_up_proj", {El, 2 * n, d}, s.dtype, dev);
+  check_matrix(w.down_proj, "ep forward", "w.down_proj", {El, d, n}, s.dtype, dev);
+#if defined(LEANMOE_WITH_CUDA)
+  if (s.gpu) {
+    s.forward_done = false;
+    s.T = T;
+    s.gpu->forward(x, w, out);
+    s.forward_done = true;
+    return;
+  }
+#endif
 
   // 1. Routing of this rank's own tokens (cpu_backend.cpp's steps, on T_r tokens).
   s.x = x;
@@ -292,16 +337,20 @@ void ExpertParallelLayer::backward(const Tensor& d_out, const MoEWeights& w, con
   const MoEConfig& c = s.cfg;
   const int64_t d = c.d, n = c.n, E = c.E, K = c.K, El = s.El, T = s.T;
   require(s.forward_done, "ep backward: argument 'd_out': forward must run first");
-  check_matrix(d_out, "ep backward", "d_out", {T, d}, s.dtype);
-  check_matrix(w.router, "ep backward", "w.router", {E, d}, s.dtype);
-  check_matrix(w.gate_up_proj, "ep backward", "w.gate_up_proj", {El, 2 * n, d}, s.dtype);
-  check_matrix(w.down_proj, "ep backward", "w.down_proj", {El, d, n}, s.dtype);
-  if (g.dx.defined()) check_matrix(g.dx, "ep backward", "grads.dx", {T, d}, s.dtype);
-  if (g.d_router.defined()) check_matrix(g.d_router, "ep backward", "grads.d_router", {E, d}, s.dtype);
+  const Device dev = s.comm.device();
+  check_matrix(d_out, "ep backward", "d_out", {T, d}, s.dtype, dev);
+  check_matrix(w.router, "ep backward", "w.router", {E, d}, s.dtype, dev);
+  check_matrix(w.gate_up_proj, "ep backward", "w.gate_up_proj", {El, 2 * n, d}, s.dtype, dev);
+  check_matrix(w.down_proj, "ep backward", "w.down_proj", {El, d, n}, s.dtype, dev);
+  if (g.dx.defined()) check_matrix(g.dx, "ep backward", "grads.dx", {T, d}, s.dtype, dev);
+  if (g.d_router.defined()) check_matrix(g.d_router, "ep backward", "grads.d_router", {E, d}, s.dtype, dev);
   if (g.d_gate_up_proj.defined())
-    check_matrix(g.d_gate_up_proj, "ep backward", "grads.d_gate_up_proj", {El, 2 * n, d}, s.dtype);
+    check_matrix(g.d_gate_up_proj, "ep backward", "grads.d_gate_up_proj", {El, 2 * n, d}, s.dtype, dev);
   if (g.d_down_proj.defined())
-    check_matrix(g.d_down_proj, "ep backward", "grads.d_down_proj", {El, d, n}, s.dtype);
+    check_matrix(g.d_down_proj, "ep backward", "grads.d_down_proj", {El, d, n}, s.dtype, dev);
+#if defined(LEANMOE_WITH_CUDA)
+  if (s.gpu) return s.gpu->backward(d_out, w, g, on_expert_grad);
+#endif
 
   // 1. dO rows to the owners, the same tokens as x went in forward.
   const size_t row_bytes = size_t(d) * dtype_size(s.dtype);

@@ -1,6 +1,7 @@
 // NcclCommunicator: the production Communicator, on an existing ncclComm_t the caller created
 // (ncclCommInitRank, or torch.distributed's). Compiled with NCCL only when CMake found nccl.h and
-// libnccl (LEANMOE_WITH_NCCL); otherwise make_nccl_communicator throws. Never run so far: see docs/ep.md.
+// libnccl (LEANMOE_WITH_NCCL); otherwise make_nccl_communicator throws. Between GPUs never run so
+// far (P = 1 in tests/gpu/test_ep_gpu.cpp): see docs/ep.md.
 #include "leanmoe/ep.h"
 
 #if defined(LEANMOE_WITH_NCCL)
@@ -19,8 +20,19 @@ void check_nccl(ncclResult_t r, const char* what) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, int device_index, Stream stream)
-      : comm_(comm), rank_(rank), size_(size), device_index_(device_index), stream_(stream) {}
+  NcclCommunicator(ncclComm_t comm, int rank, int size, int device_index, Stream stream, bool owning = false)
+      : comm_(comm), rank_(rank), size_(size), device_index_(device_index), stream_(stream), owning_(owning) {}
+  // Owning (make_nccl_communicators): the comm and the stream were created for this communicator.
+  ~NcclCommunicator() override {
+    if (!owning_) return;
+    int previous = 0;
+    cudaGetDevice(&previous);
+    cudaSetDevice(device_index_);
+    cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+    ncclCommDestroy(comm_);
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+    cudaSetDevice(previous);
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Device device() const override { return Device::cuda; }
@@ -58,6 +70,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;
   int rank_, size_, device_index_;
   Stream stream_;
+  bool owning_;
 };
 
 }  // namespace
@@ -73,12 +86,41 @@ std::unique_ptr<Communicator> make_nccl_communicator(void* nccl_comm, int rank, 
   return std::make_unique<NcclCommunicator>(static_cast<ncclComm_t>(nccl_comm), rank, size, device_index, stream);
 }
 
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>& devices) {
+  const int P = int(devices.size());
+  if (P < 1) throw Error("make_nccl_communicators: argument 'devices': needs at least one device");
+  std::vector<ncclComm_t> comms(P);
+  check_nccl(ncclCommInitAll(comms.data(), P, devices.data()), "ncclCommInitAll");
+  std::vector<std::unique_ptr<Communicator>> out;
+  int previous = 0;
+  cudaGetDevice(&previous);
+  for (int r = 0; r < P; ++r) {
+    cudaStream_t stream = nullptr;
+    cudaError_t e = cudaSetDevice(devices[r]);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+      for (int q = r; q < P; ++q) ncclCommDestroy(comms[q]);  // out[0..r) destroy their own
+      cudaSetDevice(previous);
+      throw Error(std::string("make_nccl_communicators: argument 'devices': stream on device ") +
+                  std::to_string(devices[r]) + " failed: " + cudaGetErrorString(e));
+    }
+    out.push_back(std::make_unique<NcclCommunicator>(comms[r], r, P, devices[r], stream, true));
+  }
+  cudaSetDevice(previous);
+  return out;
+}
+
 #else
 
 bool nccl_available() { return false; }
 
 std::unique_ptr<Communicator> make_nccl_communicator(void*, int, int, int, Stream) {
   throw Error("make_nccl_communicator: argument 'nccl_comm': this leanmoe was built without NCCL "
+              "(needs the CUDA backend and nccl.h/libnccl at configure time)");
+}
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<int>&) {
+  throw Error("make_nccl_communicators: argument 'devices': this leanmoe was built without NCCL "
               "(needs the CUDA backend and nccl.h/libnccl at configure time)");
 }
 

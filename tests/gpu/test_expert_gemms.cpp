@@ -126,6 +126,9 @@ void expect_close(const std::vector<bf16>& got, const std::vector<float>& ref, c
 struct Case {
   int64_t T, E, K, d, n, empty_expert;
   bool all_to_one;
+  // down_proj / dx_expert get a caller workspace (as from cuda_backend), poisoned first so that
+  // nothing relies on its contents; false: nullptr, the launchers' own per-device buffer.
+  bool caller_workspace = true;
 };
 
 void run_case(const Case& c) {
@@ -144,8 +147,15 @@ void run_case(const Case& c) {
   // Inputs of the later kernels drawn independently, so each kernel is tested on its own.
   const auto h_in = random_bf16(R_max * 2 * n, 3.f, rng);
   const auto a_in = random_bf16(R_max * n, 1.f, rng);
-  const auto dh_in = random_bf16(R_max * 2 * n, 1.f, rng);
-  const auto ap_in = random_bf16(R_max * n, 1.f, rng);
+  // dH and A' rows past the routed ones (capacity padding) hold NaN, as an unwritten buffer may:
+  // the varlen-K GEMMs reduce over an expert's rows and must zero-fill, not read, the rows past its
+  // end (0 · NaN = NaN would reach the last expert's dW).
+  auto with_nan_padding = [&](std::vector<bf16> v, int64_t width) {
+    for (size_t i = size_t(R * width); i < v.size(); ++i) v[i] = float_to_bf16(NAN);
+    return v;
+  };
+  const auto dh_in = with_nan_padding(random_bf16(R_max * 2 * n, 1.f, rng), 2 * n);
+  const auto ap_in = with_nan_padding(random_bf16(R_max * n, 1.f, rng), n);
   const auto xf = to_float(x), dof = to_float(d_out), w1f = to_float(w1), w2f = to_float(w2);
   const auto hf = to_float(h_in), af = to_float(a_in), dhf = to_float(dh_in), apf = to_float(ap_in);
 
@@ -158,6 +168,9 @@ void run_case(const Case& c) {
   DeviceBuffer<bf16> x_d(x), dout_d(d_out), w1_d(w1), w2_d(w2), h_in_d(h_in), a_in_d(a_in), dh_in_d(dh_in),
       ap_in_d(ap_in);
   const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, R_max, E};
+  DeviceBuffer<char> gemm_ws(c.caller_workspace ? lc::expert_gemm_workspace_bytes(E) : 0);
+  gemm_ws.poison();
+  void* const gemm_ws_ptr = c.caller_workspace ? gemm_ws.ptr : nullptr;
 
   auto expert_of_row = [&](int64_t r) {
     return int64_t(std::upper_bound(rt.expert_offsets.begin(), rt.expert_offsets.end(), int32_t(r)) -
@@ -188,7 +201,7 @@ void run_case(const Case& c) {
   {  // down_proj: Y = A W2_e^T
     DeviceBuffer<bf16> y(R_max * d);
     y.poison();
-    lc::down_proj(rows, s, a_in_d.ptr, w2_d.ptr, y.ptr, nullptr);
+    lc::down_proj(rows, s, a_in_d.ptr, w2_d.ptr, y.ptr, nullptr, gemm_ws_ptr);
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> y_ref(R * d);
     for (int64_t r = 0; r < R; ++r) {
@@ -264,7 +277,7 @@ void run_case(const Case& c) {
   {  // dx_expert: dX_exp = dH W1_e
     DeviceBuffer<bf16> dx(R_max * d);
     dx.poison();
-    lc::dx_expert(rows, s, dh_in_d.ptr, w1_d.ptr, dx.ptr, nullptr);
+    lc::dx_expert(rows, s, dh_in_d.ptr, w1_d.ptr, dx.ptr, nullptr, gemm_ws_ptr);
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> ref(R * d, 0.f);
     for (int64_t r = 0; r < R; ++r) {
@@ -312,6 +325,55 @@ TEST(ExpertGemms, FewPersistentCtas) {
   setenv("LEANMOE_GEMM_MAX_CTAS", "5", 1);
   run_case({512, 16, 4, 256, 320, 5, false});
   unsetenv("LEANMOE_GEMM_MAX_CTAS");
+}
+
+// Sets an environment variable for one scope and restores the caller's value (the GPU command may
+// set LEANMOE_GEMM_WS for the whole binary).
+struct ScopedEnv {
+  std::string name, old;
+  bool had;
+  ScopedEnv(const char* n, const char* value) : name(n), had(std::getenv(n) != nullptr) {
+    if (had) old = std::getenv(n);
+    setenv(n, value, 1);
+  }
+  ~ScopedEnv() { had ? setenv(name.c_str(), old.c_str(), 1) : unsetenv(name.c_str()); }
+};
+
+// The up-projection, dH, dW2 and dW1 run the warp-specialised kernel by default (up and dW1:
+// cooperative 128x256; dH and dW2: ping-pong, 128x128 per consumer), so the cases above test those;
+// LEANMOE_GEMM_WS=2 swaps the two schedules (partial 256-wide tiles for dH and dW2, 64+64-column
+// tiles for up, 128x128 dW1 tiles) and 0 takes the v1 kernel. Both on the ragged cases (dW: empty
+// experts' tiles store zeros without a k-tile, one expert's 5 k-tiles end in a partial one) and with
+// 5 CTAs walking many tiles (odd tile counts per CTA: the ping-pong hand-over ends on either
+// consumer; dW: empty-expert tiles of 0 k-tiles in the middle of a CTA's stream).
+TEST(ExpertGemms, OtherWsSchedulesAndV1) {
+  for (const char* mode : {"2", "0"}) {
+    SCOPED_TRACE(std::string("LEANMOE_GEMM_WS=") + mode);
+    ScopedEnv ws("LEANMOE_GEMM_WS", mode);
+    run_case({100, 8, 2, 192, 192, 3, false});
+    run_case({1, 4, 2, 128, 64, -1, false});
+    run_case({300, 4, 1, 64, 128, -1, true});
+    ScopedEnv ctas("LEANMOE_GEMM_MAX_CTAS", "5");
+    run_case({512, 16, 4, 256, 320, 5, false});
+  }
+}
+
+// down_proj and dx_expert run CUTLASS's grouped GEMM by default, config by K (n resp. 2n):
+// ping-pong 128x128 for K <= 512, cooperative 128x256 above; the cases above cover all four
+// (RaggedWithEmptyExpert: both ping-pong; ManyExperts: down ping-pong, dx cooperative;
+// WideExperts: both cooperative). Here each config is forced on every GEMM shape of the ragged
+// cases (empty experts, T = 1, one hot expert, 5 persistent CTAs = 2 clusters walking all
+// experts' tiles, the launchers' own workspace), and LEANMOE_GEMM_CUTLASS=0 takes the hand kernels.
+TEST(ExpertGemms, CutlassConfigsAndHandKernels) {
+  for (const char* mode : {"pingpong", "cooperative", "0"}) {
+    SCOPED_TRACE(std::string("LEANMOE_GEMM_CUTLASS=") + mode);
+    ScopedEnv cutlass("LEANMOE_GEMM_CUTLASS", mode);
+    run_case({100, 8, 2, 192, 192, 3, false});
+    run_case({1, 4, 2, 128, 64, -1, false, false});
+    run_case({300, 4, 1, 64, 128, -1, true});
+    ScopedEnv ctas("LEANMOE_GEMM_MAX_CTAS", "5");
+    run_case({512, 16, 4, 256, 320, 5, false});
+  }
 }
 
 TEST(ExpertGemms, UnsupportedShapesAreNamed) {

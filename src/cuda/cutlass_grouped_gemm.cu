@@ -1,0 +1,244 @@
+// Host side of down_proj / dx_expert on CUTLASS's grouped GEMM (kernels/sm90_cutlass_grouped_gemm.cuh).
+// Per launch, all on `stream`: fill_group_args writes the per-expert shapes, pointers and strides
+// from expert_offsets, then the CUTLASS kernel runs from those device arrays. Nothing synchronises
+// with the host: the only host work is CUTLASS's parameter set-up (three TMA descriptor encodes
+// with placeholder shapes, which the kernel rewrites per group on the device).
+#include "cutlass_grouped_gemm.h"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "cutlass/util/packed_stride.hpp"
+#include "kernels/sm90_cutlass_grouped_gemm.cuh"
+#include "leanmoe/leanmoe.h"
+
+namespace leanmoe::cuda {
+namespace {
+
+namespace k = kernels::cutlass_sm90;
+using DownPingpong = k::GroupedGemm<cutlass::layout::ColumnMajor, k::PingpongConfig>;
+using DownCooperative = k::GroupedGemm<cutlass::layout::ColumnMajor, k::CooperativeConfig>;
+using DxPingpong = k::GroupedGemm<cutlass::layout::RowMajor, k::PingpongConfig>;
+using DxCooperative = k::GroupedGemm<cutlass::layout::RowMajor, k::CooperativeConfig>;
+
+// TMA descriptors in the CUTLASS workspace need 64-byte alignment; every piece is 128-aligned.
+constexpr size_t kAlign = 128;
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw leanmoe::Error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+void check_cutlass(cutlass::Status status, const char* what, const char* step) {
+  if (status != cutlass::Status::kSuccess)
+    throw leanmoe::Error(std::string(what) + ": CUTLASS " + step + " failed: " + cutlassGetStatusString(status));
+}
+
+int current_device() {
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  return device;
+}
+
+int sm_count(int device) {
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+  return sms;
+}
+
+// Byte size of G's per-group arrays for E groups (each piece 128-aligned).
+template <class G>
+size_t arrays_bytes(int64_t E) {
+  return align_up(E * sizeof(typename G::Shape3)) + 3 * align_up(E * sizeof(void*)) +
+         align_up(E * sizeof(typename G::StrideA)) + align_up(E * sizeof(typename G::StrideB)) +
+         align_up(E * sizeof(typename G::StrideD));
+}
+
+// Carves G's group arrays from `base` (128-aligned); returns where CUTLASS's own workspace starts.
+template <class G>
+char* carve(char* base, int64_t E, typename G::GroupArrays& out) {
+  auto take = [&](auto*& ptr, size_t bytes) {
+    ptr = reinterpret_cast<std::remove_reference_t<decltype(ptr)>>(base);
+    base += align_up(bytes);
+  };
+  take(out.shapes, E * sizeof(typename G::Shape3));
+  take(out.a, E * sizeof(void*));
+  take(out.b, E * sizeof(void*));
+  take(out.d, E * sizeof(void*));
+  take(out.stride_a, E * sizeof(typename G::StrideA));
+  take(out.stride_b, E * sizeof(typename G::StrideB));
+  take(out.stride_d, E * sizeof(typename G::StrideD));
+  return base;
+}
+
+template <class G>
+typename G::Gemm::Arguments make_arguments(int E, const typename G::GroupArrays& g, cutlass::KernelHardwareInfo hw) {
+  typename G::Gemm::Arguments args{};
+  args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+  // host_problem_shapes = nullptr: the scheduler reads the shapes on the device, launches one CTA
+  // per SM (hw.sm_count) and walks the groups' tiles from a prefix sum over the device array.
+  args.problem_shape = {E, g.shapes, nullptr};
+  args.mainloop = {g.a, g.stride_a, g.b, g.stride_b};
+  args.epilogue.ptr_C = nullptr;  // void C: D = 1·acc (the fusion's defaults alpha = 1, beta = 0)
+  args.epilogue.dC = nullptr;
+  args.epilogue.ptr_D = g.d;
+  args.epilogue.dD = g.stride_d;
+  args.hw_info = hw;
+  return args;
+}
+
+// CUTLASS's TMA-descriptor workspace (per SM: A, B and one D descriptor per consumer warpgroup).
+template <class G>
+size_t cutlass_workspace_bytes(int sms) {
+  cutlass::KernelHardwareInfo hw;
+  hw.sm_count = sms;
+  return G::Gemm::get_workspace_size(make_arguments<G>(1, {}, hw));
+}
+
+template <class G>
+size_t total_bytes(int64_t E, int sms) {
+  return arrays_bytes<G>(E) + align_up(cutlass_workspace_bytes<G>(sms));
+}
+
+// How many 2-CTA clusters of G's kernel fit on the device at once (per device, queried once).
+// Given to CUTLASS, the persistent grid is exactly that many clusters; without it CUTLASS assumes
+// every SM pair can host one, and clusters that do not fit would start only after others finish.
+template <class G>
+int max_active_clusters(int device) {
+  static std::array<std::atomic<int>, 64> cache{};  // 0: not queried yet
+  std::atomic<int>& slot = cache[static_cast<size_t>(device) % cache.size()];
+  if (const int known = slot.load(std::memory_order_relaxed); known > 0) return known;
+  using Kernel = typename G::Kernel;
+  const void* fn = reinterpret_cast<const void*>(cutlass::device_kernel<Kernel>);
+  check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::SharedStorageSize),
+             "cudaFuncSetAttribute (CUTLASS grouped GEMM)");
+  constexpr int kClusterM = cute::size<0>(typename Kernel::ClusterShape{});
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kClusterM;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(kClusterM, 1, 1);
+  config.blockDim = dim3(Kernel::MaxThreadsPerBlock, 1, 1);
+  config.dynamicSmemBytes = Kernel::SharedStorageSize;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  int clusters = 0;
+  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, fn, &config), "cudaOccupancyMaxActiveClusters");
+  clusters = std::max(clusters, 1);
+  slot.store(clusters, std::memory_order_relaxed);
+  return clusters;
+}
+
+// Fallback for callers that pass no workspace (tests, tools): one buffer per device, allocated on
+// first use and regrown for a larger E. cudaMalloc/cudaFree synchronise the device, so the library
+// never comes here (cuda_backend.cpp carves the workspace from its plan); not for concurrent streams.
+void* fallback_workspace(size_t bytes) {
+  static std::mutex mutex;
+  static std::unordered_map<int, std::pair<void*, size_t>> buffers;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& [ptr, size] = buffers[current_device()];
+  if (size < bytes) {
+    if (ptr) check_cuda(cudaFree(ptr), "cudaFree (expert GEMM workspace)");
+    ptr = nullptr;
+    size = 0;
+    check_cuda(cudaMalloc(&ptr, bytes), "cudaMalloc (expert GEMM workspace)");
+    size = bytes;
+  }
+  return ptr;
+}
+
+enum class Config { Pingpong, Cooperative };
+
+// LEANMOE_GEMM_CUTLASS=pingpong|cooperative forces a config; otherwise by K (the reduction length:
+// n for down, 2n for dx). Short K has few k-blocks per 128-row tile (down at n = 256: 4), so the
+// epilogue is as long as the mainloop and ping-pong's overlap of the two matters most; long K is
+// mainloop-bound and the 128x256 cooperative tile halves A's loads per FLOP.
+// TODO(measure): the 512 threshold is a first guess, to be set from tools/bench_gemms.
+Config pick_config(int64_t K) {
+  if (const char* env = std::getenv("LEANMOE_GEMM_CUTLASS")) {
+    if (std::strcmp(env, "pingpong") == 0) return Config::Pingpong;
+    if (std::strcmp(env, "cooperative") == 0) return Config::Cooperative;
+  }
+  return K <= 512 ? Config::Pingpong : Config::Cooperative;
+}
+
+// One grouped GEMM: D_e[M_e, N] = A_e[M_e, K] · B_e with A, D row-major, expert-sorted rows.
+template <class G>
+void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void* b, void* d,
+         int64_t b_expert_stride, void* workspace, cudaStream_t stream, const char* what) {
+  const int E = static_cast<int>(rows.E);
+  const int device = current_device();
+  const int sms = sm_count(device);
+  if (!workspace) workspace = fallback_workspace(expert_gemm_workspace_bytes(E));
+  char* base = reinterpret_cast<char*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
+  typename G::GroupArrays arrays{};
+  char* cutlass_workspace = carve<G>(base, E, arrays);
+
+  using Element = typename G::Element;
+  const auto stride_a = cutlass::make_cute_packed_stride(typename G::StrideA{}, {1, int(K), 1});
+  const auto stride_b = cutlass::make_cute_packed_stride(typename G::StrideB{}, {int(N), int(K), 1});
+  const auto stride_d = cutlass::make_cute_packed_stride(typename G::StrideD{}, {1, int(N), 1});
+  constexpr int kThreads = 128;
+  k::fill_group_args<G><<<(E + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      rows.expert_offsets, E, int(N), int(K), static_cast<const Element*>(a), static_cast<const Element*>(b),
+      static_cast<Element*>(d), K, N, b_expert_stride, stride_a, stride_b, stride_d, arrays);
+  check_cuda(cudaGetLastError(), what);
+
+  // LEANMOE_GEMM_MAX_CTAS (tests) caps the persistent grid, as for the hand-written kernels, so
+  // that each CTA walks many tiles across experts; at least one 2-CTA cluster.
+  cutlass::KernelHardwareInfo hw;
+  hw.device_id = device;
+  hw.sm_count = sms;
+  if (const char* cap = std::getenv("LEANMOE_GEMM_MAX_CTAS")) hw.sm_count = std::clamp(std::atoi(cap), 2, sms);
+  hw.max_active_clusters = std::min(max_active_clusters<G>(device), hw.sm_count / 2);
+
+  const auto args = make_arguments<G>(E, arrays, hw);
+  typename G::Gemm gemm;
+  check_cutlass(gemm.can_implement(args), what, "can_implement");
+  check_cutlass(gemm.initialize(args, cutlass_workspace, stream), what, "initialize");
+  check_cutlass(gemm.run(stream), what, "run");
+  check_cuda(cudaGetLastError(), what);
+}
+
+}  // namespace
+
+size_t expert_gemm_workspace_bytes(int64_t E) {
+  const int sms = sm_count(current_device());
+  const size_t need = std::max({total_bytes<DownPingpong>(E, sms), total_bytes<DownCooperative>(E, sms),
+                                total_bytes<DxPingpong>(E, sms), total_bytes<DxCooperative>(E, sms)});
+  return kAlign + need;  // kAlign: slack to align the base
+}
+
+bool cutlass_gemms_enabled() {
+  const char* env = std::getenv("LEANMOE_GEMM_CUTLASS");
+  return !(env && std::strcmp(env, "0") == 0);
+}
+
+void cutlass_down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
+                       void* workspace, cudaStream_t stream) {
+  if (rows.E <= 0 || rows.rows_capacity <= 0) return;
+  // Per expert: [M_e, K = n] · (W2_e [N = d, K = n])^T.
+  if (pick_config(s.n) == Config::Pingpong)
+    run<DownPingpong>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, stream, "down_proj");
+  else
+    run<DownCooperative>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, stream, "down_proj");
+}
+
+void cutlass_dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
+                       void* workspace, cudaStream_t stream) {
+  if (rows.E <= 0 || rows.rows_capacity <= 0) return;
+  // Per expert: [M_e, K = 2n] · W1_e [K = 2n, N = d].
+  if (pick_config(2 * s.n) == Config::Pingpong)
+    run<DxPingpong>(rows, s.d, 2 * s.n, dh, w1, dx_exp, 2 * s.n * s.d, workspace, stream, "dx_expert");
+  else
+    run<DxCooperative>(rows, s.d, 2 * s.n, dh, w1, dx_exp, 2 * s.n * s.d, workspace, stream, "dx_expert");
+}
+
+}  // namespace leanmoe::cuda

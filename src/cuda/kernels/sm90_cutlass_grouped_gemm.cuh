@@ -1,0 +1,109 @@
+// CUTLASS 3.x grouped GEMMs (sm_90a ptr-array kernels: TMA loads and stores, warp-specialised
+// persistent consumers, device-side group scheduler) for the two expert GEMMs without a gather:
+//   down: Y[r]      = A[r]  · W2_e^T   A [R, n], B = W2_e [N=d, K=n] (K contiguous)
+//   dx:   dX_exp[r] = dH[r] · W1_e     A [R, 2n], B = W1_e [K=2n, N=d] (N contiguous)
+// Expert e is group e with M_e = expert_offsets[e+1] - expert_offsets[e] rows; the problem shapes,
+// pointers and strides are written on the device by fill_group_args (rows per expert never reach
+// the host), and CUTLASS's group scheduler walks the groups from those device arrays
+// (host_problem_shapes = nullptr): it launches one CTA per SM and skips groups with M_e = 0 (they
+// have zero tiles in its prefix sum; their TMA descriptors are never built).
+// Device-only header: included by cutlass_grouped_gemm.cu alone.
+#pragma once
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+
+namespace leanmoe::cuda::kernels::cutlass_sm90 {
+
+using namespace cute;
+
+// Two configurations (x two B layouts = the four instantiations; each costs minutes of nvcc):
+// - Pingpong 128x128x64: two consumer warpgroups on alternate tiles, so one's epilogue (a 32 KB
+//   bf16 store) overlaps the other's MMAs. For short K (down at n = 256: 4 k-blocks per tile) the
+//   epilogue is as long as the mainloop and this overlap is the whole gain.
+// - Cooperative 128x256x64: both warpgroups on one tile, twice the MMA work per byte of A loaded;
+//   for long K, where the mainloop dominates.
+// Both use 2x1 clusters: the two CTAs of a cluster take adjacent m-tiles of the same expert and
+// n-tile, so each weight tile is read from L2 once and multicast to both (halves B's L2 traffic).
+struct PingpongConfig {
+  using Tile = Shape<_128, _128, _64>;
+  using Cluster = Shape<_2, _1, _1>;
+  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+struct CooperativeConfig {
+  using Tile = Shape<_128, _256, _64>;
+  using Cluster = Shape<_2, _1, _1>;
+  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+
+// B layout in CUTLASS terms (B is K x N): ColumnMajor = K contiguous (down: W2_e [d, n]),
+// RowMajor = N contiguous (dx: W1_e [2n, d]). A and D are row-major (K resp. N contiguous).
+template <class LayoutB, class Config>
+struct GroupedGemm {
+  using Element = cutlass::bfloat16_t;
+  static constexpr int kAlignment = 8;  // 16-byte TMA rows: K, N multiples of 8 (ours: of 64)
+  using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M_e, N, K) per group
+
+  // D = acc in bf16, no C operand (ElementC = void: nothing is read).
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::Tile, typename Config::Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor*, kAlignment,
+      Element, cutlass::layout::RowMajor*, kAlignment, typename Config::Epilogue,
+      cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor*, kAlignment, Element,
+      LayoutB*, kAlignment, float, typename Config::Tile, typename Config::Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      typename Config::Mainloop>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using StrideA = typename Kernel::InternalStrideA;
+  using StrideB = typename Kernel::InternalStrideB;
+  using StrideD = typename Kernel::InternalStrideD;
+  using Shape3 = typename ProblemShape::UnderlyingProblemShape;
+
+  // The per-group argument arrays CUTLASS reads, carved from the caller's workspace.
+  struct GroupArrays {
+    Shape3* shapes;
+    const Element** a;
+    const Element** b;
+    Element** d;
+    StrideA* stride_a;
+    StrideB* stride_b;
+    StrideD* stride_d;
+  };
+};
+
+// One thread per expert: group e's shape, operand pointers and (expert-independent) strides.
+// lda, ldd: row strides of A and D; b_expert_stride: elements between two experts' weights.
+template <class G>
+__global__ void fill_group_args(const int32_t* __restrict__ expert_offsets, int E, int N, int K,
+                                const typename G::Element* a, const typename G::Element* b,
+                                typename G::Element* d, int64_t lda, int64_t ldd, int64_t b_expert_stride,
+                                typename G::StrideA stride_a, typename G::StrideB stride_b,
+                                typename G::StrideD stride_d, typename G::GroupArrays out) {
+  const int e = blockIdx.x * blockDim.x + threadIdx.x;
+  if (e >= E) return;
+  const int32_t begin = expert_offsets[e];
+  out.shapes[e] = typename G::Shape3(expert_offsets[e + 1] - begin, N, K);
+  out.a[e] = a + int64_t(begin) * lda;
+  out.b[e] = b + int64_t(e) * b_expert_stride;
+  out.d[e] = d + int64_t(begin) * ldd;
+  out.stride_a[e] = stride_a;
+  out.stride_b[e] = stride_b;
+  out.stride_d[e] = stride_d;
+}
+
+}  // namespace leanmoe::cuda::kernels::cutlass_sm90

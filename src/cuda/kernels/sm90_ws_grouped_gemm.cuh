@@ -1,0 +1,336 @@
+// Warp-specialised persistent grouped GEMM (sm_90a) for the gathered GEMMs: the two varlen-M ones,
+// up-projection (X[tok] · W1_eᵀ, SwiGLU epilogue) and dH (dO[tok] · W2_e, dSwiGLU epilogue), and
+// the two varlen-K ones, dW2_e = dO[tok]ᵀ · A' and dW1_e = dHᵀ · X[tok] (the expert's rows are the
+// reduction). Same tile order, operand layouts and epilogues as the v1 kernel
+// (sm90_grouped_gemm.cuh, shared pieces in sm90_common.cuh); what changes is who does what:
+//   - warpgroup 0, the producer (setmaxnreg down to 40 registers). Varlen-M: thread 0 loads the
+//     weight tile with TMA (one 2D tensor map over all experts' weights, 128B swizzle: the layout
+//     the wgmma descriptors read), and all 128 threads gather the 128 A rows (X or dO through
+//     row_token) with 16-byte cp.async into the same swizzled layout. Varlen-K: a k-tile is 64 of
+//     the expert's rows of both operands (one row-gathered, the other a row range), all 128 threads
+//     copy both with cp.async into MN-major tiles. A stage is full when each producer thread's
+//     copies have completed (cp.async.mbarrier.arrive.noinc) and, varlen-M, the TMA bytes have
+//     landed (expect-tx): 128 (+ 1) arrivals on its "full" mbarrier.
+//   - warpgroups 1 and 2, the consumers (setmaxnreg up to 232): wgmma from the stage, then release
+//     it on its "empty" mbarrier (lane 0 of each warp, after the warp's wgmmas reading it retired).
+// Two schedules (WsConfig::kPingPong):
+//   - cooperative: both consumers share each 128 x kTileN tile (64 rows each); the epilogue is not
+//     overlapped with MMAs, but the producer keeps loading the next tile meanwhile.
+//   - ping-pong: each consumer owns whole 128 x kTileN tiles (alternate tiles of the CTA's stream);
+//     a pair of named barriers hands the tensor cores from one to the other after each mainloop, so
+//     one warpgroup's epilogue (dH: reads H, writes dH, A' and ds) runs under the other's MMAs.
+// Both sides walk one stream of k-tiles per CTA (all k-tiles of its tile t = blockIdx.x, then of
+// t + gridDim.x, ...); item i of the stream uses stage i % kStages. Varlen-K tiles have a varying
+// number of k-tiles (ceil(rows_e / 64), 0 for an empty expert: no item, the epilogue stores zeros),
+// so each consumer counts the items of the tiles it skips too.
+#pragma once
+#include <cuda.h>  // CUtensorMap
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "sm90_common.cuh"
+
+namespace leanmoe::cuda::kernels::sm90 {
+
+template <int kTileN_, int kStages_, bool kPingPong_>
+struct WsConfig {
+  static constexpr int kTileN = kTileN_, kStages = kStages_;
+  static constexpr bool kPingPong = kPingPong_;
+  static constexpr int kTileM = 128, kTileK = 64;
+  static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+  static constexpr int kABytes = kTileM * kTileK * 2, kBBytes = kTileN * kTileK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack to 1024 B
+  // 64-row slices of the tile per consumer warpgroup; each holds kTileN/2 fp32 accumulators per thread.
+  static constexpr int kSlices = kPingPong ? 2 : 1;
+  static_assert(kSlices * kTileN / 2 <= 128, "accumulators must leave room for the epilogue in 232 registers");
+  // + the static tile table (4 KB) and the mbarriers, within the 227 KB an SM gives one CTA.
+  static_assert(kSmemBytes + (kMaxExperts + 1) * 4 + kStages * 16 <= 227 * 1024);
+};
+// 6 x 32 KB stages; 128 x 128 per consumer = 128 accumulators per thread.
+using WsPingPong = WsConfig<128, 6, true>;
+// 4 x 48 KB stages; 128 x 256 shared by both consumers = 128 accumulators per thread.
+using WsCooperative = WsConfig<256, 4, false>;
+
+// TMA 2D tile load global -> shared, completion counted in bytes on `bar`. Coordinates are
+// (column, row) of the tensor map, in elements; boxes partly or wholly out of bounds are zero-filled
+// and still count their full size.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint64_t* bar, int col, int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(col), "r"(row)
+      : "memory");
+}
+
+// Varlen-K producer copy of one operand's k-tile: [64 k-rows][kExtent columns] of a row-major
+// source (row stride ld) into the MN-major layout (sm90_common.cuh). k-row ρ is routed row
+// first_row + ρ; rows >= row_end (past the expert's rows) are zero-filled, never read: the next
+// expert's rows or the padding may hold NaN, and 0 · NaN = NaN. Its source row is the routed row
+// itself, or (kGather) row_token of it, which lane ρ % 32 of the warp holds in gathered[ρ / 32]
+// (-1 past row_end). Columns >= cols are zero-filled. kExtent / 8 consecutive lanes copy one
+// k-row's 16-byte chunks, so a warp instruction covers whole 256-byte (kExtent = 128) or 512-byte
+// (256) row segments; each thread issues 64 · kExtent / 8 / 128 = 8 or 16 copies per k-tile.
+//
+// Lean on purpose: 128 threads issue 32-48 KB per stage within 40 registers. Per copy: a shuffle
+// (gathered only), one 32x32->64-bit multiply-add for the address (an invalid row is clamped to row
+// 0: a valid address, not read) and the cp.async, whose swizzled destination is one of kPeriod
+// bases plus an immediate (row % 8 repeats every kPeriod passes, 1024 B per 8 rows). The shuffles go
+// in batches of 4 so that their latencies overlap instead of adding up copy after copy.
+template <int kExtent, bool kGather>
+__device__ __forceinline__ void copy_k_rows(uint32_t dst, const bf16* src, int64_t ld, int64_t col0, int64_t cols,
+                                            int first_row, int row_end, const int (&gathered)[2]) {
+  constexpr int kChunks = kExtent / 8, kRowsPerPass = 128 / kChunks, kPeriod = 8 / kRowsPerPass;
+  constexpr int kPasses = 64 / kRowsPerPass, kBatch = 4;
+  const int ptid = threadIdx.x & 127, chunk = ptid % kChunks, row0 = ptid / kChunks;
+  const int64_t col = col0 + chunk * 8;
+  const bool col_ok = col < cols;
+  const char* src_col = reinterpret_cast<const char*>(src + (col_ok ? col : 0));
+  const uint32_t row_bytes = uint32_t(ld) * 2;
+  uint32_t dst_base[kPeriod];
+#pragma unroll
+  for (int j = 0; j < kPeriod; ++j) dst_base[j] = dst + mn_major_offset(row0 + kRowsPerPass * j, chunk);
+#pragma unroll
+  for (int i0 = 0; i0 < kPasses; i0 += kBatch) {
+    int src_row[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = i0 + j, row = row0 + kRowsPerPass * i;  // row < 32 exactly when kRowsPerPass * i < 32
+      if constexpr (kGather) {
+        src_row[j] = __shfl_sync(0xffffffffu, gathered[kRowsPerPass * i < 32 ? 0 : 1], row & 31);
+      } else {
+        src_row[j] = first_row + row < row_end ? first_row + row : -1;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = i0 + j;
+      const char* p = src_col + uint64_t(uint32_t(max(src_row[j], 0))) * row_bytes;
+      cp_async_16(dst_base[i % kPeriod] + (i / kPeriod) * 1024, p, col_ok && src_row[j] >= 0);
+    }
+  }
+}
+
+// One output tile: expert, column tile, first row (varlen-M: routed row; varlen-K: row of dW), the
+// expert's routed rows and the number of 64-deep k-tiles.
+struct WsTile {
+  int expert, n_tile, row_begin, row_end, num_k;
+  int64_t m0;
+};
+
+// The weight tensor map (varlen-M only; unused by the varlen-K kinds): up: W1 as [E·2n rows, d
+// cols], box {64, kTileN/2} (the gate half, then the up half of the tile, K-major); dH: W2 as
+// [E·d rows, n cols], box {64, 64} (one 64-wide N block of a 64-deep k-tile, MN-major). Encoded on
+// the host per launch (expert_gemms.cu).
+template <GemmKind kKind, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    ws_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap weights) {
+  static_assert(kKind == GemmKind::UpProjSwiglu || kKind == GemmKind::DhSwigluBwd || is_varlen_k(kKind));
+  constexpr int kTileM = Cfg::kTileM, kTileN = Cfg::kTileN, kTileK = Cfg::kTileK, kStages = Cfg::kStages;
+  constexpr bool kPingPong = Cfg::kPingPong, kVarlenK = is_varlen_k(kKind);
+  constexpr bool kBKMajor = b_is_k_major(kKind);
+  constexpr int kProducerThreads = 128;
+  // Releases per stage: lane 0 of each warp that reads it (one warpgroup in ping-pong, two otherwise).
+  constexpr int kReleases = kPingPong ? 4 : 8;
+  // Named barriers kOrderBarrier + w: "consumer w may issue MMAs" (CUTLASS maps user ids past the 8
+  // it reserves, so these are hardware barriers 9 and 10; 0 is __syncthreads).
+  constexpr int kOrderBarrier = 1;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ int s_tile_prefix[kMaxExperts + 1];  // varlen-M: first m-tile slot of each expert
+  __shared__ uint64_t full_bar[kStages], empty_bar[kStages];
+  const uint32_t smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+
+  const int tid = threadIdx.x, warp = tid >> 5, wg = warp >> 2, lane = tid & 31;
+  const ProblemDims dims = problem_dims<kKind>(args.d, args.n);
+  const int E = args.E;
+  if (!kVarlenK && warp == 0) build_m_tile_prefix(args.expert_offsets, E, kTileM, s_tile_prefix);
+  if (tid == 32) {
+    for (int s = 0; s < kStages; ++s) {
+      Barrier::init(&full_bar[s], kProducerThreads + (kVarlenK ? 0 : 1));
+      Barrier::init(&empty_bar[s], kReleases);
+    }
+    cutlass::arch::fence_barrier_init();
+    if (!kVarlenK) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&weights)) : "memory");
+  }
+  __syncthreads();
+  // Varlen-M tiles: (n-tile, m-tile slot), slots fastest (the CTAs running together share weight
+  // column slices, as in v1); varlen-K tiles: (expert, m-tile, n-tile), n fastest, as in v1.
+  const int total_slots = kVarlenK ? 0 : s_tile_prefix[E];
+  const int total_tiles = kVarlenK ? E * args.m_tiles * args.n_tiles : total_slots * args.n_tiles;
+  // The k-tiles of tile t (consumers need only these before the mainloop and resolve the rest of the
+  // tile after it, keeping their registers for the accumulators).
+  auto num_k_of = [&](int t) {
+    if constexpr (kVarlenK) {
+      const int e = t / (args.m_tiles * args.n_tiles);
+      return (args.expert_offsets[e + 1] - args.expert_offsets[e] + kTileK - 1) / kTileK;
+    } else {
+      return int(dims.K / kTileK);
+    }
+  };
+  auto tile_at = [&](int t) {
+    WsTile c;
+    int m_tile;
+    if constexpr (kVarlenK) {
+      c.expert = t / (args.m_tiles * args.n_tiles);
+      m_tile = (t / args.n_tiles) % args.m_tiles;
+      c.n_tile = t % args.n_tiles;
+    } else {
+      const int slot = t % total_slots;
+      c.n_tile = t / total_slots;
+      c.expert = expert_of_slot(s_tile_prefix, E, slot);
+      m_tile = slot - s_tile_prefix[c.expert];
+    }
+    c.row_begin = args.expert_offsets[c.expert];
+    c.row_end = args.expert_offsets[c.expert + 1];
+    c.m0 = (kVarlenK ? 0 : int64_t(c.row_begin)) + int64_t(m_tile) * kTileM;
+    c.num_k = num_k_of(t);
+    return c;
+  };
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    int item = 0;
+    if constexpr (!kVarlenK) {
+      // Thread tid copies 16-byte chunk tid%8 (8 k-values) of the tile's A rows tid/8 + 16i.
+      constexpr int kARows = kTileM / 16;
+      const int chunk = tid & 7;
+      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+        const WsTile tile = tile_at(t);
+        int token[kARows];  // source row of each of this thread's A rows, -1 past the expert's rows
+#pragma unroll
+        for (int i = 0; i < kARows; ++i) {
+          const int64_t r = tile.m0 + tid / 8 + 16 * i;
+          token[i] = r < tile.row_end ? args.row_token[r] : -1;
+        }
+        for (int kt = 0; kt < tile.num_k; ++kt, ++item) {
+          const int stage = item % kStages;
+          Barrier::wait(&empty_bar[stage], ((item / kStages) & 1) ^ 1);  // first pass: free at once
+          const uint32_t a_smem = smem_base + stage * Cfg::kStageBytes;
+          const uint32_t b_smem = a_smem + Cfg::kABytes;
+          const int k0 = kt * kTileK;
+          if (tid == 0) {
+            TxBarrier::arrive_and_expect_tx(&full_bar[stage], Cfg::kBBytes);
+            if constexpr (kKind == GemmKind::UpProjSwiglu) {  // rows e·2n + j0.. (gate), e·2n + n + j0.. (up)
+              const int row0 = tile.expert * int(2 * args.n) + tile.n_tile * (kTileN / 2);
+              tma_load_2d(b_smem, &weights, &full_bar[stage], k0, row0);
+              tma_load_2d(b_smem + (kTileN / 2) * 128, &weights, &full_bar[stage], k0, row0 + int(args.n));
+            } else {  // k-rows e·d + k0.., one 64-column block at a time
+#pragma unroll
+              for (int blk = 0; blk < kTileN / 64; ++blk)
+                tma_load_2d(b_smem + blk * kMNBlockBytes, &weights, &full_bar[stage], tile.n_tile * kTileN + 64 * blk,
+                            tile.expert * int(args.d) + k0);
+            }
+          }
+#pragma unroll
+          for (int i = 0; i < kARows; ++i) {
+            const bf16* src = token[i] >= 0 ? args.a + int64_t(token[i]) * dims.lda + k0 + chunk * 8 : args.a;
+            cp_async_16(a_smem + k_major_offset(tid / 8 + 16 * i, chunk), src, token[i] >= 0);
+          }
+          cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
+        }
+      }
+    } else {
+      // Each warp resolves the 64 gathered source rows of a k-tile once (lane l: rows l and 32 + l)
+      // and shuffles them to the copying lanes, one k-tile ahead, so that the row_token load's
+      // latency hides behind the empty-stage wait and the copies.
+      auto gathered_rows = [&](const WsTile& tile, int kt, int (&rows)[2]) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = tile.row_begin + kt * kTileK + 32 * h + lane;
+          rows[h] = r < tile.row_end ? args.row_token[r] : -1;
+        }
+      };
+      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+        const WsTile tile = tile_at(t);
+        const int64_t n0 = int64_t(tile.n_tile) * kTileN;
+        int next[2];
+        gathered_rows(tile, 0, next);
+        for (int kt = 0; kt < tile.num_k; ++kt, ++item) {
+          const int gathered[2] = {next[0], next[1]};
+          if (kt + 1 < tile.num_k) gathered_rows(tile, kt + 1, next);
+          const int first_row = tile.row_begin + kt * kTileK;
+          const int stage = item % kStages;
+          Barrier::wait(&empty_bar[stage], ((item / kStages) & 1) ^ 1);
+          const uint32_t a_smem = smem_base + stage * Cfg::kStageBytes;
+          copy_k_rows<kTileM, gathers_a(kKind)>(a_smem, args.a, dims.lda, tile.m0, dims.M, first_row, tile.row_end,
+                                                gathered);
+          copy_k_rows<kTileN, gathers_b(kKind)>(a_smem + Cfg::kABytes, args.b, dims.ldb, n0, dims.N, first_row,
+                                                tile.row_end, gathered);
+          cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
+        }
+      }
+    }
+    cp_async_wait<0>();
+  } else {
+    // ---------------- consumers ----------------
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    const int cwg = wg - 1;
+    float acc[Cfg::kSlices][kTileN / 2];
+    int item = 0;  // stream position of tile i's first k-tile
+    for (int i = 0; blockIdx.x + i * gridDim.x < total_tiles; ++i) {
+      const int t = blockIdx.x + i * gridDim.x;
+      const int num_k = num_k_of(t);
+      if (kPingPong && (i & 1) != cwg) {  // the other consumer's tile
+        item += num_k;
+        continue;
+      }
+      if constexpr (!kVarlenK) item = i * num_k;  // the same; keeps `item` dead across the epilogue
+      const bool has_next = t + gridDim.x < total_tiles;  // the CTA's tile i+1 (the other warpgroup's)
+      if (kPingPong && i > 0) cutlass::arch::NamedBarrier::sync(256, kOrderBarrier + cwg);
+#pragma unroll
+      for (int s = 0; s < Cfg::kSlices; ++s)
+#pragma unroll
+        for (int j = 0; j < kTileN / 2; ++j) acc[s][j] = 0.f;
+      for (int kt = 0; kt < num_k; ++kt, ++item) {
+        const int stage = item % kStages;
+        Barrier::wait(&full_bar[stage], (item / kStages) & 1);
+        // The cp.async rows arrived through the generic proxy; wgmma reads through the async proxy.
+        fence_proxy_async_smem();
+        const uint32_t a_smem = smem_base + stage * Cfg::kStageBytes;
+        const uint32_t b_smem = a_smem + Cfg::kABytes;
+#pragma unroll
+        for (int s = 0; s < Cfg::kSlices; ++s) fence_registers(acc[s]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kTileK / 16; ++kk) {
+          // A k16 step is 32 B along a K-major row or 16 k-rows (2048 B) of an MN-major tile.
+          const uint64_t desc_b = kBKMajor ? smem_desc(b_smem + kk * 32, 16, 1024)
+                                           : smem_desc(b_smem + kk * 2048, kMNBlockBytes, 1024);
+#pragma unroll
+          for (int s = 0; s < Cfg::kSlices; ++s) {
+            // 64-row slice of the A tile: 64 K-major rows or one 64-wide MN block, 8 KB either way.
+            const uint32_t a_slice = a_smem + (kPingPong ? s : cwg) * kMNBlockBytes;
+            const uint64_t desc_a = kVarlenK ? smem_desc(a_slice + kk * 2048, kMNBlockBytes, 1024)
+                                             : smem_desc(a_slice + kk * 32, 16, 1024);
+            wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(acc[s], desc_a, desc_b);
+          }
+        }
+        wgmma_commit();
+        // Keep one k-tile of wgmmas in flight; the one before it has retired: release its stage.
+        wgmma_wait<1>();
+#pragma unroll
+        for (int s = 0; s < Cfg::kSlices; ++s) fence_registers(acc[s]);
+        if (kt > 0 && lane == 0) Barrier::arrive(&empty_bar[(item - 1) % kStages]);
+      }
+      // Hand the tensor cores to the other warpgroup, which then overlaps our epilogue.
+      if (kPingPong && has_next) cutlass::arch::NamedBarrier::arrive(256, kOrderBarrier + (1 - cwg));
+      wgmma_wait<0>();
+#pragma unroll
+      for (int s = 0; s < Cfg::kSlices; ++s) fence_registers(acc[s]);
+      if (num_k > 0 && lane == 0) Barrier::arrive(&empty_bar[(item - 1) % kStages]);
+
+      // Varlen-K: an empty expert's tile had no k-tile and stores its zero accumulators.
+      const WsTile tile = tile_at(t);
+#pragma unroll
+      for (int s = 0; s < Cfg::kSlices; ++s)
+        store_rows64<kKind, kTileN>(args, dims, acc[s], tile.m0 + (kPingPong ? s : cwg) * 64, tile.row_end,
+                                    tile.n_tile, tile.expert);
+    }
+  }
+}
+
+}  // namespace leanmoe::cuda::kernels::sm90
