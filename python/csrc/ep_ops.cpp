@@ -37,7 +37,7 @@ class ProcessGroupCommunicator final : public leanmoe::ep::Communicator {
   void synchronize() override {}
 
   // Elements travel as rows of elem_bytes bytes ([count, elem_bytes] uint8 tensors), so the split
-  // sizes are the element counts. all_to_all_single packs each peer's part contiguously in rank
+  // sizes are the element counts. alltoall_base packs each peer's part contiguously in rank
   // order; the layer's offsets are such prefix sums (checked, as the interface allows others).
   void all_to_all_v(const void* send, const int64_t* send_counts, const int64_t* send_offsets, void* recv,
                     const int64_t* recv_counts, const int64_t* recv_offsets, size_t elem_bytes) override {
@@ -50,7 +50,12 @@ class ProcessGroupCommunicator final : public leanmoe::ep::Communicator {
     // from_blob never writes `send`; the const_cast only satisfies its signature.
     at::Tensor in = at::from_blob(const_cast<void*>(send), {send_total, width}, bytes);
     at::Tensor out = at::from_blob(recv, {recv_total, width}, bytes);
-    group_->all_to_all_single(out, in, out_splits, in_splits)->wait();
+    // alltoall_base: the name every torch 2.x has (2.11 lacks all_to_all_single; newer releases
+    // keep alltoall_base as a deprecated alias of it).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    group_->alltoall_base(out, in, out_splits, in_splits)->wait();
+#pragma GCC diagnostic pop
   }
 
   void all_reduce_sum(float* data, int64_t count) override {

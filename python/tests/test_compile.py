@@ -58,7 +58,11 @@ def test_torch_compile_matches_eager(backend, device):
     compiled = torch.compile(step, backend=backend, fullgraph=True)
     loss_c = compiled(m, x)
     loss_c.backward()
-    assert torch.equal(loss, loss_c) or torch.allclose(loss, loss_c, rtol=1e-6, atol=0)
+    # fp32: the same arithmetic. bf16 (CUDA): inductor fuses square().mean() into one kernel that
+    # accumulates in fp32 and rounds once, where eager rounds the squares to bf16 first; the loss
+    # then differs by up to a bf16 ulp (2^-8 relative), seen on the H200 with torch 2.11.
+    rtol = 1e-6 if dtype == torch.float32 else 1e-2
+    assert torch.equal(loss, loss_c) or torch.allclose(loss.float(), loss_c.float(), rtol=rtol, atol=0)
     for a, b in zip(eager, (p.grad for p in m.parameters())):
         # The same kernels run eagerly and compiled; only the glue around them may be fused differently.
         torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7) if dtype == torch.float32 else \

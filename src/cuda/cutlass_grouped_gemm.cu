@@ -156,17 +156,20 @@ void* fallback_workspace(size_t bytes) {
 
 enum class Config { Pingpong, Cooperative };
 
-// LEANMOE_GEMM_CUTLASS=pingpong|cooperative forces a config; otherwise by K (the reduction length:
-// n for down, 2n for dx). Short K has few k-blocks per 128-row tile (down at n = 256: 4), so the
-// epilogue is as long as the mainloop and ping-pong's overlap of the two matters most; long K is
-// mainloop-bound and the 128x256 cooperative tile halves A's loads per FLOP.
-// TODO(measure): the 512 threshold is a first guess, to be set from tools/bench_gemms.
-Config pick_config(int64_t K) {
+// LEANMOE_GEMM_CUTLASS=pingpong|cooperative forces a config; otherwise by GEMM and K. Measured on
+// the H200 (leanmoe_bench_gemms, TFLOP/s pingpong / cooperative, bench/results/2026-12-02-h200-s2/):
+//   down (K = n):  n=256 371 / 392, n=1024 601 / 560, n=2048 604 / 594
+//   dx   (K = 2n): 2n=512 531 / 528, 2n=2048 685 / 699, 2n=4096 568 / 634
+// down with n = 256 has 4 k-blocks per tile; there the 128x256 cooperative tile's halved A reads
+// win, while longer K favours ping-pong's overlap of one tile's epilogue with the next's MMAs. dx
+// writes d-wide rows and reads 2n-deep: the cooperative tile is never worse.
+Config pick_config(bool is_dx, int64_t K) {
   if (const char* env = std::getenv("LEANMOE_GEMM_CUTLASS")) {
     if (std::strcmp(env, "pingpong") == 0) return Config::Pingpong;
     if (std::strcmp(env, "cooperative") == 0) return Config::Cooperative;
   }
-  return K <= 512 ? Config::Pingpong : Config::Cooperative;
+  if (is_dx) return Config::Cooperative;
+  return K <= 256 ? Config::Cooperative : Config::Pingpong;
 }
 
 // One grouped GEMM: D_e[M_e, N] = A_e[M_e, K] · B_e with A, D row-major, expert-sorted rows.
@@ -225,7 +228,7 @@ void cutlass_down_proj(const RoutedRows& rows, const ExpertShape& s, const void*
                        void* workspace, cudaStream_t stream) {
   if (rows.E <= 0 || rows.rows_capacity <= 0) return;
   // Per expert: [M_e, K = n] · (W2_e [N = d, K = n])^T.
-  if (pick_config(s.n) == Config::Pingpong)
+  if (pick_config(false, s.n) == Config::Pingpong)
     run<DownPingpong>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, stream, "down_proj");
   else
     run<DownCooperative>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, stream, "down_proj");
@@ -235,7 +238,7 @@ void cutlass_dx_expert(const RoutedRows& rows, const ExpertShape& s, const void*
                        void* workspace, cudaStream_t stream) {
   if (rows.E <= 0 || rows.rows_capacity <= 0) return;
   // Per expert: [M_e, K = 2n] · W1_e [K = 2n, N = d].
-  if (pick_config(2 * s.n) == Config::Pingpong)
+  if (pick_config(true, 2 * s.n) == Config::Pingpong)
     run<DxPingpong>(rows, s.d, 2 * s.n, dh, w1, dx_exp, 2 * s.n * s.d, workspace, stream, "dx_expert");
   else
     run<DxCooperative>(rows, s.d, 2 * s.n, dh, w1, dx_exp, 2 * s.n * s.d, workspace, stream, "dx_expert");

@@ -90,9 +90,16 @@ constexpr bool has_ws_kernel(GemmKind k) {
 // Ping-pong (one consumer's epilogue under the other's MMAs) for dH, whose epilogue is heavy (reads
 // H, writes dH, A' and ds), and dW2, whose [d, n] outputs are small (7B-n256: 12 x 2 tiles of 128x128
 // per expert, each 24 k-tiles deep); cooperative 128x256 for up and dW1 ([2n, d] per expert), whose
-// tiles take 2/3 of the L2 traffic per FLOP of 128x128 ones. Not yet measured for dW1/dW2:
+// tiles take 3/4 of the L2 traffic per FLOP of 128x128 ones. Not yet measured for dW1/dW2:
 // LEANMOE_GEMM_WS=2 runs the other choice.
-constexpr bool ws_ping_pong_by_default(GemmKind k) { return k == GemmKind::DhSwigluBwd || k == GemmKind::Dw2; }
+// Ping-pong (two 128x128 tiles in flight, one's epilogue under the other's MMAs) or cooperative
+// (one 128x256 tile) by default; LEANMOE_GEMM_WS=2 swaps. Measured on the H200 (leanmoe_bench_gemms,
+// TFLOP/s ping-pong / cooperative at 7B-n256, olmoe-1b-7b, 120B-n2048;
+// bench/results/2026-12-02-h200-s2/gemms.md): up 359/446, 344/457, 332/458; dh 196/172, 214/188,
+// 294/313; dW2 405/446, 444/528, 407/472; dW1 423/460, 365/373, 418/464. Only dh with its heavy
+// epilogue (reads H, writes dH, A' and dS partials) gains from the overlap, and only while n is
+// short enough that the epilogue is a large share of a tile (n = 2048 loses it).
+bool ws_ping_pong_by_default(GemmKind k, int64_t n) { return k == GemmKind::DhSwigluBwd && n < 2048; }
 int ws_mode() {
   const char* env = std::getenv("LEANMOE_GEMM_WS");
   return env && env[0] == '0' ? 0 : env && env[0] == '2' ? 2 : 1;
@@ -167,7 +174,7 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStr
     v0::grouped_gemm_kernel<kKind><<<grid, v0::kThreads, v0::kSmemBytes, stream>>>(args);
   } else if (has_ws_kernel(kKind) && ws_mode() != 0) {
     if constexpr (has_ws_kernel(kKind)) {
-      if ((ws_mode() == 1) == ws_ping_pong_by_default(kKind))
+      if ((ws_mode() == 1) == ws_ping_pong_by_default(kKind, s.n))
         launch_ws<kKind, v1::WsPingPong>(rows, s, args, stream, raise_smem_limit, what);
       else
         launch_ws<kKind, v1::WsCooperative>(rows, s, args, stream, raise_smem_limit, what);
