@@ -9,7 +9,8 @@
 # HF=1 also builds the PyTorch front there (against its torch, linking .carry/bin/libleanmoe.a) and
 # runs bench/hf_step_bench.py (issue #5's step benchmark, ~150 s). GRID=0 skips the layer
 # benchmarks (grid, anchor, token rounding, in-backward stack: ~4 min). PYTEST=1 also runs pytest there
-# (~2 min); MEMCHECK=0 skips compute-sanitizer; HF_ARGS passes flags to hf_step_bench.py.
+# (~2 min); MEMCHECK=0 skips compute-sanitizer; HF_ARGS passes flags to hf_step_bench.py;
+# HF_SEQS lists its sequence lengths (default 2048).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"
@@ -17,6 +18,8 @@ OUT="$(mktemp -d)"
 trap 'for f in results.md leanmoe.json baseline.json inbackward.md inbackward.json hf_step.md hf_step.json; do
         [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"; done; tar czf "$FINAL/logs.tar.gz" -C "$OUT" .' EXIT
 mkdir -p /tmp/blas && tar xJf .carry/blaslibs.tar.xz -C /tmp/blas && export LD_LIBRARY_PATH=/tmp/blas:${LD_LIBRARY_PATH:-}
+# The tests link NCCL (EP): the toolkit's copy where the image has one, else the nvidia-nccl wheel's.
+[ -e /usr/local/cuda/lib/libnccl.so.2 ] || export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])")/lib
 B=.carry/bin
 commit="$(cat $B/commit 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
@@ -62,7 +65,14 @@ if [ "${HF:-0}" = 1 ]; then
     (cd /tmp && PYTHONPATH=/tmp/site timeout 150 python3 -m pytest -q -x "$R/python/tests") >"$OUT/pytest.log" 2>&1
     echo "pytest rc=$?"; tail -3 "$OUT/pytest.log"
   fi
-  (cd /tmp && PYTHONPATH=/tmp/site timeout 240 python3 "$R/bench/hf_step_bench.py" --out "$OUT" --commit "$commit" ${HF_ARGS:-}) \
-    >"$OUT/hf_step.log" 2>&1
-  echo "hf step rc=$?"; tail -25 "$OUT/hf_step.log"
+  # One run per sequence length in HF_SEQS; the first one's hf_step.md/json come back as files,
+  # every run's files are in logs.tar.gz under hf_seq<S>/.
+  first=1
+  for seq in ${HF_SEQS:-2048}; do
+    mkdir -p "$OUT/hf_seq$seq"
+    (cd /tmp && PYTHONPATH=/tmp/site timeout 240 python3 "$R/bench/hf_step_bench.py" --out "$OUT/hf_seq$seq" \
+      --commit "$commit" --seq "$seq" ${HF_ARGS:-}) >"$OUT/hf_seq$seq/hf_step.log" 2>&1
+    echo "hf step seq $seq rc=$?"; tail -12 "$OUT/hf_seq$seq/hf_step.log"
+    [ "$first" = 1 ] && cp "$OUT/hf_seq$seq"/hf_step.{md,json} "$OUT/" 2>/dev/null; first=0
+  done
 fi
