@@ -89,6 +89,8 @@ def build(model_key, mode, args, dtype):
     if mode in ("b", "c"):
         blocks = leanmoe.hf.apply(model)
         impl = f"leanmoe ({blocks} blocks)"
+    if args.grad_ckpt:  # same for every mode: the dense blocks recompute their activations in backward
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     return model, impl
 
@@ -208,7 +210,8 @@ def markdown(meta, results, args):
              f"- date: {meta['date']}",
              f"- torch {meta['torch']}, transformers {meta['transformers']}, leanmoe {meta['leanmoe']}",
              f"- batch {args.batch} x {args.seq}, {meta['dtype']} parameters, random init and tokens, "
-             f"{args.warmup} warm-up + {args.steps} timed steps (median), aux-loss coef {args.aux_coef}",
+             f"{args.warmup} warm-up + {args.steps} timed steps (median), aux-loss coef {args.aux_coef}"
+             f"{', gradient checkpointing (non-reentrant) in every mode' if args.grad_ckpt else ''}",
              "- step = forward + loss + backward + clip_grad_norm_(1.0) + optimizer step(s) + zero_grad; "
              "peak = torch.cuda.max_memory_allocated over the timed steps; resident = allocated after warm-up "
              "(weights + optimizer state)",
@@ -256,6 +259,8 @@ def main():
     # "grouped_mm" records no router logits, so mode (a)'s forward adds the int 0 as aux loss and
     # crashes (AttributeError: 'int' object has no attribute 'to'); LM loss only keeps a, b, c equal.
     p.add_argument("--aux-coef", type=float, default=0.0)
+    p.add_argument("--grad-ckpt", action="store_true",
+                   help="HF gradient checkpointing (non-reentrant) in every mode: activations recomputed per block")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--out", default=None, help="directory for hf_step.md and hf_step.json")
     p.add_argument("--commit", default=None)
@@ -270,7 +275,7 @@ def main():
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 torch=torch.__version__, transformers=transformers.__version__, leanmoe=leanmoe.__version__,
                 dtype=args.dtype, batch=args.batch, seq=args.seq, steps=args.steps, warmup=args.warmup,
-                tiny=args.tiny, aux_coef=args.aux_coef)
+                tiny=args.tiny, aux_coef=args.aux_coef, grad_ckpt=args.grad_ckpt)
     print(f"{meta['gpu']}; torch {meta['torch']}, transformers {meta['transformers']}, leanmoe {meta['leanmoe']}; "
           f"batch {args.batch} x {args.seq}, {args.dtype}{', tiny shapes' if args.tiny else ''}", flush=True)
     results = {}
