@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "backend.h"
+#include "carver.h"
 #include "cpu/experts.h"
 #include "cpu/router.h"
 
@@ -18,34 +19,7 @@ namespace {
 
 using namespace leanmoe::cpu;
 
-constexpr size_t kAlign = 256;
-size_t align_up(size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
-// Hands out aligned slices of a workspace in order. Without memory behind it, it only measures,
-// so the sizes and the carving come from the same code.
-class Carver {
- public:
-  Carver() = default;
-  Carver(Workspace ws, const char* fn) : base_(static_cast<char*>(ws.data)), capacity_(ws.bytes), fn_(fn) {}
-
-  template <class V>
-  V* take(int64_t count) {
-    const size_t at = used_;
-    used_ = align_up(used_ + size_t(count) * sizeof(V));
-    if (!base_) return nullptr;
-    if (used_ > capacity_)
-      throw Error(std::string(fn_) + ": argument 'ws': needs at least " + std::to_string(used_) +
-                  " bytes (plan_layer), got " + std::to_string(capacity_));
-    return reinterpret_cast<V*>(base_ + at);
-  }
-  size_t used() const { return used_; }
-
- private:
-  char* base_ = nullptr;
-  size_t capacity_ = 0;
-  const char* fn_ = "";
-  size_t used_ = 0;
-};
 
 // fp32 copies of an expert's weights are needed only when storage is bf16.
 int64_t weight_copy(DType dtype, int64_t size) { return dtype == DType::bf16 ? size : 0; }
@@ -148,7 +122,7 @@ class CpuBackend final : public Backend {
   }
 
   void* allocate(size_t bytes) override {
-    void* p = std::aligned_alloc(kAlign, align_up(bytes));
+    void* p = std::aligned_alloc(kCarveAlign, (bytes + kCarveAlign - 1) / kCarveAlign * kCarveAlign);
     if (!p) throw Error("cpu allocate: argument 'bytes': could not allocate " + std::to_string(bytes) + " bytes");
     return p;
   }

@@ -21,6 +21,7 @@
 #include <string>
 
 #include "backend.h"
+#include "carver.h"
 #include "cuda/check.h"
 #include "cuda/expert_gemms.h"
 #include "cuda/launchers.h"
@@ -30,26 +31,6 @@ namespace {
 
 using cuda::kMaxExperts;
 
-constexpr size_t kAlign = 256;
-// cuBLAS workspace for the router GEMMs (E <= 1024 columns: small GEMMs; 4 MiB covers split-K).
-constexpr size_t kCublasWorkspace = size_t(4) << 20;
-
-// Carves aligned pieces out of one workspace; with base == nullptr it only measures.
-class Carver {
- public:
-  explicit Carver(void* base) : base_(static_cast<char*>(base)) {}
-  template <class V>
-  V* take(int64_t count) {
-    const size_t at = used_;
-    used_ = (used_ + size_t(count) * sizeof(V) + kAlign - 1) / kAlign * kAlign;
-    return base_ ? reinterpret_cast<V*>(base_ + at) : nullptr;
-  }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
 
 struct bf16_storage {
   uint16_t bits;
@@ -74,7 +55,7 @@ struct ForwardWorkspace {
 
   ForwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) {
     const int64_t R = max_routed_rows(cfg, T), E = cfg.E;
-    cublas = c.take<char>(int64_t(kCublasWorkspace));
+    cublas = c.take<char>(int64_t(cuda::kRouterCublasWorkspace));
     zp = c.take<float>(T * E);
     lse = c.take<float>(T);
     sum_chosen = c.take<float>(T);
@@ -109,7 +90,7 @@ struct BackwardWorkspace {
   BackwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) {
     const int64_t R = max_routed_rows(cfg, T), E = cfg.E;
     ds_parts = cuda::ds_partials(expert_shape(cfg, T));
-    cublas = c.take<char>(int64_t(kCublasWorkspace));
+    cublas = c.take<char>(int64_t(cuda::kRouterCublasWorkspace));
     zdz = c.take<float>(T * E);
     dz_split = c.take<bf16_storage>(T * 2 * E);
     router_twice = c.take<bf16_storage>(2 * E * cfg.d);
@@ -333,7 +314,7 @@ class CudaBackend final : public Backend {
 
   void bind_cublas(void* workspace, cudaStream_t stream) {
     LEANMOE_CUBLAS_CHECK(cublasSetStream(cublas_, stream));  // resets the workspace: set it after
-    LEANMOE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace, kCublasWorkspace));
+    LEANMOE_CUBLAS_CHECK(cublasSetWorkspace(cublas_, workspace, cuda::kRouterCublasWorkspace));
   }
 
   // z [T, E] fp32 = X [T, d] · Wr [E, d]^T. Column-major view: z (E x T) = Wr^T (E x d) · X (d x T).

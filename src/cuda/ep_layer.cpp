@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "carver.h"
 #include "cuda/check.h"
 #include "cuda/ep_launchers.h"
 #include "cuda/expert_gemms.h"
@@ -43,26 +44,9 @@ using ep::PeerCounts;
 
 namespace {
 
-constexpr size_t kAlign = 256;
-constexpr size_t kCublasWorkspace = size_t(4) << 20;  // as cuda_backend.cpp: router GEMMs incl. split-K
+using detail::Carver;
 using bf16_bits = uint16_t;
 
-// Carves aligned pieces out of one block; with base == nullptr it only measures.
-class Carver {
- public:
-  explicit Carver(char* base) : base_(base) {}
-  template <class V>
-  V* take(int64_t count) {
-    const size_t at = used_;
-    used_ = (used_ + size_t(std::max<int64_t>(count, 0)) * sizeof(V) + kAlign - 1) / kAlign * kAlign;
-    return base_ ? reinterpret_cast<V*>(base_ + at) : nullptr;
-  }
-  size_t used() const { return used_; }
-
- private:
-  char* base_;
-  size_t used_ = 0;
-};
 
 // Grow-only device block in stream order. A peer's reads of the old block (all_to_all_v) are
 // ordered before the free by the collectives themselves (every rank has passed them).
@@ -270,7 +254,7 @@ struct EpLayer::Impl {
   Impl(const MoEConfig& c, ::leanmoe::ep::Communicator& cm)
       : cfg(c), comm(cm), P(cm.size()), El(c.E / cm.size()), stream(static_cast<cudaStream_t>(cm.stream())) {
     LEANMOE_CUBLAS_CHECK(cublasCreate(&cublas));
-    LEANMOE_CUDA_CHECK(cudaMalloc(&cublas_ws, kCublasWorkspace));
+    LEANMOE_CUDA_CHECK(cudaMalloc(&cublas_ws, kRouterCublasWorkspace));
     LEANMOE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_counts), 2 * P * sizeof(PeerCounts)));
   }
   ~Impl() {
@@ -291,7 +275,7 @@ struct EpLayer::Impl {
   void gemm_bf16(cublasOperation_t op_a, cublasOperation_t op_b, int m, int n, int k, const void* a, int lda,
                  const void* b, int ldb, float* c) {
     LEANMOE_CUBLAS_CHECK(cublasSetStream(cublas, stream));  // resets the workspace: set it after
-    LEANMOE_CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_ws, kCublasWorkspace));
+    LEANMOE_CUBLAS_CHECK(cublasSetWorkspace(cublas, cublas_ws, kRouterCublasWorkspace));
     const float one = 1.f, zero = 0.f;
     LEANMOE_CUBLAS_CHECK(cublasGemmEx(cublas, op_a, op_b, m, n, k, &one, a, CUDA_R_16BF, lda, b, CUDA_R_16BF, ldb,
                                       &zero, c, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

@@ -15,6 +15,8 @@ enum PairCode : uint8_t { kNotRouted = 0, kChosen = 1, kAdded = 2 };
 
 // Largest E the router kernels take (each warp keeps two rows of E floats in shared memory).
 constexpr int64_t kMaxExperts = 1024;
+// cuBLAS workspace for the router GEMMs (E <= 1024 columns: small GEMMs; 4 MiB covers split-K).
+constexpr size_t kRouterCublasWorkspace = size_t(4) << 20;
 
 // ---- routing.cu ----------------------------------------------------------------------------
 // In: zp = logits z [T, E]. Out: zp = p = softmax(z), lse [T], sum_chosen [T] (sum of p over the
