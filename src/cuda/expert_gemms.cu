@@ -131,6 +131,55 @@ CUtensorMap weight_tensor_map(const void* w, int64_t rows, int64_t cols, int box
   return map;
 }
 
+// LEANMOE_GEMM_WS_CLUSTER=1 (read per launch; default off until measured): the warp-specialised
+// up-projection and dH run in 2x1 clusters that multicast the weight tile (sm90_ws_grouped_gemm.cuh),
+// with either schedule. The varlen-K dW kernels are unaffected.
+bool ws_cluster() {
+  const char* env = std::getenv("LEANMOE_GEMM_WS_CLUSTER");
+  return env && env[0] == '1';
+}
+
+// Cluster launch of the varlen-M warp-specialised kernel: a cluster per pair of SMs that can hold
+// one (cudaOccupancyMaxActiveClusters: GPCs with an odd number of free SMs leave one idle), never
+// more clusters than 256-row cluster tiles; LEANMOE_GEMM_MAX_CTAS caps the CTAs (rounded down to
+// whole clusters, at least one).
+template <GemmKind kKind, class Cfg>
+void launch_ws_cluster(const RoutedRows& rows, const ExpertShape& s, const GemmArgs& args, const CUtensorMap& map,
+                       cudaStream_t stream, const char* what) {
+  const auto kernel = v1::ws_grouped_gemm_kernel<kKind, Cfg, true>;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(2);
+  config.blockDim = dim3(Cfg::kThreads);
+  config.dynamicSmemBytes = Cfg::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  static const int max_clusters = [&] {
+    int count = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&count, kernel, &config);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw leanmoe::Error(std::string(what) + ": cluster occupancy: " + cudaGetErrorString(err));
+    }
+    if (count <= 0) throw leanmoe::Error(std::string(what) + ": no 2-CTA cluster of this kernel fits on the device");
+    return count;
+  }();
+  const dim3 pairs = grid_for<kKind>(rows, s, 2 * Cfg::kTileM, Cfg::kTileN);  // (256-row pair slots, n-tiles)
+  int64_t clusters = std::min<int64_t>(int64_t(pairs.x) * pairs.y, max_clusters);
+  if (const char* cap = std::getenv("LEANMOE_GEMM_MAX_CTAS"))
+    clusters = std::clamp<int64_t>(std::atoll(cap) / 2, 1, clusters);
+  config.gridDim = dim3(static_cast<unsigned>(2 * clusters));
+  if (const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args, map); err != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it so that it is not reported by a later launch
+    throw leanmoe::Error(std::string(what) + ": 2x1 cluster launch: " + cudaGetErrorString(err));
+  }
+}
+
 // Warp-specialised kernel: one CTA per SM (capped as for v1); varlen-M weights through one TMA map.
 template <GemmKind kKind, class Cfg, class RaiseSmemLimit>
 void launch_ws(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStream_t stream,
@@ -147,6 +196,14 @@ void launch_ws(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cuda
     map = weight_tensor_map(args.b, rows.E * 2 * s.n, s.d, 64, Cfg::kTileN / 2, what);
   else if constexpr (kKind == GemmKind::DhSwigluBwd)
     map = weight_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, what);
+  if constexpr (!kernels::is_varlen_k(kKind)) {
+    if (ws_cluster()) {
+      static const bool cluster_ready =
+          raise_smem_limit(v1::ws_grouped_gemm_kernel<kKind, Cfg, true>, Cfg::kSmemBytes);
+      (void)cluster_ready;
+      return launch_ws_cluster<kKind, Cfg>(rows, s, args, map, stream, what);
+    }
+  }
   v1::ws_grouped_gemm_kernel<kKind, Cfg>
       <<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args, map);
 }

@@ -358,6 +358,33 @@ TEST(ExpertGemms, OtherWsSchedulesAndV1) {
   }
 }
 
+// LEANMOE_GEMM_WS_CLUSTER=1: the up-projection and dH run in 2x1 clusters multicasting the weight
+// tile, the CTA pair taking m-tiles 2p and 2p + 1 of an expert's 256-row pair p; with either
+// schedule (LEANMOE_GEMM_WS=1: up cooperative, dH ping-pong; 2: the reverse). The dangerous cases are
+// an odd m-tile count, where rank 1's m-tile lies wholly past the expert's rows yet must take part in
+// every multicast and barrier: one m-tile per expert (RaggedWithEmptyExpert: ~25 rows each; T = 1:
+// 1-row experts and empty ones), three m-tiles of one hot expert (R = 300), a mix of 1 and 2 m-tiles
+// (ManyExperts, n = 320: partial n-tiles), WideExperts (n = 576, d = 320: partial 256-wide tiles),
+// and 5 resp. 2 CTAs (2 clusters resp. 1) walking every tile with many passes over the stages.
+TEST(ExpertGemms, WsClusterMulticast) {
+  ScopedEnv cluster("LEANMOE_GEMM_WS_CLUSTER", "1");
+  for (const char* mode : {"1", "2"}) {
+    SCOPED_TRACE(std::string("LEANMOE_GEMM_WS=") + mode);
+    ScopedEnv ws("LEANMOE_GEMM_WS", mode);
+    run_case({100, 8, 2, 192, 192, 3, false});
+    run_case({1, 4, 2, 128, 64, -1, false});
+    run_case({300, 4, 1, 64, 128, -1, true});
+    run_case({512, 16, 4, 256, 320, -1, false});
+    run_case({64, 4, 2, 320, 576, -1, false});
+    for (const char* ctas : {"5", "2"}) {
+      SCOPED_TRACE(std::string("LEANMOE_GEMM_MAX_CTAS=") + ctas);
+      ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", ctas);
+      run_case({512, 16, 4, 256, 320, 5, false});
+      run_case({300, 4, 1, 64, 128, -1, true});
+    }
+  }
+}
+
 // down_proj and dx_expert run CUTLASS's grouped GEMM by default, config by K (n resp. 2n):
 // ping-pong 128x128 for K <= 512, cooperative 128x256 above; the cases above cover all four
 // (RaggedWithEmptyExpert: both ping-pong; ManyExperts: down ping-pong, dx cooperative;

@@ -23,6 +23,26 @@
 // t + gridDim.x, ...); item i of the stream uses stage i % kStages. Varlen-K tiles have a varying
 // number of k-tiles (ceil(rows_e / 64), 0 for an empty expert: no item, the epilogue stores zeros),
 // so each consumer counts the items of the tiles it skips too.
+//
+// Cluster mode (kCluster, varlen-M only; LEANMOE_GEMM_WS_CLUSTER=1, expert_gemms.cu): 2x1 clusters
+// share the weight tile. Without it each CTA pulls its whole B tile from L2 per k-tile (cooperative
+// 128x256x64: 32 KB of B + 16 KB of A = 48 KB; 132 CTAs at 600 TFLOP/s would need ~9 TB/s); with
+// it each CTA loads half of B with TMA .multicast::cluster into both CTAs (16 KB + 16 KB of A per
+// CTA, 2/3 of the traffic). The two CTAs must therefore work on the same (expert, n-tile) in
+// lock step: the schedule walks "cluster tiles" of 256 rows (two 128-row m-tiles of one expert;
+// CTA rank r takes m-tile 2p + r of pair p). A rank-1 m-tile past the expert's rows (odd m-tile
+// count) is still loaded (A zero-filled), multiplied and its stores skipped, because its CTA must
+// take part in every stage's multicast and barriers. The protocol per stage s, item i:
+//   full[s] (per CTA, 128 + 1 arrivals as above): the local thread 0 expects the FULL kBBytes; the
+//     two halves complete_tx on it from its own TMA and from the peer's (which may land before the
+//     expect: the tx count goes negative while the local arrivals are still pending, no completion).
+//   empty[s] (per CTA, 2 x kReleases arrivals): every releasing consumer warp arrives on empty[s] of
+//     BOTH CTAs (mapa remote arrive), because the stage of CTA r is written by both CTAs' TMAs: a
+//     producer may overwrite its half of stage s in both CTAs only after both CTAs' consumers left it.
+// Both CTAs walk identical item streams (same tiles, K constant), so stage and parity agree.
+// A cluster barrier after the mbarrier init (before any remote arrive or multicast) and at exit,
+// plus a producer tail that waits until every stage has been released by both CTAs, keep a CTA from
+// exiting while its peer may still arrive on its barriers.
 #pragma once
 #include <cuda.h>  // CUtensorMap
 #include <cutlass/arch/barrier.h>
@@ -61,6 +81,21 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
           dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(col), "r"(row)
       : "memory");
+}
+// The same box, written to the same shared offset of every CTA of the cluster in cta_mask, and
+// completing its bytes on the mbarrier at the same offset in each of them.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, uint64_t* bar, int col,
+                                                      int row, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%4, %5}], [%2], %3;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "h"(cta_mask), "r"(col), "r"(row)
+      : "memory");
+}
+// barrier.cluster arrive + wait of every thread of both CTAs (release / acquire at cluster scope);
+// the non-.aligned form, so that it is also safe after divergent code.
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive;\nbarrier.cluster.wait;\n" ::: "memory");
 }
 
 // Varlen-K producer copy of one operand's k-tile: [64 k-rows][kExtent columns] of a row-major
@@ -121,17 +156,19 @@ struct WsTile {
 // The weight tensor map (varlen-M only; unused by the varlen-K kinds): up: W1 as [E·2n rows, d
 // cols], box {64, kTileN/2} (the gate half, then the up half of the tile, K-major); dH: W2 as
 // [E·d rows, n cols], box {64, 64} (one 64-wide N block of a 64-deep k-tile, MN-major). Encoded on
-// the host per launch (expert_gemms.cu).
-template <GemmKind kKind, class Cfg>
+// the host per launch (expert_gemms.cu). kCluster: launched with 2x1 clusters (see the top).
+template <GemmKind kKind, class Cfg, bool kCluster = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ws_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap weights) {
   static_assert(kKind == GemmKind::UpProjSwiglu || kKind == GemmKind::DhSwigluBwd || is_varlen_k(kKind));
+  static_assert(!kCluster || !is_varlen_k(kKind), "weight multicast is for the varlen-M kinds only");
   constexpr int kTileM = Cfg::kTileM, kTileN = Cfg::kTileN, kTileK = Cfg::kTileK, kStages = Cfg::kStages;
   constexpr bool kPingPong = Cfg::kPingPong, kVarlenK = is_varlen_k(kKind);
   constexpr bool kBKMajor = b_is_k_major(kKind);
   constexpr int kProducerThreads = 128;
-  // Releases per stage: lane 0 of each warp that reads it (one warpgroup in ping-pong, two otherwise).
-  constexpr int kReleases = kPingPong ? 4 : 8;
+  // Releases per stage: lane 0 of each warp that reads it (one warpgroup in ping-pong, two otherwise),
+  // of both CTAs in cluster mode.
+  constexpr int kReleases = (kPingPong ? 4 : 8) * (kCluster ? 2 : 1);
   // Named barriers kOrderBarrier + w: "consumer w may issue MMAs" (CUTLASS maps user ids past the 8
   // it reserves, so these are hardware barriers 9 and 10; 0 is __syncthreads).
   constexpr int kOrderBarrier = 1;
@@ -146,7 +183,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int tid = threadIdx.x, warp = tid >> 5, wg = warp >> 2, lane = tid & 31;
   const ProblemDims dims = problem_dims<kKind>(args.d, args.n);
   const int E = args.E;
-  if (!kVarlenK && warp == 0) build_m_tile_prefix(args.expert_offsets, E, kTileM, s_tile_prefix);
+  // Cluster mode: slots are 256-row m-tile pairs; this CTA (rank 0 or 1) takes m-tile 2p + rank of
+  // pair p. Each CTA (cluster) walks tiles first_tile, first_tile + tile_stride, ...
+  // (Read where used, as the special registers they are: keeps the non-cluster code as it was.)
+  auto cta_rank = [] { return kCluster ? int(cute::block_rank_in_cluster()) : 0; };
+  auto first_tile = [] { return kCluster ? cute::cluster_id_in_grid().x : blockIdx.x; };  // unsigned, as blockIdx.x
+  auto tile_stride = [] { return kCluster ? cute::cluster_grid_dims().x : gridDim.x; };
+  if (!kVarlenK && warp == 0) build_m_tile_prefix(args.expert_offsets, E, kTileM * (kCluster ? 2 : 1), s_tile_prefix);
   if (tid == 32) {
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&full_bar[s], kProducerThreads + (kVarlenK ? 0 : 1));
@@ -156,6 +199,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (!kVarlenK) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&weights)) : "memory");
   }
   __syncthreads();
+  // The peer's barriers must be initialised before our first remote arrive or multicast into it.
+  if constexpr (kCluster) cluster_sync_all();
   // Varlen-M tiles: (n-tile, m-tile slot), slots fastest (the CTAs running together share weight
   // column slices, as in v1); varlen-K tiles: (expert, m-tile, n-tile), n fastest, as in v1.
   const int total_slots = kVarlenK ? 0 : s_tile_prefix[E];
@@ -181,7 +226,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int slot = t % total_slots;
       c.n_tile = t / total_slots;
       c.expert = expert_of_slot(s_tile_prefix, E, slot);
-      m_tile = slot - s_tile_prefix[c.expert];
+      m_tile = (slot - s_tile_prefix[c.expert]) * (kCluster ? 2 : 1) + cta_rank();
     }
     c.row_begin = args.expert_offsets[c.expert];
     c.row_end = args.expert_offsets[c.expert + 1];
@@ -198,7 +243,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Thread tid copies 16-byte chunk tid%8 (8 k-values) of the tile's A rows tid/8 + 16i.
       constexpr int kARows = kTileM / 16;
       const int chunk = tid & 7;
-      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+      for (int t = first_tile(); t < total_tiles; t += tile_stride()) {
         const WsTile tile = tile_at(t);
         int token[kARows];  // source row of each of this thread's A rows, -1 past the expert's rows
 #pragma unroll
@@ -214,7 +259,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int k0 = kt * kTileK;
           if (tid == 0) {
             TxBarrier::arrive_and_expect_tx(&full_bar[stage], Cfg::kBBytes);
-            if constexpr (kKind == GemmKind::UpProjSwiglu) {  // rows e·2n + j0.. (gate), e·2n + n + j0.. (up)
+            if constexpr (kCluster) {
+              // Both kinds' B tile is kBoxes TMA boxes (up: gate and up halves; dH: 64-column
+              // blocks); CTA rank r loads boxes [r·kBoxes/2, (r+1)·kBoxes/2) into both CTAs.
+              constexpr int kBoxes = kKind == GemmKind::UpProjSwiglu ? 2 : kTileN / 64, kMyBoxes = kBoxes / 2;
+#pragma unroll
+              for (int j = 0; j < kMyBoxes; ++j) {
+                const int box = cta_rank() * kMyBoxes + j;
+                if constexpr (kKind == GemmKind::UpProjSwiglu)
+                  tma_load_2d_multicast(b_smem + box * (kTileN / 2) * 128, &weights, &full_bar[stage], k0,
+                                        tile.expert * int(2 * args.n) + tile.n_tile * (kTileN / 2) + box * int(args.n),
+                                        0b11);
+                else
+                  tma_load_2d_multicast(b_smem + box * kMNBlockBytes, &weights, &full_bar[stage],
+                                        tile.n_tile * kTileN + 64 * box, tile.expert * int(args.d) + k0, 0b11);
+              }
+            } else if constexpr (kKind == GemmKind::UpProjSwiglu) {  // rows e·2n + j0.. (gate), e·2n + n + j0.. (up)
               const int row0 = tile.expert * int(2 * args.n) + tile.n_tile * (kTileN / 2);
               tma_load_2d(b_smem, &weights, &full_bar[stage], k0, row0);
               tma_load_2d(b_smem + (kTileN / 2) * 128, &weights, &full_bar[stage], k0, row0 + int(args.n));
@@ -232,6 +292,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           }
           cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
         }
+      }
+      // Producer tail (cluster): wait until the consumers of both CTAs have released every stage
+      // (the next pass's empty phases), so that no remote arrive on our barriers is still in flight.
+      if constexpr (kCluster) {
+        for (int j = 0; j < kStages; ++j, ++item) Barrier::wait(&empty_bar[item % kStages], ((item / kStages) & 1) ^ 1);
       }
     } else {
       // Each warp resolves the 64 gathered source rows of a k-tile once (lane l: rows l and 32 + l)
@@ -269,17 +334,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // ---------------- consumers ----------------
     cutlass::arch::warpgroup_reg_alloc<232>();
     const int cwg = wg - 1;
+    // Frees a stage for the producers: of this CTA, and in cluster mode of both (mapa + remote arrive).
+    auto release = [&](int stage) {
+      if constexpr (kCluster) {
+        Barrier::arrive(&empty_bar[stage], 0u, 1u);
+        Barrier::arrive(&empty_bar[stage], 1u, 1u);
+      } else {
+        Barrier::arrive(&empty_bar[stage]);
+      }
+    };
     float acc[Cfg::kSlices][kTileN / 2];
     int item = 0;  // stream position of tile i's first k-tile
-    for (int i = 0; blockIdx.x + i * gridDim.x < total_tiles; ++i) {
-      const int t = blockIdx.x + i * gridDim.x;
+    for (int i = 0; first_tile() + i * tile_stride() < total_tiles; ++i) {
+      const int t = first_tile() + i * tile_stride();
       const int num_k = num_k_of(t);
       if (kPingPong && (i & 1) != cwg) {  // the other consumer's tile
         item += num_k;
         continue;
       }
       if constexpr (!kVarlenK) item = i * num_k;  // the same; keeps `item` dead across the epilogue
-      const bool has_next = t + gridDim.x < total_tiles;  // the CTA's tile i+1 (the other warpgroup's)
+      const bool has_next = t + tile_stride() < total_tiles;  // the CTA's tile i+1 (the other warpgroup's)
       if (kPingPong && i > 0) cutlass::arch::NamedBarrier::sync(256, kOrderBarrier + cwg);
 #pragma unroll
       for (int s = 0; s < Cfg::kSlices; ++s)
@@ -314,14 +388,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         wgmma_wait<1>();
 #pragma unroll
         for (int s = 0; s < Cfg::kSlices; ++s) fence_registers(acc[s]);
-        if (kt > 0 && lane == 0) Barrier::arrive(&empty_bar[(item - 1) % kStages]);
+        if (kt > 0 && lane == 0) release((item - 1) % kStages);
       }
       // Hand the tensor cores to the other warpgroup, which then overlaps our epilogue.
       if (kPingPong && has_next) cutlass::arch::NamedBarrier::arrive(256, kOrderBarrier + (1 - cwg));
       wgmma_wait<0>();
 #pragma unroll
       for (int s = 0; s < Cfg::kSlices; ++s) fence_registers(acc[s]);
-      if (num_k > 0 && lane == 0) Barrier::arrive(&empty_bar[(item - 1) % kStages]);
+      if (num_k > 0 && lane == 0) release((item - 1) % kStages);
 
       // Varlen-K: an empty expert's tile had no k-tile and stores its zero accumulators.
       const WsTile tile = tile_at(t);
@@ -331,6 +405,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                     tile.n_tile, tile.expert);
     }
   }
+  // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
+  if constexpr (kCluster) cluster_sync_all();
 }
 
 }  // namespace leanmoe::cuda::kernels::sm90
