@@ -131,12 +131,17 @@ CUtensorMap weight_tensor_map(const void* w, int64_t rows, int64_t cols, int box
   return map;
 }
 
-// LEANMOE_GEMM_WS_CLUSTER=1 (read per launch; default off until measured): the warp-specialised
-// up-projection and dH run in 2x1 clusters that multicast the weight tile (sm90_ws_grouped_gemm.cuh),
-// with either schedule. The varlen-K dW kernels are unaffected.
-bool ws_cluster() {
+// 2x1 clusters that multicast the weight tile (sm90_ws_grouped_gemm.cuh) for the warp-specialised
+// varlen-M GEMMs; the varlen-K dW kernels are unaffected. LEANMOE_GEMM_WS_CLUSTER (read per launch):
+// 0 = never, 1 = up and dH, unset = dH only. Measured on the H200 (bench/results/2026-12-02-h200-s2/
+// cluster.md, TFLOP/s without / with clusters at 7B-n256, olmoe-1b-7b, 120B-n2048, gpt-oss-20b):
+// dH 196/204, 208/225, 311/309, 225/274; up 439/425, 463/456, 451/440, 413/395. Why up loses
+// (lock-step CTA pairs, an empty partner m-tile where an expert has an odd count) is not profiled.
+bool ws_cluster(GemmKind kind) {
   const char* env = std::getenv("LEANMOE_GEMM_WS_CLUSTER");
-  return env && env[0] == '1';
+  if (env && env[0] == '0') return false;
+  if (env && env[0] == '1') return true;
+  return kind == GemmKind::DhSwigluBwd;
 }
 
 // Cluster launch of the varlen-M warp-specialised kernel: a cluster per pair of SMs that can hold
@@ -197,7 +202,7 @@ void launch_ws(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cuda
   else if constexpr (kKind == GemmKind::DhSwigluBwd)
     map = weight_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, what);
   if constexpr (!kernels::is_varlen_k(kKind)) {
-    if (ws_cluster()) {
+    if (ws_cluster(kKind)) {
       static const bool cluster_ready =
           raise_smem_limit(v1::ws_grouped_gemm_kernel<kKind, Cfg, true>, Cfg::kSmemBytes);
       (void)cluster_ready;

@@ -339,10 +339,10 @@ struct ScopedEnv {
   ~ScopedEnv() { had ? setenv(name.c_str(), old.c_str(), 1) : unsetenv(name.c_str()); }
 };
 
-// The up-projection, dH, dW2 and dW1 run the warp-specialised kernel by default (up and dW1:
-// cooperative 128x256; dH and dW2: ping-pong, 128x128 per consumer), so the cases above test those;
-// LEANMOE_GEMM_WS=2 swaps the two schedules (partial 256-wide tiles for dH and dW2, 64+64-column
-// tiles for up, 128x128 dW1 tiles) and 0 takes the v1 kernel. Both on the ragged cases (dW: empty
+// The up-projection, dH, dW2 and dW1 run the warp-specialised kernel by default (up, dW1, dW2:
+// cooperative 128x256; dH: ping-pong, 128x128 per consumer, in 2x1 clusters), so the cases above
+// test those; LEANMOE_GEMM_WS=2 swaps the two schedules (partial 256-wide tiles for dH, 64+64-column
+// tiles for up, 128x128 dW tiles) and 0 takes the v1 kernel. Both on the ragged cases (dW: empty
 // experts' tiles store zeros without a k-tile, one expert's 5 k-tiles end in a partial one) and with
 // 5 CTAs walking many tiles (odd tile counts per CTA: the ping-pong hand-over ends on either
 // consumer; dW: empty-expert tiles of 0 k-tiles in the middle of a CTA's stream).
@@ -359,7 +359,7 @@ TEST(ExpertGemms, OtherWsSchedulesAndV1) {
 }
 
 // LEANMOE_GEMM_WS_CLUSTER=1: the up-projection and dH run in 2x1 clusters multicasting the weight
-// tile, the CTA pair taking m-tiles 2p and 2p + 1 of an expert's 256-row pair p; with either
+// tile (0: neither, also tested here; unset: dH only, the cases above), the CTA pair taking m-tiles 2p and 2p + 1 of an expert's 256-row pair p; with either
 // schedule (LEANMOE_GEMM_WS=1: up cooperative, dH ping-pong; 2: the reverse). The dangerous cases are
 // an odd m-tile count, where rank 1's m-tile lies wholly past the expert's rows yet must take part in
 // every multicast and barrier: one m-tile per expert (RaggedWithEmptyExpert: ~25 rows each; T = 1:
@@ -367,30 +367,32 @@ TEST(ExpertGemms, OtherWsSchedulesAndV1) {
 // (ManyExperts, n = 320: partial n-tiles), WideExperts (n = 576, d = 320: partial 256-wide tiles),
 // and 5 resp. 2 CTAs (2 clusters resp. 1) walking every tile with many passes over the stages.
 TEST(ExpertGemms, WsClusterMulticast) {
-  ScopedEnv cluster("LEANMOE_GEMM_WS_CLUSTER", "1");
-  for (const char* mode : {"1", "2"}) {
-    SCOPED_TRACE(std::string("LEANMOE_GEMM_WS=") + mode);
-    ScopedEnv ws("LEANMOE_GEMM_WS", mode);
-    run_case({100, 8, 2, 192, 192, 3, false});
-    run_case({1, 4, 2, 128, 64, -1, false});
-    run_case({300, 4, 1, 64, 128, -1, true});
-    run_case({512, 16, 4, 256, 320, -1, false});
-    run_case({64, 4, 2, 320, 576, -1, false});
-    for (const char* ctas : {"5", "2"}) {
-      SCOPED_TRACE(std::string("LEANMOE_GEMM_MAX_CTAS=") + ctas);
-      ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", ctas);
-      run_case({512, 16, 4, 256, 320, 5, false});
+  for (const char* clusters : {"1", "0"}) {
+    for (const char* mode : {"1", "2"}) {
+      SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_CLUSTER=") + clusters + " LEANMOE_GEMM_WS=" + mode);
+      ScopedEnv cluster("LEANMOE_GEMM_WS_CLUSTER", clusters);
+      ScopedEnv ws("LEANMOE_GEMM_WS", mode);
+      run_case({100, 8, 2, 192, 192, 3, false});
+      run_case({1, 4, 2, 128, 64, -1, false});
       run_case({300, 4, 1, 64, 128, -1, true});
+      run_case({512, 16, 4, 256, 320, -1, false});
+      run_case({64, 4, 2, 320, 576, -1, false});
+      for (const char* ctas : {"5", "2"}) {
+        SCOPED_TRACE(std::string("LEANMOE_GEMM_MAX_CTAS=") + ctas);
+        ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", ctas);
+        run_case({512, 16, 4, 256, 320, 5, false});
+        run_case({300, 4, 1, 64, 128, -1, true});
+      }
     }
   }
 }
 
-// down_proj and dx_expert run CUTLASS's grouped GEMM by default, config by K (n resp. 2n):
-// ping-pong 128x128 for K <= 512, cooperative 128x256 above; the cases above cover all four
-// (RaggedWithEmptyExpert: both ping-pong; ManyExperts: down ping-pong, dx cooperative;
-// WideExperts: both cooperative). Here each config is forced on every GEMM shape of the ragged
-// cases (empty experts, T = 1, one hot expert, 5 persistent CTAs = 2 clusters walking all
-// experts' tiles, the launchers' own workspace), and LEANMOE_GEMM_CUTLASS=0 takes the hand kernels.
+// down_proj and dx_expert run CUTLASS's grouped GEMM by default: down cooperative 128x256 for
+// n <= 256 and ping-pong 128x128 above, dx cooperative (RaggedWithEmptyExpert, n = 192: down
+// cooperative; ManyExperts and WideExperts: down ping-pong). Here each config is forced on every
+// GEMM shape of the ragged cases (empty experts, T = 1, one hot expert, 5 persistent CTAs = 2
+// clusters walking all experts' tiles, the launchers' own workspace), and LEANMOE_GEMM_CUTLASS=0
+// takes the hand kernels.
 TEST(ExpertGemms, CutlassConfigsAndHandKernels) {
   for (const char* mode : {"pingpong", "cooperative", "0"}) {
     SCOPED_TRACE(std::string("LEANMOE_GEMM_CUTLASS=") + mode);
