@@ -28,10 +28,13 @@ echo "prepare_carry: .carry/ holds CUTLASS ($(du -sh .carry/cutlass | cut -f1)),
 # For scripts/device_all.sh: binaries built here with the CUDA backend (they run on the H200, whose
 # image has no OpenBLAS for the CPU reference), and OpenBLAS with its runtime libraries, xz-packed
 # (36 MB -> 5 MB) to stay inside the 64 MiB carry limit. Then: carry [".carry/bin",
-# ".carry/blaslibs.tar.xz", ".carry/torch_moe_baseline.py"] and run `bash scripts/device_all.sh`.
+# ".carry/blaslibs.tar.xz", ".carry/torch_moe_baseline.py"] and run `bash scripts/device_all.sh`;
+# on a multi-GPU kind, carry [".carry/bin", ".carry/blaslibs.tar.xz"] and run `bash scripts/device_ep.sh`
+# (EP weak scaling).
 LEANMOE_BUILD_DIR=build-device LEANMOE_CUDA=ON bash scripts/build.sh >&2
 mkdir -p .carry/bin
-cp build-device/leanmoe build-device/leanmoe_bench_inbackward build-device/leanmoe_bench_gemms build-device/tests/leanmoe_gpu_tests \
+cp build-device/leanmoe build-device/leanmoe_bench_inbackward build-device/leanmoe_bench_gemms build-device/leanmoe_bench_ep \
+   build-device/tests/leanmoe_gpu_tests \
    build-device/libleanmoe.a .carry/bin/
 echo "$commit" > .carry/bin/commit
 blas="$(ldd build-device/leanmoe | awk '/libopenblas/{print $3}')"

@@ -1,6 +1,7 @@
 // ThreadCommunicator: P ranks as P threads of one process, for the CPU tests of expert
 // parallelism. Test infrastructure only, not a transport for users (production uses NCCL:
-// make_nccl_communicator). Each collective publishes this rank's pointers in a shared slot,
+// make_nccl_communicator); tools/bench_ep.cpp includes it too, for its CPU runs (CMake adds tests/
+// to that tool's include path). Each collective publishes this rank's pointers in a shared slot,
 // meets the other ranks at a barrier, reads its peers' data, and meets them again so no rank
 // reuses a buffer a peer is still reading.
 #pragma once
