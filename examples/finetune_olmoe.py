@@ -3,6 +3,7 @@ in-backward expert updates. Random init and random tokens (no download), so it r
 
     python examples/finetune_olmoe.py                                  # CPU, tiny config
     python examples/finetune_olmoe.py --device cuda --shape olmoe-1b-7b --batch 4 --seq 2048
+    python examples/finetune_olmoe.py --device cuda --shape olmoe-1b-7b --batch 4 --seq 2048 --grad-ckpt
 
 Prints loss per step, tokens/s (after the first step) and peak memory for each mode.
 """
@@ -27,12 +28,17 @@ SHAPES = {
 }
 
 
-def build(shape, dtype, device, seed):
+def build(shape, dtype, device, seed, grad_ckpt=False):
     cfg = transformers.OlmoeConfig(max_position_embeddings=4096, attn_implementation="sdpa", **SHAPES[shape])
     torch.manual_seed(seed)
     with torch.device(device):
         model = transformers.OlmoeForCausalLM._from_config(cfg, dtype=dtype)
     leanmoe.hf.apply(model)
+    if grad_ckpt:
+        # Works with in-backward updates: a block's forward is recomputed inside backward before
+        # its experts are updated (python/tests/test_hf.py checks bitwise equality with it on).
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
     return model
 
 
@@ -90,13 +96,14 @@ def main():
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--aux-coef", type=float, default=0.01)
     p.add_argument("--modes", default="standard,in_backward")
+    p.add_argument("--grad-ckpt", action="store_true", help="HF gradient checkpointing (activations recomputed per block)")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
     print(f"leanmoe {leanmoe.__version__}, torch {torch.__version__}, device {args.device}, shape {args.shape}, "
           f"dtype {dtype}, batch {args.batch} x {args.seq}", flush=True)
     results = {}
     for mode in args.modes.split(","):
-        model = build(args.shape, dtype, args.device, seed=0)
+        model = build(args.shape, dtype, args.device, seed=0, grad_ckpt=args.grad_ckpt)
         n_exp = sum(p.numel() for p in expert_parameters(model))
         n_all = sum(p.numel() for p in model.parameters())
         print(f"{mode}: {n_all / 1e6:.1f} M parameters, {n_exp / 1e6:.1f} M in experts", flush=True)

@@ -107,15 +107,21 @@ def test_apply_shares_weights_and_remove_restores(kind, device):
     assert torch.equal(after, before)
 
 
-def test_in_backward_bitwise_over_10_steps_olmoe(device):
+@pytest.mark.parametrize("grad_ckpt", [False, True])
+def test_in_backward_bitwise_over_10_steps_olmoe(grad_ckpt, device):
     """In-backward expert AdamW vs the standard path on an HF OLMoE model: every parameter bitwise
-    equal after each of 10 steps (dense AdamW with clip_grad_norm_ over dense parameters only)."""
+    equal after each of 10 steps (dense AdamW with clip_grad_norm_ over dense parameters only).
+    With HF gradient checkpointing each block's forward (leanmoe's op included) runs again inside
+    backward, before that block's experts are updated, so the recomputation sees the same weights."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     standard = tiny("olmoe", dtype=dtype, device=device)
     inb = copy.deepcopy(standard)
     runs = []
     for model, in_backward in ((standard, False), (inb, True)):
         leanmoe.hf.apply(model)
+        if grad_ckpt:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.train()  # transformers checkpoints only in training mode
         experts = ExpertAdamW(expert_parameters(model), lr=1e-3, weight_decay=0.1, in_backward=in_backward)
         dense = torch.optim.AdamW(dense_parameters(model), lr=1e-3)
         runs.append((model, experts, dense))
