@@ -105,6 +105,19 @@ int ws_mode() {
   return env && env[0] == '0' ? 0 : env && env[0] == '2' ? 2 : 1;
 }
 
+// LEANMOE_GEMM_WS_EPI (read per launch, for A/B comparisons) picks the epilogue of the
+// warp-specialised up-projection and dH kernels: unset or "reg" = store_rows64, bf16 pairs from the
+// accumulator registers straight to global memory; "smem" = store_rows64_staged, rows staged in
+// shared memory and copied with 16-byte row-contiguous accesses (one pipeline stage fewer; both in
+// sm90_ws_grouped_gemm.cuh). Not yet measured. The dW kernels keep theirs.
+enum class WsEpilogue { Registers, Smem };
+WsEpilogue ws_epilogue() {
+  const char* env = std::getenv("LEANMOE_GEMM_WS_EPI");
+  if (!env || !*env || std::string(env) == "reg") return WsEpilogue::Registers;
+  if (std::string(env) == "smem") return WsEpilogue::Smem;
+  throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_EPI: must be unset, 'reg' or 'smem', got '") + env + "'");
+}
+
 // 2D TMA map over a row-major bf16 matrix [rows, cols] (all experts' weights stacked), 128B swizzle,
 // box {box_cols, box_rows}. The driver entry point is fetched through the runtime (no -lcuda).
 CUtensorMap weight_tensor_map(const void* w, int64_t rows, int64_t cols, int box_cols, int box_rows, const char* what) {
@@ -236,10 +249,17 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStr
     v0::grouped_gemm_kernel<kKind><<<grid, v0::kThreads, v0::kSmemBytes, stream>>>(args);
   } else if (has_ws_kernel(kKind) && ws_mode() != 0) {
     if constexpr (has_ws_kernel(kKind)) {
-      if ((ws_mode() == 1) == ws_ping_pong_by_default(kKind, s.n))
-        launch_ws<kKind, v1::WsPingPong>(rows, s, args, stream, raise_smem_limit, what);
-      else
-        launch_ws<kKind, v1::WsCooperative>(rows, s, args, stream, raise_smem_limit, what);
+      const bool ping_pong = (ws_mode() == 1) == ws_ping_pong_by_default(kKind, s.n);
+      if constexpr (!kernels::is_varlen_k(kKind)) {
+        if (ws_epilogue() == WsEpilogue::Smem) {
+          if (ping_pong) launch_ws<kKind, v1::WsPingPongSmemEpi>(rows, s, args, stream, raise_smem_limit, what);
+          else launch_ws<kKind, v1::WsCooperativeSmemEpi>(rows, s, args, stream, raise_smem_limit, what);
+          check_launch(what);
+          return;
+        }
+      }
+      if (ping_pong) launch_ws<kKind, v1::WsPingPong>(rows, s, args, stream, raise_smem_limit, what);
+      else launch_ws<kKind, v1::WsCooperative>(rows, s, args, stream, raise_smem_limit, what);
     }
   } else if constexpr (kKind == GemmKind::DownProj) {  // K = n: short mainloops for small n
     if (s.n <= 512) launch_v1<kKind, v1::TwoCtaTile>(rows, s, args, stream, raise_smem_limit);

@@ -17,6 +17,7 @@
 
 #include "../../src/cuda/expert_gemms.h"
 #include "leanmoe/bf16.h"
+#include "leanmoe/leanmoe.h"
 
 namespace {
 
@@ -384,6 +385,55 @@ TEST(ExpertGemms, WsClusterMulticast) {
         run_case({300, 4, 1, 64, 128, -1, true});
       }
     }
+  }
+}
+
+// LEANMOE_GEMM_WS_EPI=smem: the up-projection and dH epilogues stage their 64-row slices in shared
+// memory and copy whole rows out (store_rows64_staged), with one pipeline stage fewer; the same
+// cases as WsClusterMulticast, with either schedule (up: 64+64 or 128+128 gate/up columns per
+// tile; dH: 64- or 128-column halves, n = 320 and 576 ending in a partial half or a wholly idle
+// one) and clusters on and off (a rank-1 m-tile past the expert's rows still takes part in every
+// warpgroup barrier of the epilogue and stores nothing).
+TEST(ExpertGemms, WsSmemEpilogue) {
+  ScopedEnv epi("LEANMOE_GEMM_WS_EPI", "smem");
+  for (const char* clusters : {"1", "0"}) {
+    for (const char* mode : {"1", "2"}) {
+      SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_EPI=smem LEANMOE_GEMM_WS_CLUSTER=") + clusters +
+                   " LEANMOE_GEMM_WS=" + mode);
+      ScopedEnv cluster("LEANMOE_GEMM_WS_CLUSTER", clusters);
+      ScopedEnv ws("LEANMOE_GEMM_WS", mode);
+      run_case({100, 8, 2, 192, 192, 3, false});
+      run_case({1, 4, 2, 128, 64, -1, false});
+      run_case({300, 4, 1, 64, 128, -1, true});
+      run_case({512, 16, 4, 256, 320, -1, false});
+      run_case({64, 4, 2, 320, 576, -1, false});
+      for (const char* ctas : {"5", "2"}) {
+        SCOPED_TRACE(std::string("LEANMOE_GEMM_MAX_CTAS=") + ctas);
+        ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", ctas);
+        run_case({512, 16, 4, 256, 320, 5, false});
+        run_case({300, 4, 1, 64, 128, -1, true});
+      }
+    }
+  }
+}
+
+// Any other LEANMOE_GEMM_WS_EPI value is refused by name before a launch (of the ws kernels, which
+// read it).
+TEST(ExpertGemms, WsEpilogueValueIsChecked) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  if (const char* v0 = std::getenv("LEANMOE_GEMM_V0"); v0 && v0[0] == '1') GTEST_SKIP() << "v0 kernels selected";
+  ScopedEnv epi("LEANMOE_GEMM_WS_EPI", "shared");
+  ScopedEnv ws("LEANMOE_GEMM_WS", "1");
+  const Routing rt = make_routing(4, 2, 1, -1, false, 7u);
+  DeviceBuffer<int32_t> offsets_d(rt.expert_offsets), token_d(rt.row_token);
+  DeviceBuffer<float> gate_d(rt.row_gate);
+  DeviceBuffer<bf16> x(4 * 64), w1(2 * 2 * 64 * 64), h(4 * 2 * 64), a(4 * 64);
+  const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, rt.R, rt.E};
+  try {
+    lc::up_proj_swiglu(rows, {4, 64, 64}, x.ptr, w1.ptr, h.ptr, a.ptr, nullptr);
+    ADD_FAILURE() << "LEANMOE_GEMM_WS_EPI=shared was accepted";
+  } catch (const leanmoe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LEANMOE_GEMM_WS_EPI"), std::string::npos) << e.what();
   }
 }
 

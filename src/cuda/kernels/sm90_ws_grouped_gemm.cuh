@@ -52,7 +52,7 @@
 
 namespace leanmoe::cuda::kernels::sm90 {
 
-template <int kTileN_, int kStages_, bool kPingPong_>
+template <int kTileN_, int kStages_, bool kPingPong_, bool kSmemEpilogue_ = false>
 struct WsConfig {
   static constexpr int kTileN = kTileN_, kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
@@ -60,7 +60,12 @@ struct WsConfig {
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
   static constexpr int kABytes = kTileM * kTileK * 2, kBBytes = kTileN * kTileK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kSmemBytes = kStages * kStageBytes + 1024;  // + alignment slack to 1024 B
+  // Staged epilogue (varlen-M only, store_rows64_staged): per consumer warpgroup two [64 rows]
+  // [kTileN/2 columns] bf16 tiles, rows padded by 16 B (see there), after the stages.
+  static constexpr bool kSmemEpilogue = kSmemEpilogue_;
+  static constexpr int kStagingPitch = kTileN + 16;  // bytes per staged row: kTileN/2 bf16 + 16
+  static constexpr int kStagingBytes = kSmemEpilogue ? 2 * 64 * kStagingPitch : 0;  // per consumer warpgroup
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStagingBytes + 1024;  // + alignment slack to 1024 B
   // 64-row slices of the tile per consumer warpgroup; each holds kTileN/2 fp32 accumulators per thread.
   static constexpr int kSlices = kPingPong ? 2 : 1;
   static_assert(kSlices * kTileN / 2 <= 128, "accumulators must leave room for the epilogue in 232 registers");
@@ -71,6 +76,13 @@ struct WsConfig {
 using WsPingPong = WsConfig<128, 6, true>;
 // 4 x 48 KB stages; 128 x 256 shared by both consumers = 128 accumulators per thread.
 using WsCooperative = WsConfig<256, 4, false>;
+// The same with the staged epilogue (LEANMOE_GEMM_WS_EPI=smem), one stage fewer to make room (227 KB
+// = 232448 B per CTA, of which the tile table and barriers take 4100 + 16 · kStages B):
+//   ping-pong:   5 x 32768 + 2 x 18432 (2 x 64 x 144) + 1024 = 201728 B (6 stages: 234496 B, too many);
+//   cooperative: 3 x 49152 + 2 x 34816 (2 x 64 x 272) + 1024 = 218112 B (4 stages: 267264 B).
+// The producer then runs at most 5 resp. 3 k-tiles ahead instead of 6 resp. 4.
+using WsPingPongSmemEpi = WsConfig<128, 5, true, true>;
+using WsCooperativeSmemEpi = WsConfig<256, 3, false, true>;
 
 // TMA 2D tile load global -> shared, completion counted in bytes on `bar`. Coordinates are
 // (column, row) of the tensor map, in elements; boxes partly or wholly out of bounds are zero-filled
@@ -146,6 +158,198 @@ __device__ __forceinline__ void copy_k_rows(uint32_t dst, const bf16* src, int64
   }
 }
 
+// ---- Staged epilogue (Cfg::kSmemEpilogue; LEANMOE_GEMM_WS_EPI=smem, expert_gemms.cu) of the two
+//      varlen-M kinds: the outputs of store_rows64 (sm90_common.cuh), with the same fp32 arithmetic,
+//      through shared memory. store_rows64 stores 4 bytes per lane from the accumulator fragments: a warp store is
+//      8 rows x 16 B, half-sectors in 8 different lines (32 stores per thread per 64-row slice and
+//      output at kTileN = 256; the dH epilogue reads H the same way). Here each warpgroup writes its
+//      64-row slice into its own two [64][kTileN/2] bf16 staging tiles, syncs its 128 threads on a
+//      named barrier, and copies the rows out with 16-byte accesses, each row's bytes by consecutive
+//      lanes (a warp instruction covers whole 128-byte lines; 8 per thread per output at 256).
+//      Staged rows are kTileN/2 · 2 + 16 bytes apart: a fragment store (8 rows x 4 lanes x 4 B)
+//      then starts its 8 rows 4 banks apart (pitch/4 = 68 resp. 36 = 4 mod 32): no bank conflict;
+//      the 16-byte row copies read 128 contiguous bytes per quarter-warp: none either. ----
+// Named barrier of consumer warpgroup cwg over its 128 threads: hardware barriers 11 and 12 (0:
+// __syncthreads, 9 and 10: the ping-pong order barriers). The "memory" clobber keeps the compiler
+// from moving shared-memory accesses across it.
+__device__ __forceinline__ void warpgroup_sync(int cwg) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(11 + cwg) : "memory");
+}
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+}
+
+// Copies a staged [64][kCols] tile (row pitch kPitch bytes) to global rows m0 + i < row_end, columns
+// col0 + c < col_end, of a row-major bf16 matrix (row stride ld elements); kCols / 8 consecutive
+// lanes per row, 16 B each. n is a multiple of 64, so an 8-column chunk is wholly in or out. All
+// shared loads go first (4 or 8 x 16 B per thread): one shared-memory latency, not one per row.
+template <int kCols, int kPitch>
+__device__ __forceinline__ void store_staged_rows(uint32_t tile, bf16* dst, int64_t ld, int64_t col0, int64_t col_end,
+                                                  int64_t m0, int row_end) {
+  constexpr int kChunks = kCols / 8, kRowsPerPass = 128 / kChunks, kPasses = 64 / kRowsPerPass;
+  const int t = threadIdx.x & 127, chunk = t % kChunks;
+  const int64_t col = col0 + chunk * 8;
+  if (col >= col_end) return;
+  uint4 v[kPasses];
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p)
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v[p].x), "=r"(v[p].y), "=r"(v[p].z), "=r"(v[p].w)
+                 : "r"(tile + (t / kChunks + p * kRowsPerPass) * kPitch + chunk * 16)
+                 : "memory");
+#pragma unroll
+  for (int p = 0; p < kPasses; ++p) {
+    const int64_t r = m0 + t / kChunks + p * kRowsPerPass;
+    if (r < row_end) *reinterpret_cast<uint4*>(dst + r * ld + col) = v[p];
+  }
+}
+// The reverse (dH: H rows into the staging tile) with 16-byte cp.async, the same lane mapping; rows
+// and columns outside are zero-filled (not read). Waits for this thread's copies; the caller syncs.
+template <int kCols, int kPitch>
+__device__ __forceinline__ void load_staged_rows(uint32_t tile, const bf16* src, int64_t ld, int64_t col0,
+                                                 int64_t col_end, int64_t m0, int row_end) {
+  constexpr int kChunks = kCols / 8, kRowsPerPass = 128 / kChunks;
+  const int t = threadIdx.x & 127, chunk = t % kChunks;
+  const int64_t col = col0 + chunk * 8;
+#pragma unroll
+  for (int p = 0; p < 64 / kRowsPerPass; ++p) {
+    const int i = t / kChunks + p * kRowsPerPass;
+    const bool valid = col < col_end && m0 + i < row_end;
+    cp_async_16(tile + i * kPitch + chunk * 16, valid ? src + (m0 + i) * ld + col : src, valid);
+  }
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// One warpgroup's 64-row slice (rows m0.., those >= row_end skipped) of column tile n_tile, as
+// store_rows64; acc[4b + 2h + v] is row warp_in_wg·16 + lane/4 + 8h, column 8b + 2·(lane%4) + v.
+// `staging` is the warpgroup's 2 x 64 x kStagingPitch bytes. The first barrier waits until the
+// warpgroup's previous copies out of it are done. dH overwrites acc with A' (dead after the slice).
+template <GemmKind kKind, class Cfg>
+__device__ __forceinline__ void store_rows64_staged(const GemmArgs& args, float (&acc)[Cfg::kTileN / 2], int64_t m0,
+                                                    int row_end, int n_tile, uint32_t staging, int cwg) {
+  constexpr int kTileN = Cfg::kTileN, kHalf = kTileN / 2, kPitch = Cfg::kStagingPitch;
+  const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
+  const int64_t n = args.n;
+  const uint32_t tile0 = staging, tile1 = staging + 64 * kPitch;
+  // Byte offset of this thread's pair (row half h, 8-column block b of a staging tile).
+  auto pair_at = [&](int h, int b) {
+    return uint32_t((warp_in_wg * 16 + lane / 4 + 8 * h) * kPitch + b * 16 + (lane % 4) * 4);
+  };
+  if constexpr (kKind == GemmKind::UpProjSwiglu) {
+    // Tile 0: gate columns j0.. of H, tile 1: the matching up columns (H columns n + j0..); then A in tile 0.
+    const int64_t j0 = int64_t(n_tile) * kHalf;
+    warpgroup_sync(cwg);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int b = 0; b < kHalf / 8; ++b) {
+        st_shared_b32(tile0 + pair_at(h, b), pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]));
+        st_shared_b32(tile1 + pair_at(h, b),
+                      pack_bf16x2(acc[4 * (b + kHalf / 8) + 2 * h], acc[4 * (b + kHalf / 8) + 2 * h + 1]));
+      }
+    warpgroup_sync(cwg);
+    store_staged_rows<kHalf, kPitch>(tile0, args.out, 2 * n, j0, n, m0, row_end);
+    store_staged_rows<kHalf, kPitch>(tile1, args.out + n, 2 * n, j0, n, m0, row_end);
+    warpgroup_sync(cwg);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int b = 0; b < kHalf / 8; ++b) {
+        const int g = 4 * b + 2 * h, u = 4 * (b + kHalf / 8) + 2 * h;
+        st_shared_b32(tile0 + pair_at(h, b), pack_bf16x2(silu(acc[g]) * acc[u], silu(acc[g + 1]) * acc[u + 1]));
+      }
+    warpgroup_sync(cwg);
+    store_staged_rows<kHalf, kPitch>(tile0, args.out2, n, j0, n, m0, row_end);
+  } else {
+    static_assert(kKind == GemmKind::DhSwigluBwd);
+    // Per column half c (kHalf columns from c0): H's g and u columns into tiles 0 and 1, dSwiGLU in
+    // place (dg over g, du over u, A' into acc), dH out; then A' through tile 0. ds partials per
+    // 128 columns (ds_partials(s) = ceil(n/128)): at kTileN = 256 a half is one part.
+    constexpr int kParts = kTileN / 128;
+    const int64_t n0 = int64_t(n_tile) * kTileN;
+    const int row0 = warp_in_wg * 16 + lane / 4;
+    float gate[2], ds[2][kParts] = {};
+#pragma unroll
+    for (int h = 0; h < 2; ++h) gate[h] = m0 + row0 + 8 * h < row_end ? args.row_gate[m0 + row0 + 8 * h] : 0.f;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int64_t c0 = n0 + c * kHalf;
+      warpgroup_sync(cwg);
+      load_staged_rows<kHalf, kPitch>(tile0, args.h, 2 * n, c0, n, m0, row_end);
+      load_staged_rows<kHalf, kPitch>(tile1, args.h + n, 2 * n, c0, n, m0, row_end);
+      warpgroup_sync(cwg);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t g2[kHalf / 8], u2[kHalf / 8];  // loaded back to back: one shared-memory latency
+#pragma unroll
+        for (int bb = 0; bb < kHalf / 8; ++bb) {
+          g2[bb] = ld_shared_b32(tile0 + pair_at(h, bb));
+          u2[bb] = ld_shared_b32(tile1 + pair_at(h, bb));
+        }
+#pragma unroll
+        for (int bb = 0; bb < kHalf / 8; ++bb) {
+          const int b = c * (kHalf / 8) + bb;
+          if (m0 + row0 + 8 * h >= row_end || n0 + b * 8 >= n) continue;  // as store_rows64: no ds term
+          const float2 g = unpack_bf16x2(g2[bb]), u = unpack_bf16x2(u2[bb]);
+          const float gs[2] = {g.x, g.y}, us[2] = {u.x, u.y};
+          float dg[2], du[2];
+#pragma unroll
+          for (int v = 0; v < 2; ++v) {
+            float& da = acc[4 * b + 2 * h + v];
+            const float sig = sigmoid(gs[v]);
+            const float silu_g = gs[v] * sig;
+            const float a = silu_g * us[v];
+            dg[v] = gate[h] * da * us[v] * (sig * (1.f + gs[v] * (1.f - sig)));
+            du[v] = gate[h] * da * silu_g;
+            ds[h][b / 16] += da * a;
+            da = gate[h] * a;  // A'
+          }
+          st_shared_b32(tile0 + pair_at(h, bb), pack_bf16x2(dg[0], dg[1]));
+          st_shared_b32(tile1 + pair_at(h, bb), pack_bf16x2(du[0], du[1]));
+        }
+      }
+      warpgroup_sync(cwg);
+      store_staged_rows<kHalf, kPitch>(tile0, args.out, 2 * n, c0, n, m0, row_end);
+      store_staged_rows<kHalf, kPitch>(tile1, args.out + n, 2 * n, c0, n, m0, row_end);
+      warpgroup_sync(cwg);
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int bb = 0; bb < kHalf / 8; ++bb) {
+          const int b = c * (kHalf / 8) + bb;
+          st_shared_b32(tile0 + pair_at(h, bb), pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]));
+        }
+      warpgroup_sync(cwg);
+      store_staged_rows<kHalf, kPitch>(tile0, args.out2, n, c0, n, m0, row_end);
+    }
+    // The lane quad holds its rows' whole tile: the same fixed-order shuffle sums as store_rows64.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = m0 + row0 + 8 * h;
+#pragma unroll
+      for (int p = 0; p < kParts; ++p) {
+        ds[h][p] += __shfl_xor_sync(0xffffffffu, ds[h][p], 1);
+        ds[h][p] += __shfl_xor_sync(0xffffffffu, ds[h][p], 2);
+        const int part = n_tile * kParts + p;
+        if ((lane & 3) == 0 && r < row_end && part < args.ds_tiles)
+          args.ds_partial[r * args.ds_tiles + part] = ds[h][p];
+      }
+    }
+  }
+}
+
 // One output tile: expert, column tile, first row (varlen-M: routed row; varlen-K: row of dW), the
 // expert's routed rows and the number of 64-deep k-tiles.
 struct WsTile {
@@ -162,6 +366,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ws_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap weights) {
   static_assert(kKind == GemmKind::UpProjSwiglu || kKind == GemmKind::DhSwigluBwd || is_varlen_k(kKind));
   static_assert(!kCluster || !is_varlen_k(kKind), "weight multicast is for the varlen-M kinds only");
+  static_assert(!Cfg::kSmemEpilogue || !is_varlen_k(kKind), "the staged epilogue is for the varlen-M kinds only");
   constexpr int kTileM = Cfg::kTileM, kTileN = Cfg::kTileN, kTileK = Cfg::kTileK, kStages = Cfg::kStages;
   constexpr bool kPingPong = Cfg::kPingPong, kVarlenK = is_varlen_k(kKind);
   constexpr bool kBKMajor = b_is_k_major(kKind);
@@ -400,9 +605,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Varlen-K: an empty expert's tile had no k-tile and stores its zero accumulators.
       const WsTile tile = tile_at(t);
 #pragma unroll
-      for (int s = 0; s < Cfg::kSlices; ++s)
-        store_rows64<kKind, kTileN>(args, dims, acc[s], tile.m0 + (kPingPong ? s : cwg) * 64, tile.row_end,
-                                    tile.n_tile, tile.expert);
+      for (int s = 0; s < Cfg::kSlices; ++s) {
+        const int64_t m0 = tile.m0 + (kPingPong ? s : cwg) * 64;
+        if constexpr (Cfg::kSmemEpilogue)
+          store_rows64_staged<kKind, Cfg>(args, acc[s], m0, tile.row_end, tile.n_tile,
+                                          smem_base + kStages * Cfg::kStageBytes + cwg * Cfg::kStagingBytes, cwg);
+        else
+          store_rows64<kKind, kTileN>(args, dims, acc[s], m0, tile.row_end, tile.n_tile, tile.expert);
+      }
     }
   }
   // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
