@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "configs.h"
+#include "tool_util.h"
 #include "ep_thread_communicator.h"
 #include "leanmoe/ep.h"
 #include "leanmoe/leanmoe.h"
@@ -57,6 +58,9 @@
 
 using namespace leanmoe;
 using tools::BenchShape;
+using tools::json_list;
+using tools::json_string;
+using tools::to_int;
 
 namespace {
 
@@ -84,14 +88,6 @@ struct Options {
   int iters = 0, warmup = -1;                                       // 0 / -1: device defaults
   std::string out, commit = "unknown", command;
 };
-
-int64_t to_int(const std::string& flag, const std::string& v, int64_t min = 1) {
-  int64_t x = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || p != v.data() + v.size() || x < min)
-    throw Error("argument '" + flag + "': must be an integer >= " + std::to_string(min) + ", got '" + v + "'");
-  return x;
-}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -436,24 +432,6 @@ std::string summary_name(Device device, const std::vector<std::string>& names) {
   std::string out;
   for (const auto& [name, k] : n) out += (out.empty() ? "" : ", ") + std::to_string(k) + "x " + name;
   return out;
-}
-
-std::string json_string(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
-    o += c;
-  }
-  return o + "\"";
-}
-
-template <class T>
-std::string json_list(const std::vector<T>& v) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
-  return s.str() + "]";
 }
 
 std::string num(double v, const char* fmt = "%.2f") {

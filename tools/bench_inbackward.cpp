@@ -26,6 +26,7 @@
 
 #include "leanmoe/leanmoe.h"
 #include "leanmoe/optim.h"
+#include "tool_util.h"
 
 #ifdef LEANMOE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -33,6 +34,7 @@
 
 using namespace leanmoe;
 using namespace leanmoe::optim;
+using tools::to_int;
 
 namespace {
 
@@ -60,14 +62,6 @@ struct Options {
   int steps = 5, warmup = 1, update_reps = 10;
   std::string out, commit = "unknown", command;
 };
-
-int64_t to_int(const std::string& flag, const std::string& v) {
-  int64_t x = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || p != v.data() + v.size() || x <= 0)
-    throw Error("argument '" + flag + "': must be a positive integer, got '" + v + "'");
-  return x;
-}
 
 Options parse(int argc, char** argv) {
   Options o;

@@ -16,6 +16,7 @@
 #include "configs.h"
 #include "leanmoe/leanmoe.h"
 #include "naive_moe.h"
+#include "tool_util.h"
 
 #ifndef LEANMOE_VERSION
 #define LEANMOE_VERSION "0.1.0"
@@ -23,6 +24,8 @@
 
 using namespace leanmoe;
 using tools::BenchShape;
+using tools::json_list;
+using tools::json_string;
 
 namespace {
 
@@ -320,23 +323,6 @@ void print_bench_row(const BenchResult& r, Device dev) {
               mib(r.saved_bytes), mib(r.naive_bytes), double(r.saved_bytes) / double(r.naive_bytes),
               mib(r.fwd_ws_bytes), mib(r.bwd_ws_bytes));
   std::fflush(stdout);
-}
-
-std::string json_string(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
-    o += c;
-  }
-  return o + "\"";
-}
-
-std::string json_list(const std::vector<double>& v) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
-  return s.str() + "]";
 }
 
 void write_json(const std::string& path, const std::string& command, Device dev, DType dt, int warmup, int iters,
