@@ -91,7 +91,7 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 0; i < argc; ++i) o.command += (i ? " " : "") + std::string(argv[i]);
+  o.command = tools::command_line(argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -481,9 +481,7 @@ int main(int argc, char** argv) {
     for (Row& r : rows)
       if (base) r.efficiency = r.tokens_per_s / base->tokens_per_s;
 
-    char date[32];
-    const std::time_t t = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+    const std::string date = tools::utc_now();
     const std::string where = summary_name(o.device, names);
     const std::string timing =
         gpu ? "CUDA events on the rank's stream around each all_to_all_v / all_reduce_sum (NCCL calls are "
@@ -550,12 +548,7 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < skipped.size(); ++i) js << (i ? ", " : "") << json_string(skipped[i]);
     js << "]\n}\n";
 
-    std::fputs(md.str().c_str(), stdout);
-    if (!o.out.empty()) {
-      std::filesystem::create_directories(o.out);
-      std::ofstream(o.out + "/ep_scaling.md") << md.str();
-      std::ofstream(o.out + "/ep_scaling.json") << js.str();
-    }
+    tools::emit_results(o.out, "ep_scaling", md.str(), js.str());
     return rows.empty() ? 1 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_ep: %s\n", e.what());

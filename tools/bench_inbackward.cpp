@@ -65,7 +65,7 @@ struct Options {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 0; i < argc; ++i) o.command += (i ? " " : "") + std::string(argv[i]);
+  o.command = tools::command_line(argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -347,9 +347,7 @@ int main(int argc, char** argv) {
     const double whole_gbs = upd.bytes / (upd.whole_ms * 1e-3) / 1e9;
     const double per_expert_gbs = upd.bytes / (upd.per_expert_ms * 1e-3) / 1e9;
 
-    char date[32];
-    const std::time_t t = std::time(nullptr);
-    std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+    const std::string date = tools::utc_now();
     std::ostringstream md;
     md << "## In-backward vs standard expert updates (" << gpu_name(o.device) << ", " << date << ")\n\n"
        << "Stack: " << o.layers << " layers, T=" << o.T << " d=" << o.d << " n=" << o.n << " E=" << o.E
@@ -406,12 +404,7 @@ int main(int argc, char** argv) {
        << whole_gbs << ", \"per_expert_ms\": " << upd.per_expert_ms << ", \"per_expert_GBps\": " << per_expert_gbs
        << ", \"copy_ceiling_GBps\": " << kCopyCeilingGBs << "}\n}\n";
 
-    std::fputs(md.str().c_str(), stdout);
-    if (!o.out.empty()) {
-      std::filesystem::create_directories(o.out);
-      std::ofstream(o.out + "/inbackward.md") << md.str();
-      std::ofstream(o.out + "/inbackward.json") << js.str();
-    }
+    tools::emit_results(o.out, "inbackward", md.str(), js.str());
     return stack_error.empty() ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_inbackward: %s\n", e.what());

@@ -1,8 +1,12 @@
 // Small helpers shared by the command-line tools (leanmoe, leanmoe_bench_inbackward,
-// leanmoe_bench_ep): integer flags and the bits of JSON they write by hand.
+// leanmoe_bench_ep): integer flags, the bits of JSON they write by hand, and their result files.
 #pragma once
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -37,6 +41,31 @@ std::string json_list(const std::vector<T>& v) {
   s << "[";
   for (size_t i = 0; i < v.size(); ++i) s << (i ? ", " : "") << v[i];
   return s.str() + "]";
+}
+
+// The command line as typed (argv joined by spaces), recorded in every result file.
+inline std::string command_line(int argc, char** argv) {
+  std::string c;
+  for (int i = 0; i < argc; ++i) c += (i ? " " : "") + std::string(argv[i]);
+  return c;
+}
+
+// "YYYY-MM-DD HH:MM UTC", the date stamp of result files.
+inline std::string utc_now() {
+  char date[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+  return date;
+}
+
+// Prints the markdown and, with an output folder, writes <dir>/<stem>.md and <dir>/<stem>.json.
+inline void emit_results(const std::string& dir, const std::string& stem, const std::string& md,
+                         const std::string& json) {
+  std::fputs(md.c_str(), stdout);
+  if (dir.empty()) return;
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/" + stem + ".md") << md;
+  std::ofstream(dir + "/" + stem + ".json") << json;
 }
 
 }  // namespace leanmoe::tools
