@@ -8,6 +8,7 @@
 #include "../src/validate.h"
 #include "expect_error.h"
 #include "leanmoe/leanmoe.h"
+#include "reference_checks.h"
 
 using namespace leanmoe;
 
@@ -25,14 +26,7 @@ struct Args {
   MoEGrads g;
   LayerMemory mem;
 
-  static MoEConfig base_config() {
-    MoEConfig c;
-    c.d = 16;
-    c.n = 8;
-    c.E = 4;
-    c.K = 2;
-    return c;
-  }
+  static MoEConfig base_config() { return leanmoe::testing::small_config(/*d=*/16, /*n=*/8, /*E=*/4, /*K=*/2); }
   Tensor make(std::vector<float>& v, std::initializer_list<int64_t> shape) {
     int64_t count = 1;
     for (int64_t s : shape) count *= s;

@@ -15,20 +15,14 @@
 #include "expect_error.h"
 #include "leanmoe/leanmoe.h"
 #include "leanmoe/optim.h"
+#include "reference_checks.h"
 
 using namespace leanmoe;
 
 namespace {
 
 
-MoEConfig small_config() {
-  MoEConfig c;
-  c.d = 16;
-  c.n = 8;
-  c.E = 4;
-  c.K = 2;
-  return c;
-}
+MoEConfig small_config() { return leanmoe::testing::small_config(/*d=*/16, /*n=*/8, /*E=*/4, /*K=*/2); }
 
 // T = 2^28 + 1 tokens with K = 8: R_max = 2^31 + 8 rows, one past what i32 offsets can hold.
 constexpr int64_t kTooManyTokens = (int64_t(1) << 28) + 1;

@@ -359,15 +359,16 @@ TEST(ExpertGemms, OtherWsSchedulesAndV1) {
   }
 }
 
-// LEANMOE_GEMM_WS_CLUSTER=1: the up-projection and dH run in 2x1 clusters multicasting the weight
-// tile (0: neither, also tested here; unset: dH only, the cases above), the CTA pair taking m-tiles 2p and 2p + 1 of an expert's 256-row pair p; with either
-// schedule (LEANMOE_GEMM_WS=1: up cooperative, dH ping-pong; 2: the reverse). The dangerous cases are
-// an odd m-tile count, where rank 1's m-tile lies wholly past the expert's rows yet must take part in
-// every multicast and barrier: one m-tile per expert (RaggedWithEmptyExpert: ~25 rows each; T = 1:
-// 1-row experts and empty ones), three m-tiles of one hot expert (R = 300), a mix of 1 and 2 m-tiles
+// The varlen-M warp-specialised cases under both schedules (LEANMOE_GEMM_WS=1: up cooperative, dH
+// ping-pong; 2: the reverse) and LEANMOE_GEMM_WS_CLUSTER=1 (up and dH in 2x1 clusters multicasting
+// the weight tile, the CTA pair taking m-tiles 2p and 2p + 1 of an expert's 256-row pair p) or 0
+// (neither; unset, dH only, is what the cases above run). The dangerous cases are an odd m-tile
+// count, where rank 1's m-tile lies wholly past the expert's rows yet must take part in every
+// multicast and barrier: one m-tile per expert (RaggedWithEmptyExpert: ~25 rows each; T = 1: 1-row
+// experts and empty ones), three m-tiles of one hot expert (R = 300), a mix of 1 and 2 m-tiles
 // (ManyExperts, n = 320: partial n-tiles), WideExperts (n = 576, d = 320: partial 256-wide tiles),
 // and 5 resp. 2 CTAs (2 clusters resp. 1) walking every tile with many passes over the stages.
-TEST(ExpertGemms, WsClusterMulticast) {
+void run_ws_schedules_and_clusters() {
   for (const char* clusters : {"1", "0"}) {
     for (const char* mode : {"1", "2"}) {
       SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_CLUSTER=") + clusters + " LEANMOE_GEMM_WS=" + mode);
@@ -388,6 +389,8 @@ TEST(ExpertGemms, WsClusterMulticast) {
   }
 }
 
+TEST(ExpertGemms, WsClusterMulticast) { run_ws_schedules_and_clusters(); }
+
 // LEANMOE_GEMM_WS_EPI=smem: the up-projection and dH epilogues stage their 64-row slices in shared
 // memory and copy whole rows out (store_rows64_staged), with one pipeline stage fewer; the same
 // cases as WsClusterMulticast, with either schedule (up: 64+64 or 128+128 gate/up columns per
@@ -395,26 +398,9 @@ TEST(ExpertGemms, WsClusterMulticast) {
 // one) and clusters on and off (a rank-1 m-tile past the expert's rows still takes part in every
 // warpgroup barrier of the epilogue and stores nothing).
 TEST(ExpertGemms, WsSmemEpilogue) {
+  SCOPED_TRACE("LEANMOE_GEMM_WS_EPI=smem");
   ScopedEnv epi("LEANMOE_GEMM_WS_EPI", "smem");
-  for (const char* clusters : {"1", "0"}) {
-    for (const char* mode : {"1", "2"}) {
-      SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_EPI=smem LEANMOE_GEMM_WS_CLUSTER=") + clusters +
-                   " LEANMOE_GEMM_WS=" + mode);
-      ScopedEnv cluster("LEANMOE_GEMM_WS_CLUSTER", clusters);
-      ScopedEnv ws("LEANMOE_GEMM_WS", mode);
-      run_case({100, 8, 2, 192, 192, 3, false});
-      run_case({1, 4, 2, 128, 64, -1, false});
-      run_case({300, 4, 1, 64, 128, -1, true});
-      run_case({512, 16, 4, 256, 320, -1, false});
-      run_case({64, 4, 2, 320, 576, -1, false});
-      for (const char* ctas : {"5", "2"}) {
-        SCOPED_TRACE(std::string("LEANMOE_GEMM_MAX_CTAS=") + ctas);
-        ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", ctas);
-        run_case({512, 16, 4, 256, 320, 5, false});
-        run_case({300, 4, 1, 64, 128, -1, true});
-      }
-    }
-  }
+  run_ws_schedules_and_clusters();
 }
 
 // Any other LEANMOE_GEMM_WS_EPI value is refused by name before a launch (of the ws kernels, which
