@@ -24,6 +24,7 @@
 
 #include "../src/cuda/expert_gemms.h"
 #include "configs.h"
+#include "tool_util.h"
 
 namespace {
 
@@ -140,13 +141,6 @@ void bench_shape(const leanmoe::tools::BenchShape& c, int iters, int warmup) {
   }
 }
 
-int parse_int(const std::string& flag, const char* v) {
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (!*v || *end || x < 1) throw std::runtime_error(flag + ": expected an integer >= 1, got '" + v + "'");
-  return int(x);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -163,8 +157,8 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error(flag + " needs a value (see --help)");
       const char* v = argv[++i];
       if (flag == "--config") configs = v;
-      else if (flag == "--iters") iters = parse_int(flag, v);
-      else if (flag == "--warmup") warmup = parse_int(flag, v);
+      else if (flag == "--iters") iters = int(leanmoe::tools::to_int(flag, v));
+      else if (flag == "--warmup") warmup = int(leanmoe::tools::to_int(flag, v));
       else throw std::runtime_error("unknown flag " + flag + " (see --help)");
     }
     std::vector<leanmoe::tools::BenchShape> shapes;

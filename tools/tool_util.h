@@ -1,5 +1,5 @@
-// Small helpers shared by the command-line tools (leanmoe, leanmoe_bench_inbackward,
-// leanmoe_bench_ep): integer flags, the bits of JSON they write by hand, and their result files.
+// Small helpers shared by the command-line tools (leanmoe, leanmoe_bench_inbackward, _ep, _gemms):
+// integer flags, the bits of JSON they write by hand, and their result files.
 #pragma once
 #include <charconv>
 #include <cstdint>
