@@ -4,7 +4,7 @@
 // random top-K (each token picks K distinct experts), rows sorted by expert as the backend does;
 // inputs are filled on the device with a hash (no host copy of multi-GB weights).
 //
-//   leanmoe_bench_gemms [--config NAME[,NAME...]] [--iters N] [--warmup N]
+//   leanmoe_bench_gemms [--config NAME[,NAME...]] [--gemms up,down,dh,dw2,dx,dw1] [--iters N] [--warmup N]
 //
 // Prints one markdown row per (config, GEMM): median ms over the timed launches and TFLOP/s with
 // 2·M·N·K per GEMM (R = T·K routed rows: up 2·R·2n·d, down 2·R·d·n, dh 2·R·n·d, dx 2·R·d·2n,
@@ -84,7 +84,17 @@ double median_ms(const std::function<void()>& launch, int iters, int warmup) {
   return ms[iters / 2];
 }
 
-void bench_shape(const leanmoe::tools::BenchShape& c, int iters, int warmup) {
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t b = 0; b <= list.size();) {
+    const size_t e = std::min(list.find(',', b), list.size());
+    out.push_back(list.substr(b, e - b));
+    b = e + 1;
+  }
+  return out;
+}
+
+void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, int iters, int warmup) {
   const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
   // Uniform random top-K routing, rows sorted by expert and stable by token (what routing emits).
   std::mt19937 rng(1234);
@@ -133,7 +143,11 @@ void bench_shape(const leanmoe::tools::BenchShape& c, int iters, int warmup) {
       {"dx", 4 * mnk, [&] { lc::dx_expert(rows, s, dh.ptr, w1.ptr, dx.ptr, nullptr); }},
       {"dw1", 4 * mnk, [&] { lc::dw1(rows, s, dh.ptr, x.ptr, dw1.ptr, nullptr); }},
   };
+  for (const auto& name : only)
+    if (std::none_of(gemms.begin(), gemms.end(), [&](const Gemm& g) { return name == g.name; }))
+      throw std::runtime_error("--gemms: unknown '" + name + "'; known: up,down,dh,dw2,dx,dw1");
   for (const auto& g : gemms) {
+    if (!only.empty() && std::find(only.begin(), only.end(), g.name) == only.end()) continue;
     const double ms = median_ms(g.launch, iters, warmup);
     std::printf("| %s | %lld | %lld | %lld | %lld | %lld | %s | %.3f | %.1f |\n", c.name.c_str(), (long long)T,
                 (long long)d, (long long)n, (long long)E, (long long)K, g.name, ms, g.flops / (ms * 1e9));
@@ -146,17 +160,20 @@ void bench_shape(const leanmoe::tools::BenchShape& c, int iters, int warmup) {
 int main(int argc, char** argv) {
   try {
     std::string configs = "7B-n256,120B-n2048";
+    std::vector<std::string> only;  // GEMMs to time; empty = all six
     int iters = 20, warmup = 3;
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
       if (flag == "--help" || flag == "-h") {
-        std::printf("leanmoe_bench_gemms [--config NAME[,NAME...]|grid] [--iters N] [--warmup N]\nconfigs: %s\n",
+        std::printf("leanmoe_bench_gemms [--config NAME[,NAME...]|grid] [--gemms up,down,dh,dw2,dx,dw1] [--iters N] "
+                    "[--warmup N]\nconfigs: %s\n",
                     leanmoe::tools::shape_names().c_str());
         return 0;
       }
       if (i + 1 >= argc) throw std::runtime_error(flag + " needs a value (see --help)");
       const char* v = argv[++i];
       if (flag == "--config") configs = v;
+      else if (flag == "--gemms") only = split_commas(v);
       else if (flag == "--iters") iters = int(leanmoe::tools::to_int(flag, v));
       else if (flag == "--warmup") warmup = int(leanmoe::tools::to_int(flag, v));
       else throw std::runtime_error("unknown flag " + flag + " (see --help)");
@@ -165,20 +182,17 @@ int main(int argc, char** argv) {
     if (configs == "grid") {
       shapes = leanmoe::tools::grid_shapes();
     } else {
-      for (size_t b = 0; b <= configs.size();) {
-        const size_t e = std::min(configs.find(',', b), configs.size());
-        const std::string name = configs.substr(b, e - b);
+      for (const auto& name : split_commas(configs)) {
         const auto* shape = leanmoe::tools::find_shape(name);
         if (!shape) throw std::runtime_error("--config: unknown '" + name + "'; known: " + leanmoe::tools::shape_names());
         shapes.push_back(*shape);
-        b = e + 1;
       }
     }
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     std::printf("GPU: %s; median of %d launches after %d warm-up\n\n", prop.name, iters, warmup);
     std::printf("| config | T | d | n | E | K | GEMM | ms | TFLOP/s |\n|---|---|---|---|---|---|---|---|---|\n");
-    for (const auto& s : shapes) bench_shape(s, iters, warmup);
+    for (const auto& s : shapes) bench_shape(s, only, iters, warmup);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_gemms: %s\n", e.what());

@@ -198,6 +198,19 @@ void launch_ws_cluster(const RoutedRows& rows, const ExpertShape& s, const GemmA
   }
 }
 
+// Column tiles per band of the warp-specialised varlen-M tile order (sm90_ws_grouped_gemm.cuh, where
+// tile_at explains the L2 / DRAM traffic): LEANMOE_GEMM_WS_BAND (read per launch, >= 1; 1 = v1's
+// order), else min(n_tiles, 8): 8 column tiles x ~16 m-tiles run together, which at 120B-n2048 is
+// about one expert's rows (16 m-tiles of 128) against 8 weight column slices.
+int ws_n_band(int n_tiles) {
+  if (const char* env = std::getenv("LEANMOE_GEMM_WS_BAND")) {
+    const int band = std::atoi(env);
+    if (band < 1) throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_BAND: must be an integer >= 1, got '") + env + "'");
+    return std::min(band, n_tiles);
+  }
+  return std::min(n_tiles, 8);
+}
+
 // Warp-specialised kernel: one CTA per SM (capped as for v1); varlen-M weights through one TMA map.
 template <GemmKind kKind, class Cfg, class RaiseSmemLimit>
 void launch_ws(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStream_t stream,
@@ -207,6 +220,7 @@ void launch_ws(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cuda
   const dim3 tiles = grid_for<kKind>(rows, s, Cfg::kTileM, Cfg::kTileN);
   args.n_tiles = static_cast<int>(tiles.y);
   args.m_tiles = static_cast<int>(tiles.x);  // varlen-K: row tiles of dW (unused for varlen-M)
+  args.n_band = ws_n_band(args.n_tiles);
   int64_t ctas = std::min<int64_t>(int64_t(tiles.x) * tiles.y * tiles.z, multiprocessor_count());
   if (const char* cap = std::getenv("LEANMOE_GEMM_MAX_CTAS")) ctas = std::clamp<int64_t>(std::atoll(cap), 1, ctas);
   CUtensorMap map{};  // varlen-K: both operands are row-gathered or row ranges, copied with cp.async

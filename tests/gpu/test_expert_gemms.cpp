@@ -403,6 +403,30 @@ TEST(ExpertGemms, WsSmemEpilogue) {
   run_ws_schedules_and_clusters();
 }
 
+// The varlen-M tile order walks bands of LEANMOE_GEMM_WS_BAND column tiles (default min(n_tiles, 8),
+// which the cases above take: every band whole). 1 is v1's order; 2 leaves a narrower last band
+// where the column tile count is odd (ManyExperts, n = 320: up 3 resp. 5 tiles, dH 2 resp. 3;
+// WideExperts, n = 576: up 5 resp. 9, dH 3 resp. 5), with either schedule, clusters on and off
+// (a cluster's two CTAs must map one tile index to the same band and column tile) and 5 CTAs.
+TEST(ExpertGemms, WsTileBands) {
+  for (const char* band : {"1", "2"}) {
+    for (const char* clusters : {"1", "0"}) {
+      for (const char* mode : {"1", "2"}) {
+        SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_BAND=") + band + " LEANMOE_GEMM_WS_CLUSTER=" + clusters +
+                     " LEANMOE_GEMM_WS=" + mode);
+        ScopedEnv b("LEANMOE_GEMM_WS_BAND", band);
+        ScopedEnv cluster("LEANMOE_GEMM_WS_CLUSTER", clusters);
+        ScopedEnv ws("LEANMOE_GEMM_WS", mode);
+        run_case({100, 8, 2, 192, 192, 3, false});
+        run_case({512, 16, 4, 256, 320, -1, false});
+        run_case({64, 4, 2, 320, 576, -1, false});
+        ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", "5");
+        run_case({512, 16, 4, 256, 320, 5, false});
+      }
+    }
+  }
+}
+
 // Any other LEANMOE_GEMM_WS_EPI value is refused by name before a launch (of the ws kernels, which
 // read it).
 TEST(ExpertGemms, WsEpilogueValueIsChecked) {

@@ -37,6 +37,7 @@ struct GemmArgs {
   float* ds_partial;   // [R, ds_tiles] (dH)
   int ds_tiles;
   int n_tiles, m_tiles;  // persistent kernels: column tiles; row tiles of dW (varlen-K)
+  int n_band;            // warp-specialised varlen-M: column tiles walked together (tile order, >= 1)
 };
 
 // Persistent kernels keep a per-expert tile table in shared memory; more experts fall back to v0.

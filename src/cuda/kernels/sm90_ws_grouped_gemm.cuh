@@ -406,8 +406,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   __syncthreads();
   // The peer's barriers must be initialised before our first remote arrive or multicast into it.
   if constexpr (kCluster) cluster_sync_all();
-  // Varlen-M tiles: (n-tile, m-tile slot), slots fastest (the CTAs running together share weight
-  // column slices, as in v1); varlen-K tiles: (expert, m-tile, n-tile), n fastest, as in v1.
+  // Varlen-M tiles: bands of args.n_band column tiles; within a band (m-tile slot, n-tile), n
+  // fastest. With n_band = 1 this is v1's order (slots fastest, one column tile at a time): the 132
+  // CTAs running together then share a weight column slice but read 132 different A row tiles, and
+  // every A row is read again for each column tile (120B-n2048 up: 16 x 1.07 GB of gathered X from
+  // DRAM). With n_band = B, ~132 / B m-tiles x B column tiles run together: each A tile is read
+  // once per band, and an expert's weight columns of the band are shared by its m-tiles.
+  // Varlen-K tiles: (expert, m-tile, n-tile), n fastest, as in v1.
   const int total_slots = kVarlenK ? 0 : s_tile_prefix[E];
   const int total_tiles = kVarlenK ? E * args.m_tiles * args.n_tiles : total_slots * args.n_tiles;
   // The k-tiles of tile t (consumers need only these before the mainloop and resolve the rest of the
@@ -428,8 +433,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       m_tile = (t / args.n_tiles) % args.m_tiles;
       c.n_tile = t % args.n_tiles;
     } else {
-      const int slot = t % total_slots;
-      c.n_tile = t / total_slots;
+      const int band = t / (total_slots * args.n_band);
+      const int width = min(args.n_band, args.n_tiles - band * args.n_band);  // the last band may be narrower
+      const int r = t - band * total_slots * args.n_band;
+      const int slot = r / width;
+      c.n_tile = band * args.n_band + r % width;
       c.expert = expert_of_slot(s_tile_prefix, E, slot);
       m_tile = (slot - s_tile_prefix[c.expert]) * (kCluster ? 2 : 1) + cta_rank();
     }
