@@ -105,15 +105,21 @@ int ws_mode() {
   return env && env[0] == '0' ? 0 : env && env[0] == '2' ? 2 : 1;
 }
 
-// LEANMOE_GEMM_WS_EPI (read per launch, for A/B comparisons) picks the epilogue of the
-// warp-specialised up-projection and dH kernels: unset or "reg" = store_rows64, bf16 pairs from the
-// accumulator registers straight to global memory; "smem" = store_rows64_staged, rows staged in
-// shared memory and copied with 16-byte row-contiguous accesses (one pipeline stage fewer; both in
-// sm90_ws_grouped_gemm.cuh). Not yet measured. The dW kernels keep theirs.
+// Epilogue of the warp-specialised up-projection and dH kernels (both in sm90_ws_grouped_gemm.cuh):
+// store_rows64, bf16 pairs from the accumulator registers straight to global memory (4-byte
+// stores, 8 rows per warp instruction; dH reads H the same way), or store_rows64_staged, 64-row
+// slices staged in shared memory and copied with 16-byte row-contiguous accesses (dH: H comes in
+// by cp.async), at the price of one pipeline stage. Measured on the H200 (session 3,
+// bench/results/2026-12-02-h200-s3/gemms.md, TFLOP/s registers / staged, tile bands of 8):
+// dH 213/262 (7B-n256), 359/410 (120B-n2048), 268/309 (olmoe-1b-7b), 277/321 (gpt-oss-20b);
+// up 456/436, 470/496, 468/483, 470/486. So staged for dH always and for up from n = 1024 (at
+// n = 256 a tile's epilogue is short next to the lost stage). LEANMOE_GEMM_WS_EPI (read per
+// launch) = "reg" or "smem" forces one for both.
 enum class WsEpilogue { Registers, Smem };
-WsEpilogue ws_epilogue() {
+WsEpilogue ws_epilogue(GemmKind kind, int64_t n) {
   const char* env = std::getenv("LEANMOE_GEMM_WS_EPI");
-  if (!env || !*env || std::string(env) == "reg") return WsEpilogue::Registers;
+  if (!env || !*env) return kind == GemmKind::DhSwigluBwd || n >= 1024 ? WsEpilogue::Smem : WsEpilogue::Registers;
+  if (std::string(env) == "reg") return WsEpilogue::Registers;
   if (std::string(env) == "smem") return WsEpilogue::Smem;
   throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_EPI: must be unset, 'reg' or 'smem', got '") + env + "'");
 }
@@ -265,7 +271,7 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStr
     if constexpr (has_ws_kernel(kKind)) {
       const bool ping_pong = (ws_mode() == 1) == ws_ping_pong_by_default(kKind, s.n);
       if constexpr (!kernels::is_varlen_k(kKind)) {
-        if (ws_epilogue() == WsEpilogue::Smem) {
+        if (ws_epilogue(kKind, s.n) == WsEpilogue::Smem) {
           if (ping_pong) launch_ws<kKind, v1::WsPingPongSmemEpi>(rows, s, args, stream, raise_smem_limit, what);
           else launch_ws<kKind, v1::WsCooperativeSmemEpi>(rows, s, args, stream, raise_smem_limit, what);
           check_launch(what);

@@ -391,16 +391,20 @@ void run_ws_schedules_and_clusters() {
 
 TEST(ExpertGemms, WsClusterMulticast) { run_ws_schedules_and_clusters(); }
 
-// LEANMOE_GEMM_WS_EPI=smem: the up-projection and dH epilogues stage their 64-row slices in shared
-// memory and copy whole rows out (store_rows64_staged), with one pipeline stage fewer; the same
-// cases as WsClusterMulticast, with either schedule (up: 64+64 or 128+128 gate/up columns per
-// tile; dH: 64- or 128-column halves, n = 320 and 576 ending in a partial half or a wholly idle
-// one) and clusters on and off (a rank-1 m-tile past the expert's rows still takes part in every
-// warpgroup barrier of the epilogue and stores nothing).
-TEST(ExpertGemms, WsSmemEpilogue) {
-  SCOPED_TRACE("LEANMOE_GEMM_WS_EPI=smem");
-  ScopedEnv epi("LEANMOE_GEMM_WS_EPI", "smem");
-  run_ws_schedules_and_clusters();
+// The two epilogues of the up-projection and dH (by default staged for dH and for up from
+// n = 1024, which no case here reaches) forced each way: LEANMOE_GEMM_WS_EPI=smem stages 64-row
+// slices in shared memory and copies whole rows out (store_rows64_staged), with one pipeline stage
+// fewer; reg stores from the accumulators (store_rows64). The same cases as WsClusterMulticast, with
+// either schedule (up: 64+64 or 128+128 gate/up columns per tile; dH: 64- or 128-column halves,
+// n = 320 and 576 ending in a partial half or a wholly idle one) and clusters on and off (a rank-1
+// m-tile past the expert's rows still takes part in every warpgroup barrier of the epilogue and
+// stores nothing).
+TEST(ExpertGemms, WsEpilogues) {
+  for (const char* epi : {"smem", "reg"}) {
+    SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_EPI=") + epi);
+    ScopedEnv e("LEANMOE_GEMM_WS_EPI", epi);
+    run_ws_schedules_and_clusters();
+  }
 }
 
 // The varlen-M tile order walks bands of LEANMOE_GEMM_WS_BAND column tiles (default min(n_tiles, 8),
