@@ -81,25 +81,27 @@ void launch_v1(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cuda
 }
 
 // LEANMOE_GEMM_WS (read per launch, for A/B comparisons): 1 or unset = the warp-specialised kernel
-// (sm90_ws_grouped_gemm.cuh) for the up-projection and dW1 (cooperative 128x256) and for dH and dW2
-// (ping-pong 128x128 per consumer); 2 = the same kernel with the other schedule for each; 0 = the v1
-// kernel for all four.
+// (sm90_ws_grouped_gemm.cuh) for the up-projection, dH, dW2 and dW1, cooperative (both consumer
+// warpgroups on one tile: 128x256, dW1 256x128, see ws_dw1_tall); 2 = the same kernel ping-pong
+// (two 128x128 tiles in flight, one's epilogue under the other's MMAs); 0 = the v1 kernel for all
+// four. Measured on the H200, TFLOP/s ping-pong / cooperative at 7B-n256, olmoe-1b-7b, 120B-n2048
+// (bench/results/2026-12-02-h200-s2/gemms.md): up 359/446, 344/457, 332/458; dW2 405/446, 444/528,
+// 407/472; dW1 423/460, 365/373, 418/464; and dH, since its epilogue is staged through shared
+// memory (bench/results/2026-12-02-h200-s3/gemms.md), 259/258, 306/331, 318/403 (gpt-oss-20b
+// 309/320): the overlap no longer pays for the 128x128 tiles' extra L2 traffic per FLOP.
 constexpr bool has_ws_kernel(GemmKind k) {
   return k == GemmKind::UpProjSwiglu || k == GemmKind::DhSwigluBwd || kernels::is_varlen_k(k);
 }
-// Ping-pong (one consumer's epilogue under the other's MMAs) for dH, whose epilogue is heavy (reads
-// H, writes dH, A' and ds), and dW2, whose [d, n] outputs are small (7B-n256: 12 x 2 tiles of 128x128
-// per expert, each 24 k-tiles deep); cooperative 128x256 for up and dW1 ([2n, d] per expert), whose
-// tiles take 3/4 of the L2 traffic per FLOP of 128x128 ones. Not yet measured for dW1/dW2:
-// LEANMOE_GEMM_WS=2 runs the other choice.
-// Ping-pong (two 128x128 tiles in flight, one's epilogue under the other's MMAs) or cooperative
-// (one 128x256 tile) by default; LEANMOE_GEMM_WS=2 swaps. Measured on the H200 (leanmoe_bench_gemms,
-// TFLOP/s ping-pong / cooperative at 7B-n256, olmoe-1b-7b, 120B-n2048;
-// bench/results/2026-12-02-h200-s2/gemms.md): up 359/446, 344/457, 332/458; dh 196/172, 214/188,
-// 294/313; dW2 405/446, 444/528, 407/472; dW1 423/460, 365/373, 418/464. Only dh with its heavy
-// epilogue (reads H, writes dH, A' and dS partials) gains from the overlap, and only while n is
-// short enough that the epilogue is a large share of a tile (n = 2048 loses it).
-bool ws_ping_pong_by_default(GemmKind k, int64_t n) { return k == GemmKind::DhSwigluBwd && n < 2048; }
+// dW1's cooperative tile: 256x128 (LEANMOE_GEMM_WS_DW1_TILE unset or "256x128"), whose 256 side is
+// dH's columns, loaded with TMA (32 KB per k-tile, 16 KB of gathered X by cp.async), or 128x256
+// ("128x256": 16 KB by TMA, 32 KB by cp.async). Read per launch.
+bool ws_dw1_tall() {
+  const char* env = std::getenv("LEANMOE_GEMM_WS_DW1_TILE");
+  if (!env || !*env || std::string(env) == "256x128") return true;
+  if (std::string(env) == "128x256") return false;
+  throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_DW1_TILE: must be unset, '256x128' or '128x256', got '") + env +
+                       "'");
+}
 int ws_mode() {
   const char* env = std::getenv("LEANMOE_GEMM_WS");
   return env && env[0] == '0' ? 0 : env && env[0] == '2' ? 2 : 1;
@@ -124,9 +126,10 @@ WsEpilogue ws_epilogue(GemmKind kind, int64_t n) {
   throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_EPI: must be unset, 'reg' or 'smem', got '") + env + "'");
 }
 
-// 2D TMA map over a row-major bf16 matrix [rows, cols] (all experts' weights stacked), 128B swizzle,
-// box {box_cols, box_rows}. The driver entry point is fetched through the runtime (no -lcuda).
-CUtensorMap weight_tensor_map(const void* w, int64_t rows, int64_t cols, int box_cols, int box_rows, const char* what) {
+// 2D TMA map over a row-major bf16 matrix [rows, cols] (all experts' weights stacked, or routed
+// rows), 128B swizzle, box {box_cols, box_rows}. The driver entry point is fetched through the
+// runtime (no -lcuda).
+CUtensorMap bf16_tensor_map(const void* w, int64_t rows, int64_t cols, int box_cols, int box_rows, const char* what) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -146,7 +149,7 @@ CUtensorMap weight_tensor_map(const void* w, int64_t rows, int64_t cols, int box
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS)
     throw leanmoe::Error(std::string(what) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(res) +
-                         "); the weights must be 16-byte aligned");
+                         "); the operand must be 16-byte aligned");
   return map;
 }
 
@@ -229,11 +232,17 @@ void launch_ws(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cuda
   args.n_band = ws_n_band(args.n_tiles);
   int64_t ctas = std::min<int64_t>(int64_t(tiles.x) * tiles.y * tiles.z, multiprocessor_count());
   if (const char* cap = std::getenv("LEANMOE_GEMM_MAX_CTAS")) ctas = std::clamp<int64_t>(std::atoll(cap), 1, ctas);
-  CUtensorMap map{};  // varlen-K: both operands are row-gathered or row ranges, copied with cp.async
+  // The operand loaded with TMA: the weights (varlen-M) or the row-range operand (varlen-K: dH for
+  // dW1, A' for dW2, over the rows_capacity rows the caller allocated; none: every expert is empty,
+  // no k-tile is loaded and the kernel only stores zero gradients).
+  CUtensorMap map{};
   if constexpr (kKind == GemmKind::UpProjSwiglu)
-    map = weight_tensor_map(args.b, rows.E * 2 * s.n, s.d, 64, Cfg::kTileN / 2, what);
+    map = bf16_tensor_map(args.b, rows.E * 2 * s.n, s.d, 64, Cfg::kTileN / 2, what);
   else if constexpr (kKind == GemmKind::DhSwigluBwd)
-    map = weight_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, what);
+    map = bf16_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, what);
+  else if (rows.rows_capacity > 0)
+    map = kKind == GemmKind::Dw1 ? bf16_tensor_map(args.a, rows.rows_capacity, 2 * s.n, 64, 64, what)
+                                 : bf16_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, what);
   if constexpr (!kernels::is_varlen_k(kKind)) {
     if (ws_cluster(kKind)) {
       static const bool cluster_ready =
@@ -269,11 +278,18 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStr
     v0::grouped_gemm_kernel<kKind><<<grid, v0::kThreads, v0::kSmemBytes, stream>>>(args);
   } else if (has_ws_kernel(kKind) && ws_mode() != 0) {
     if constexpr (has_ws_kernel(kKind)) {
-      const bool ping_pong = (ws_mode() == 1) == ws_ping_pong_by_default(kKind, s.n);
+      const bool ping_pong = ws_mode() == 2;
       if constexpr (!kernels::is_varlen_k(kKind)) {
         if (ws_epilogue(kKind, s.n) == WsEpilogue::Smem) {
           if (ping_pong) launch_ws<kKind, v1::WsPingPongSmemEpi>(rows, s, args, stream, raise_smem_limit, what);
           else launch_ws<kKind, v1::WsCooperativeSmemEpi>(rows, s, args, stream, raise_smem_limit, what);
+          check_launch(what);
+          return;
+        }
+      }
+      if constexpr (kKind == GemmKind::Dw1) {
+        if (!ping_pong && ws_dw1_tall()) {
+          launch_ws<kKind, v1::WsCooperativeTall>(rows, s, args, stream, raise_smem_limit, what);
           check_launch(what);
           return;
         }

@@ -340,10 +340,10 @@ struct ScopedEnv {
   ~ScopedEnv() { had ? setenv(name.c_str(), old.c_str(), 1) : unsetenv(name.c_str()); }
 };
 
-// The up-projection, dH, dW2 and dW1 run the warp-specialised kernel by default (up, dW1, dW2:
-// cooperative 128x256; dH: ping-pong, 128x128 per consumer, in 2x1 clusters), so the cases above
-// test those; LEANMOE_GEMM_WS=2 swaps the two schedules (partial 256-wide tiles for dH, 64+64-column
-// tiles for up, 128x128 dW tiles) and 0 takes the v1 kernel. Both on the ragged cases (dW: empty
+// The up-projection, dH, dW2 and dW1 run the warp-specialised kernel by default (cooperative: up,
+// dH, dW2 128x256, dW1 256x128; dH in 2x1 clusters), so the cases above test those;
+// LEANMOE_GEMM_WS=2 runs ping-pong (128x128 per consumer: 64+64-column tiles for up, 128-column
+// ones for dH, 128x128 dW tiles) and 0 takes the v1 kernel. Both on the ragged cases (dW: empty
 // experts' tiles store zeros without a k-tile, one expert's 5 k-tiles end in a partial one) and with
 // 5 CTAs walking many tiles (odd tile counts per CTA: the ping-pong hand-over ends on either
 // consumer; dW: empty-expert tiles of 0 k-tiles in the middle of a CTA's stream).
@@ -429,6 +429,21 @@ TEST(ExpertGemms, WsTileBands) {
       }
     }
   }
+}
+
+// dW1's cooperative tile is 256x128 by default (the cases above: dH's 256 columns by TMA, a partial
+// last k-tile of an expert by cp.async); LEANMOE_GEMM_WS_DW1_TILE=128x256 takes the other, on the
+// ragged cases (partial last k-tiles, empty experts, n = 192 and 320: partial 256- and 128-wide
+// tiles) and with 5 CTAs walking many tiles.
+TEST(ExpertGemms, WsDw1Tiles) {
+  SCOPED_TRACE("LEANMOE_GEMM_WS_DW1_TILE=128x256");
+  ScopedEnv tile("LEANMOE_GEMM_WS_DW1_TILE", "128x256");
+  ScopedEnv ws("LEANMOE_GEMM_WS", "1");
+  run_case({100, 8, 2, 192, 192, 3, false});
+  run_case({300, 4, 1, 64, 128, -1, true});
+  run_case({512, 16, 4, 256, 320, -1, false});
+  ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", "5");
+  run_case({512, 16, 4, 256, 320, 5, false});
 }
 
 // Any other LEANMOE_GEMM_WS_EPI value is refused by name before a launch (of the ws kernels, which

@@ -7,14 +7,17 @@
 //     weight tile with TMA (one 2D tensor map over all experts' weights, 128B swizzle: the layout
 //     the wgmma descriptors read), and all 128 threads gather the 128 A rows (X or dO through
 //     row_token) with 16-byte cp.async into the same swizzled layout. Varlen-K: a k-tile is 64 of
-//     the expert's rows of both operands (one row-gathered, the other a row range), all 128 threads
-//     copy both with cp.async into MN-major tiles. A stage is full when each producer thread's
-//     copies have completed (cp.async.mbarrier.arrive.noinc) and, varlen-M, the TMA bytes have
-//     landed (expect-tx): 128 (+ 1) arrivals on its "full" mbarrier.
+//     the expert's rows of both operands (one row-gathered, the other a row range), in MN-major
+//     tiles: thread 0 loads the row-range operand with TMA, all 128 threads copy the gathered one
+//     with cp.async (and, in an expert's partial last k-tile, the other one too, zero-filling the
+//     rows past the expert's). A stage is full when each producer thread's copies have completed
+//     (cp.async.mbarrier.arrive.noinc) and the TMA bytes have landed (thread 0's expect-tx):
+//     128 + 1 arrivals on its "full" mbarrier.
 //   - warpgroups 1 and 2, the consumers (setmaxnreg up to 232): wgmma from the stage, then release
 //     it on its "empty" mbarrier (lane 0 of each warp, after the warp's wgmmas reading it retired).
 // Two schedules (WsConfig::kPingPong):
-//   - cooperative: both consumers share each 128 x kTileN tile (64 rows each); the epilogue is not
+//   - cooperative: both consumers share each kTileM x kTileN tile (kTileM/2 rows each: 64, or 128
+//     for the 256-row varlen-K tiles); the epilogue is not
 //     overlapped with MMAs, but the producer keeps loading the next tile meanwhile.
 //   - ping-pong: each consumer owns whole 128 x kTileN tiles (alternate tiles of the CTA's stream);
 //     a pair of named barriers hands the tensor cores from one to the other after each mainloop, so
@@ -52,11 +55,12 @@
 
 namespace leanmoe::cuda::kernels::sm90 {
 
-template <int kTileN_, int kStages_, bool kPingPong_, bool kSmemEpilogue_ = false>
+template <int kTileN_, int kStages_, bool kPingPong_, bool kSmemEpilogue_ = false, int kTileM_ = 128>
 struct WsConfig {
   static constexpr int kTileN = kTileN_, kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
-  static constexpr int kTileM = 128, kTileK = 64;
+  static constexpr int kTileM = kTileM_, kTileK = 64;
+  static_assert(kTileM == 128 || (kTileM == 256 && !kPingPong), "256-row tiles are cooperative only");
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
   static constexpr int kABytes = kTileM * kTileK * 2, kBBytes = kTileN * kTileK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
@@ -66,8 +70,11 @@ struct WsConfig {
   static constexpr int kStagingPitch = kTileN + 16;  // bytes per staged row: kTileN/2 bf16 + 16
   static constexpr int kStagingBytes = kSmemEpilogue ? 2 * 64 * kStagingPitch : 0;  // per consumer warpgroup
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStagingBytes + 1024;  // + alignment slack to 1024 B
-  // 64-row slices of the tile per consumer warpgroup; each holds kTileN/2 fp32 accumulators per thread.
-  static constexpr int kSlices = kPingPong ? 2 : 1;
+  // 64-row slices per consumer warpgroup, each kTileN/2 fp32 accumulators per thread: ping-pong,
+  // the warpgroup's whole 128-row tile; cooperative, its half of the tile's rows.
+  static constexpr int kSlices = kPingPong ? 2 : kTileM / 128;
+  // Slice s of consumer warpgroup cwg: 64-row slice number slice_row(cwg, s) of the tile.
+  static constexpr __host__ __device__ int slice_row(int cwg, int s) { return kPingPong ? s : cwg * kSlices + s; }
   static_assert(kSlices * kTileN / 2 <= 128, "accumulators must leave room for the epilogue in 232 registers");
   // + the static tile table (4 KB) and the mbarriers, within the 227 KB an SM gives one CTA.
   static_assert(kSmemBytes + (kMaxExperts + 1) * 4 + kStages * 16 <= 227 * 1024);
@@ -76,6 +83,10 @@ struct WsConfig {
 using WsPingPong = WsConfig<128, 6, true>;
 // 4 x 48 KB stages; 128 x 256 shared by both consumers = 128 accumulators per thread.
 using WsCooperative = WsConfig<256, 4, false>;
+// 4 x 48 KB stages; 256 x 128, each consumer 128 x 128 (two slices) = 128 accumulators per thread.
+// For dW1, whose contiguous operand (dH, loaded with TMA) is the M side: 32 KB by TMA and 16 KB
+// of gathered X rows by cp.async per k-tile, instead of 16 KB and 32 KB at 128 x 256.
+using WsCooperativeTall = WsConfig<128, 4, false, false, 256>;
 // The same with the staged epilogue (LEANMOE_GEMM_WS_EPI=smem), one stage fewer to make room (227 KB
 // = 232448 B per CTA, of which the tile table and barriers take 4100 + 16 · kStages B):
 //   ping-pong:   5 x 32768 + 2 x 18432 (2 x 64 x 144) + 1024 = 201728 B (6 stages: 234496 B, too many);
@@ -357,16 +368,19 @@ struct WsTile {
   int64_t m0;
 };
 
-// The weight tensor map (varlen-M only; unused by the varlen-K kinds): up: W1 as [E·2n rows, d
-// cols], box {64, kTileN/2} (the gate half, then the up half of the tile, K-major); dH: W2 as
-// [E·d rows, n cols], box {64, 64} (one 64-wide N block of a 64-deep k-tile, MN-major). Encoded on
-// the host per launch (expert_gemms.cu). kCluster: launched with 2x1 clusters (see the top).
+// tma_operand, the tensor map of the operand loaded with TMA: varlen-M, the weights: up: W1 as
+// [E·2n rows, d cols], box {64, kTileN/2} (the gate half, then the up half of the tile, K-major);
+// dH: W2 as [E·d rows, n cols], box {64, 64} (one 64-wide N block of a 64-deep k-tile, MN-major).
+// Varlen-K, the operand that is a plain row range (not gathered): dW1: dH as [R rows, 2n cols],
+// dW2: A' as [R rows, n cols], box {64, 64} (MN-major as dH's W2). Encoded on the host per launch
+// (expert_gemms.cu). kCluster: launched with 2x1 clusters (see the top).
 template <GemmKind kKind, class Cfg, bool kCluster = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    ws_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap weights) {
+    ws_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap tma_operand) {
   static_assert(kKind == GemmKind::UpProjSwiglu || kKind == GemmKind::DhSwigluBwd || is_varlen_k(kKind));
   static_assert(!kCluster || !is_varlen_k(kKind), "weight multicast is for the varlen-M kinds only");
   static_assert(!Cfg::kSmemEpilogue || !is_varlen_k(kKind), "the staged epilogue is for the varlen-M kinds only");
+  static_assert(Cfg::kTileM == 128 || is_varlen_k(kKind), "varlen-M tiles are 128 rows (the A gather, the tile table)");
   constexpr int kTileM = Cfg::kTileM, kTileN = Cfg::kTileN, kTileK = Cfg::kTileK, kStages = Cfg::kStages;
   constexpr bool kPingPong = Cfg::kPingPong, kVarlenK = is_varlen_k(kKind);
   constexpr bool kBKMajor = b_is_k_major(kKind);
@@ -397,11 +411,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (!kVarlenK && warp == 0) build_m_tile_prefix(args.expert_offsets, E, kTileM * (kCluster ? 2 : 1), s_tile_prefix);
   if (tid == 32) {
     for (int s = 0; s < kStages; ++s) {
-      Barrier::init(&full_bar[s], kProducerThreads + (kVarlenK ? 0 : 1));
+      Barrier::init(&full_bar[s], kProducerThreads + 1);  // + thread 0's arrive with the TMA bytes
       Barrier::init(&empty_bar[s], kReleases);
     }
     cutlass::arch::fence_barrier_init();
-    if (!kVarlenK) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&weights)) : "memory");
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tma_operand)) : "memory");
   }
   __syncthreads();
   // The peer's barriers must be initialised before our first remote arrive or multicast into it.
@@ -480,21 +494,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
               for (int j = 0; j < kMyBoxes; ++j) {
                 const int box = cta_rank() * kMyBoxes + j;
                 if constexpr (kKind == GemmKind::UpProjSwiglu)
-                  tma_load_2d_multicast(b_smem + box * (kTileN / 2) * 128, &weights, &full_bar[stage], k0,
+                  tma_load_2d_multicast(b_smem + box * (kTileN / 2) * 128, &tma_operand, &full_bar[stage], k0,
                                         tile.expert * int(2 * args.n) + tile.n_tile * (kTileN / 2) + box * int(args.n),
                                         0b11);
                 else
-                  tma_load_2d_multicast(b_smem + box * kMNBlockBytes, &weights, &full_bar[stage],
+                  tma_load_2d_multicast(b_smem + box * kMNBlockBytes, &tma_operand, &full_bar[stage],
                                         tile.n_tile * kTileN + 64 * box, tile.expert * int(args.d) + k0, 0b11);
               }
             } else if constexpr (kKind == GemmKind::UpProjSwiglu) {  // rows e·2n + j0.. (gate), e·2n + n + j0.. (up)
               const int row0 = tile.expert * int(2 * args.n) + tile.n_tile * (kTileN / 2);
-              tma_load_2d(b_smem, &weights, &full_bar[stage], k0, row0);
-              tma_load_2d(b_smem + (kTileN / 2) * 128, &weights, &full_bar[stage], k0, row0 + int(args.n));
+              tma_load_2d(b_smem, &tma_operand, &full_bar[stage], k0, row0);
+              tma_load_2d(b_smem + (kTileN / 2) * 128, &tma_operand, &full_bar[stage], k0, row0 + int(args.n));
             } else {  // k-rows e·d + k0.., one 64-column block at a time
 #pragma unroll
               for (int blk = 0; blk < kTileN / 64; ++blk)
-                tma_load_2d(b_smem + blk * kMNBlockBytes, &weights, &full_bar[stage], tile.n_tile * kTileN + 64 * blk,
+                tma_load_2d(b_smem + blk * kMNBlockBytes, &tma_operand, &full_bar[stage], tile.n_tile * kTileN + 64 * blk,
                             tile.expert * int(args.d) + k0);
             }
           }
@@ -533,11 +547,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const int first_row = tile.row_begin + kt * kTileK;
           const int stage = item % kStages;
           Barrier::wait(&empty_bar[stage], ((item / kStages) & 1) ^ 1);
-          const uint32_t a_smem = smem_base + stage * Cfg::kStageBytes;
-          copy_k_rows<kTileM, gathers_a(kKind)>(a_smem, args.a, dims.lda, tile.m0, dims.M, first_row, tile.row_end,
-                                                gathered);
-          copy_k_rows<kTileN, gathers_b(kKind)>(a_smem + Cfg::kABytes, args.b, dims.ldb, n0, dims.N, first_row,
-                                                tile.row_end, gathered);
+          const uint32_t a_smem = smem_base + stage * Cfg::kStageBytes, b_smem = a_smem + Cfg::kABytes;
+          // The contiguous operand (dW1: dH, A side; dW2: A', B side) of a whole k-tile comes by TMA
+          // (tma_operand maps it, see the kernel's comment), 64-column boxes; a partial last k-tile by
+          // cp.async like the gathered one, which zero-fills the rows past the expert's: TMA would
+          // read them (the next expert's rows, or unwritten rows past the routed ones, maybe NaN).
+          const bool tma = first_row + kTileK <= tile.row_end;
+          constexpr int kTmaExtent = gathers_a(kKind) ? kTileN : kTileM;
+          if (tid == 0) {
+            TxBarrier::arrive_and_expect_tx(&full_bar[stage], tma ? kTmaExtent * kTileK * 2 : 0);
+            if (tma) {
+              const uint32_t dst = gathers_a(kKind) ? b_smem : a_smem;
+              const int col0 = int(gathers_a(kKind) ? n0 : tile.m0);
+#pragma unroll
+              for (int blk = 0; blk < kTmaExtent / 64; ++blk)
+                tma_load_2d(dst + blk * kMNBlockBytes, &tma_operand, &full_bar[stage], col0 + 64 * blk, first_row);
+            }
+          }
+          if (gathers_a(kKind) || !tma)
+            copy_k_rows<kTileM, gathers_a(kKind)>(a_smem, args.a, dims.lda, tile.m0, dims.M, first_row, tile.row_end,
+                                                  gathered);
+          if (gathers_b(kKind) || !tma)
+            copy_k_rows<kTileN, gathers_b(kKind)>(b_smem, args.b, dims.ldb, n0, dims.N, first_row, tile.row_end,
+                                                  gathered);
           cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
         }
       }
@@ -590,7 +622,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
           for (int s = 0; s < Cfg::kSlices; ++s) {
             // 64-row slice of the A tile: 64 K-major rows or one 64-wide MN block, 8 KB either way.
-            const uint32_t a_slice = a_smem + (kPingPong ? s : cwg) * kMNBlockBytes;
+            const uint32_t a_slice = a_smem + Cfg::slice_row(cwg, s) * kMNBlockBytes;
             const uint64_t desc_a = kVarlenK ? smem_desc(a_slice + kk * 2048, kMNBlockBytes, 1024)
                                              : smem_desc(a_slice + kk * 32, 16, 1024);
             wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(acc[s], desc_a, desc_b);
@@ -614,7 +646,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const WsTile tile = tile_at(t);
 #pragma unroll
       for (int s = 0; s < Cfg::kSlices; ++s) {
-        const int64_t m0 = tile.m0 + (kPingPong ? s : cwg) * 64;
+        const int64_t m0 = tile.m0 + Cfg::slice_row(cwg, s) * 64;
         if constexpr (Cfg::kSmemEpilogue)
           store_rows64_staged<kKind, Cfg>(args, acc[s], m0, tile.row_end, tile.n_tile,
                                           smem_base + kStages * Cfg::kStageBytes + cwg * Cfg::kStagingBytes, cwg);
