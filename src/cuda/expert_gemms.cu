@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "cutlass_grouped_gemm.h"
 #include "kernels/sm80_grouped_gemm.cuh"
@@ -109,18 +110,18 @@ int ws_mode() {
 
 // Epilogue of the warp-specialised up-projection and dH kernels (both in sm90_ws_grouped_gemm.cuh):
 // store_rows64, bf16 pairs from the accumulator registers straight to global memory (4-byte
-// stores, 8 rows per warp instruction; dH reads H the same way), or store_rows64_staged, 64-row
-// slices staged in shared memory and copied with 16-byte row-contiguous accesses (dH: H comes in
-// by cp.async), at the price of one pipeline stage. Measured on the H200 (session 3,
-// bench/results/2026-12-02-h200-s3/gemms.md, TFLOP/s registers / staged, tile bands of 8):
-// dH 213/262 (7B-n256), 359/410 (120B-n2048), 268/309 (olmoe-1b-7b), 277/321 (gpt-oss-20b);
-// up 456/436, 470/496, 468/483, 470/486. So staged for dH always and for up from n = 1024 (at
-// n = 256 a tile's epilogue is short next to the lost stage). LEANMOE_GEMM_WS_EPI (read per
-// launch) = "reg" or "smem" forces one for both.
+// stores, 8 rows per warp instruction; dH reads H the same way), or staged in shared memory and
+// copied with 16-byte row-contiguous accesses: dH per warpgroup (store_dh_rows64_staged, H comes in
+// by cp.async; one pipeline stage fewer), up per warp, 32 columns at a time (store_up_rows_warp_staged,
+// every stage kept). Measured on the H200 (bench/results/2026-12-02-h200-s3/gemms.md, TFLOP/s
+// registers / staged, tile bands of 8, at 7B-n256, 120B-n2048, olmoe-1b-7b, gpt-oss-20b): dH
+// 213/262, 359/410, 268/309, 277/321; up with the earlier per-warpgroup staging (one stage fewer)
+// 456/436, 470/496, 468/483, 470/486, with the per-warp one: see call 5 there. Staged by default;
+// LEANMOE_GEMM_WS_EPI (read per launch) = "reg" or "smem" forces one for both.
 enum class WsEpilogue { Registers, Smem };
-WsEpilogue ws_epilogue(GemmKind kind, int64_t n) {
+WsEpilogue ws_epilogue() {
   const char* env = std::getenv("LEANMOE_GEMM_WS_EPI");
-  if (!env || !*env) return kind == GemmKind::DhSwigluBwd || n >= 1024 ? WsEpilogue::Smem : WsEpilogue::Registers;
+  if (!env || !*env) return WsEpilogue::Smem;
   if (std::string(env) == "reg") return WsEpilogue::Registers;
   if (std::string(env) == "smem") return WsEpilogue::Smem;
   throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_EPI: must be unset, 'reg' or 'smem', got '") + env + "'");
@@ -280,9 +281,12 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStr
     if constexpr (has_ws_kernel(kKind)) {
       const bool ping_pong = ws_mode() == 2;
       if constexpr (!kernels::is_varlen_k(kKind)) {
-        if (ws_epilogue(kKind, s.n) == WsEpilogue::Smem) {
-          if (ping_pong) launch_ws<kKind, v1::WsPingPongSmemEpi>(rows, s, args, stream, raise_smem_limit, what);
-          else launch_ws<kKind, v1::WsCooperativeSmemEpi>(rows, s, args, stream, raise_smem_limit, what);
+        if (ws_epilogue() == WsEpilogue::Smem) {
+          using PingPong = std::conditional_t<kKind == GemmKind::UpProjSwiglu, v1::WsPingPongWarpEpi, v1::WsPingPongSmemEpi>;
+          using Cooperative =
+              std::conditional_t<kKind == GemmKind::UpProjSwiglu, v1::WsCooperativeWarpEpi, v1::WsCooperativeSmemEpi>;
+          if (ping_pong) launch_ws<kKind, PingPong>(rows, s, args, stream, raise_smem_limit, what);
+          else launch_ws<kKind, Cooperative>(rows, s, args, stream, raise_smem_limit, what);
           check_launch(what);
           return;
         }

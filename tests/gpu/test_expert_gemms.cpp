@@ -391,10 +391,11 @@ void run_ws_schedules_and_clusters() {
 
 TEST(ExpertGemms, WsClusterMulticast) { run_ws_schedules_and_clusters(); }
 
-// The two epilogues of the up-projection and dH (by default staged for dH and for up from
-// n = 1024, which no case here reaches) forced each way: LEANMOE_GEMM_WS_EPI=smem stages 64-row
-// slices in shared memory and copies whole rows out (store_rows64_staged), with one pipeline stage
-// fewer; reg stores from the accumulators (store_rows64). The same cases as WsClusterMulticast, with
+// The two epilogues of the up-projection and dH (staged by default) forced each way:
+// LEANMOE_GEMM_WS_EPI=smem stages dH's 64-row slices in shared memory and copies whole rows out
+// (store_dh_rows64_staged, one pipeline stage fewer), and up's 16 rows per warp 32 columns at a
+// time (store_up_rows_warp_staged: n = 192 and 320 end in 32-column chunks past n);
+// reg stores from the accumulators (store_rows64). The same cases as WsClusterMulticast, with
 // either schedule (up: 64+64 or 128+128 gate/up columns per tile; dH: 64- or 128-column halves,
 // n = 320 and 576 ending in a partial half or a wholly idle one) and clusters on and off (a rank-1
 // m-tile past the expert's rows still takes part in every warpgroup barrier of the epilogue and

@@ -55,7 +55,13 @@
 
 namespace leanmoe::cuda::kernels::sm90 {
 
-template <int kTileN_, int kStages_, bool kPingPong_, bool kSmemEpilogue_ = false, int kTileM_ = 128>
+// Epilogue of the varlen-M kinds: store_rows64 from the accumulator registers, or staged through
+// shared memory: per warpgroup 64-row slices (dH, store_dh_rows64_staged: it needs H's gate and up
+// halves side by side), or per warp 16 rows x 32 columns at a time (up, store_up_rows_warp_staged:
+// small enough to keep every pipeline stage).
+enum class WsEpi { Registers, StagedPerWarpgroup, StagedPerWarp };
+
+template <int kTileN_, int kStages_, bool kPingPong_, WsEpi kEpi_ = WsEpi::Registers, int kTileM_ = 128>
 struct WsConfig {
   static constexpr int kTileN = kTileN_, kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
@@ -64,11 +70,16 @@ struct WsConfig {
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
   static constexpr int kABytes = kTileM * kTileK * 2, kBBytes = kTileN * kTileK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
-  // Staged epilogue (varlen-M only, store_rows64_staged): per consumer warpgroup two [64 rows]
-  // [kTileN/2 columns] bf16 tiles, rows padded by 16 B (see there), after the stages.
-  static constexpr bool kSmemEpilogue = kSmemEpilogue_;
-  static constexpr int kStagingPitch = kTileN + 16;  // bytes per staged row: kTileN/2 bf16 + 16
-  static constexpr int kStagingBytes = kSmemEpilogue ? 2 * 64 * kStagingPitch : 0;  // per consumer warpgroup
+  // Staged epilogues (varlen-M only), after the stages, per consumer warpgroup: per warpgroup, two
+  // [64 rows][kTileN/2 columns] bf16 tiles, rows padded by 16 B (see store_dh_rows64_staged); per warp,
+  // three [16 rows][32 columns] bf16 tiles (1 KB each) for each of its 4 warps.
+  static constexpr WsEpi kEpi = kEpi_;
+  static constexpr bool kSmemEpilogue = kEpi != WsEpi::Registers;
+  static constexpr int kStagingPitch = kTileN + 16;  // per warpgroup: bytes per staged row, kTileN/2 bf16 + 16
+  static constexpr int kWarpStagingBytes = 3 * 1024;
+  static constexpr int kStagingBytes = kEpi == WsEpi::StagedPerWarpgroup ? 2 * 64 * kStagingPitch
+                                       : kEpi == WsEpi::StagedPerWarp    ? 4 * kWarpStagingBytes
+                                                                         : 0;
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStagingBytes + 1024;  // + alignment slack to 1024 B
   // 64-row slices per consumer warpgroup, each kTileN/2 fp32 accumulators per thread: ping-pong,
   // the warpgroup's whole 128-row tile; cooperative, its half of the tile's rows.
@@ -86,14 +97,18 @@ using WsCooperative = WsConfig<256, 4, false>;
 // 4 x 48 KB stages; 256 x 128, each consumer 128 x 128 (two slices) = 128 accumulators per thread.
 // For dW1, whose contiguous operand (dH, loaded with TMA) is the M side: 32 KB by TMA and 16 KB
 // of gathered X rows by cp.async per k-tile, instead of 16 KB and 32 KB at 128 x 256.
-using WsCooperativeTall = WsConfig<128, 4, false, false, 256>;
-// The same with the staged epilogue (LEANMOE_GEMM_WS_EPI=smem), one stage fewer to make room (227 KB
-// = 232448 B per CTA, of which the tile table and barriers take 4100 + 16 · kStages B):
+using WsCooperativeTall = WsConfig<128, 4, false, WsEpi::Registers, 256>;
+// dH with the per-warpgroup staged epilogue, one stage fewer to make room (227 KB = 232448 B per
+// CTA, of which the tile table and barriers take 4100 + 16 · kStages B):
 //   ping-pong:   5 x 32768 + 2 x 18432 (2 x 64 x 144) + 1024 = 201728 B (6 stages: 234496 B, too many);
 //   cooperative: 3 x 49152 + 2 x 34816 (2 x 64 x 272) + 1024 = 218112 B (4 stages: 267264 B).
 // The producer then runs at most 5 resp. 3 k-tiles ahead instead of 6 resp. 4.
-using WsPingPongSmemEpi = WsConfig<128, 5, true, true>;
-using WsCooperativeSmemEpi = WsConfig<256, 3, false, true>;
+using WsPingPongSmemEpi = WsConfig<128, 5, true, WsEpi::StagedPerWarpgroup>;
+using WsCooperativeSmemEpi = WsConfig<256, 3, false, WsEpi::StagedPerWarpgroup>;
+// The up-projection with the per-warp staged epilogue keeps every stage: 6 x 32768 resp.
+// 4 x 49152, + 2 x 12288 + 1024 = 222208 B resp. 222208 B.
+using WsPingPongWarpEpi = WsConfig<128, 6, true, WsEpi::StagedPerWarp>;
+using WsCooperativeWarpEpi = WsConfig<256, 4, false, WsEpi::StagedPerWarp>;
 
 // TMA 2D tile load global -> shared, completion counted in bytes on `bar`. Coordinates are
 // (column, row) of the tensor map, in elements; boxes partly or wholly out of bounds are zero-filled
@@ -169,17 +184,19 @@ __device__ __forceinline__ void copy_k_rows(uint32_t dst, const bf16* src, int64
   }
 }
 
-// ---- Staged epilogue (Cfg::kSmemEpilogue; LEANMOE_GEMM_WS_EPI=smem, expert_gemms.cu) of the two
+// ---- Staged epilogues (Cfg::kSmemEpilogue; LEANMOE_GEMM_WS_EPI, expert_gemms.cu) of the two
 //      varlen-M kinds: the outputs of store_rows64 (sm90_common.cuh), with the same fp32 arithmetic,
-//      through shared memory. store_rows64 stores 4 bytes per lane from the accumulator fragments: a warp store is
-//      8 rows x 16 B, half-sectors in 8 different lines (32 stores per thread per 64-row slice and
-//      output at kTileN = 256; the dH epilogue reads H the same way). Here each warpgroup writes its
-//      64-row slice into its own two [64][kTileN/2] bf16 staging tiles, syncs its 128 threads on a
-//      named barrier, and copies the rows out with 16-byte accesses, each row's bytes by consecutive
-//      lanes (a warp instruction covers whole 128-byte lines; 8 per thread per output at 256).
-//      Staged rows are kTileN/2 · 2 + 16 bytes apart: a fragment store (8 rows x 4 lanes x 4 B)
-//      then starts its 8 rows 4 banks apart (pitch/4 = 68 resp. 36 = 4 mod 32): no bank conflict;
-//      the 16-byte row copies read 128 contiguous bytes per quarter-warp: none either. ----
+//      through shared memory. store_rows64 stores 4 bytes per lane from the accumulator fragments: a
+//      warp store is 8 rows x 16 B, half-sectors in 8 different lines (32 stores per thread per
+//      64-row slice and output at kTileN = 256; the dH epilogue reads H the same way).
+//      dH (store_dh_rows64_staged): each warpgroup writes its 64-row slice into its own two
+//      [64][kTileN/2] bf16 staging tiles, syncs its 128 threads on a named barrier, and copies the
+//      rows out with 16-byte accesses, each row's bytes by consecutive lanes (a warp instruction
+//      covers whole 128-byte lines; 8 per thread per output at 256); H comes in the same way by
+//      cp.async. Staged rows are kTileN/2 · 2 + 16 bytes apart: a fragment store (8 rows x 4 lanes
+//      x 4 B) then starts its 8 rows 4 banks apart (pitch/4 = 68 resp. 36 = 4 mod 32): no bank
+//      conflict; the 16-byte row copies read 128 contiguous bytes per quarter-warp: none either.
+//      up (store_up_rows_warp_staged, below): per warp, 32 columns at a time. ----
 // Named barrier of consumer warpgroup cwg over its 128 threads: hardware barriers 11 and 12 (0:
 // __syncthreads, 9 and 10: the ping-pong order barriers). The "memory" clobber keeps the compiler
 // from moving shared-memory accesses across it.
@@ -247,8 +264,8 @@ __device__ __forceinline__ void load_staged_rows(uint32_t tile, const bf16* src,
 // store_rows64; acc[4b + 2h + v] is row warp_in_wg·16 + lane/4 + 8h, column 8b + 2·(lane%4) + v.
 // `staging` is the warpgroup's 2 x 64 x kStagingPitch bytes. The first barrier waits until the
 // warpgroup's previous copies out of it are done. dH overwrites acc with A' (dead after the slice).
-template <GemmKind kKind, class Cfg>
-__device__ __forceinline__ void store_rows64_staged(const GemmArgs& args, float (&acc)[Cfg::kTileN / 2], int64_t m0,
+template <class Cfg>
+__device__ __forceinline__ void store_dh_rows64_staged(const GemmArgs& args, float (&acc)[Cfg::kTileN / 2], int64_t m0,
                                                     int row_end, int n_tile, uint32_t staging, int cwg) {
   constexpr int kTileN = Cfg::kTileN, kHalf = kTileN / 2, kPitch = Cfg::kStagingPitch;
   const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
@@ -258,106 +275,133 @@ __device__ __forceinline__ void store_rows64_staged(const GemmArgs& args, float 
   auto pair_at = [&](int h, int b) {
     return uint32_t((warp_in_wg * 16 + lane / 4 + 8 * h) * kPitch + b * 16 + (lane % 4) * 4);
   };
-  if constexpr (kKind == GemmKind::UpProjSwiglu) {
-    // Tile 0: gate columns j0.. of H, tile 1: the matching up columns (H columns n + j0..); then A in tile 0.
-    const int64_t j0 = int64_t(n_tile) * kHalf;
+  // Per column half c (kHalf columns from c0): H's g and u columns into tiles 0 and 1, dSwiGLU in
+  // place (dg over g, du over u, A' into acc), dH out; then A' through tile 0. ds partials per
+  // 128 columns (ds_partials(s) = ceil(n/128)): at kTileN = 256 a half is one part.
+  constexpr int kParts = kTileN / 128;
+  const int64_t n0 = int64_t(n_tile) * kTileN;
+  const int row0 = warp_in_wg * 16 + lane / 4;
+  float gate[2], ds[2][kParts] = {};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) gate[h] = m0 + row0 + 8 * h < row_end ? args.row_gate[m0 + row0 + 8 * h] : 0.f;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const int64_t c0 = n0 + c * kHalf;
     warpgroup_sync(cwg);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int b = 0; b < kHalf / 8; ++b) {
-        st_shared_b32(tile0 + pair_at(h, b), pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]));
-        st_shared_b32(tile1 + pair_at(h, b),
-                      pack_bf16x2(acc[4 * (b + kHalf / 8) + 2 * h], acc[4 * (b + kHalf / 8) + 2 * h + 1]));
-      }
+    load_staged_rows<kHalf, kPitch>(tile0, args.h, 2 * n, c0, n, m0, row_end);
+    load_staged_rows<kHalf, kPitch>(tile1, args.h + n, 2 * n, c0, n, m0, row_end);
     warpgroup_sync(cwg);
-    store_staged_rows<kHalf, kPitch>(tile0, args.out, 2 * n, j0, n, m0, row_end);
-    store_staged_rows<kHalf, kPitch>(tile1, args.out + n, 2 * n, j0, n, m0, row_end);
-    warpgroup_sync(cwg);
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int b = 0; b < kHalf / 8; ++b) {
-        const int g = 4 * b + 2 * h, u = 4 * (b + kHalf / 8) + 2 * h;
-        st_shared_b32(tile0 + pair_at(h, b), pack_bf16x2(silu(acc[g]) * acc[u], silu(acc[g + 1]) * acc[u + 1]));
-      }
-    warpgroup_sync(cwg);
-    store_staged_rows<kHalf, kPitch>(tile0, args.out2, n, j0, n, m0, row_end);
-  } else {
-    static_assert(kKind == GemmKind::DhSwigluBwd);
-    // Per column half c (kHalf columns from c0): H's g and u columns into tiles 0 and 1, dSwiGLU in
-    // place (dg over g, du over u, A' into acc), dH out; then A' through tile 0. ds partials per
-    // 128 columns (ds_partials(s) = ceil(n/128)): at kTileN = 256 a half is one part.
-    constexpr int kParts = kTileN / 128;
-    const int64_t n0 = int64_t(n_tile) * kTileN;
-    const int row0 = warp_in_wg * 16 + lane / 4;
-    float gate[2], ds[2][kParts] = {};
-#pragma unroll
-    for (int h = 0; h < 2; ++h) gate[h] = m0 + row0 + 8 * h < row_end ? args.row_gate[m0 + row0 + 8 * h] : 0.f;
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int64_t c0 = n0 + c * kHalf;
-      warpgroup_sync(cwg);
-      load_staged_rows<kHalf, kPitch>(tile0, args.h, 2 * n, c0, n, m0, row_end);
-      load_staged_rows<kHalf, kPitch>(tile1, args.h + n, 2 * n, c0, n, m0, row_end);
-      warpgroup_sync(cwg);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        uint32_t g2[kHalf / 8], u2[kHalf / 8];  // loaded back to back: one shared-memory latency
-#pragma unroll
-        for (int bb = 0; bb < kHalf / 8; ++bb) {
-          g2[bb] = ld_shared_b32(tile0 + pair_at(h, bb));
-          u2[bb] = ld_shared_b32(tile1 + pair_at(h, bb));
-        }
-#pragma unroll
-        for (int bb = 0; bb < kHalf / 8; ++bb) {
-          const int b = c * (kHalf / 8) + bb;
-          if (m0 + row0 + 8 * h >= row_end || n0 + b * 8 >= n) continue;  // as store_rows64: no ds term
-          const float2 g = unpack_bf16x2(g2[bb]), u = unpack_bf16x2(u2[bb]);
-          const float gs[2] = {g.x, g.y}, us[2] = {u.x, u.y};
-          float dg[2], du[2];
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            float& da = acc[4 * b + 2 * h + v];
-            const float sig = sigmoid(gs[v]);
-            const float silu_g = gs[v] * sig;
-            const float a = silu_g * us[v];
-            dg[v] = gate[h] * da * us[v] * (sig * (1.f + gs[v] * (1.f - sig)));
-            du[v] = gate[h] * da * silu_g;
-            ds[h][b / 16] += da * a;
-            da = gate[h] * a;  // A'
-          }
-          st_shared_b32(tile0 + pair_at(h, bb), pack_bf16x2(dg[0], dg[1]));
-          st_shared_b32(tile1 + pair_at(h, bb), pack_bf16x2(du[0], du[1]));
-        }
-      }
-      warpgroup_sync(cwg);
-      store_staged_rows<kHalf, kPitch>(tile0, args.out, 2 * n, c0, n, m0, row_end);
-      store_staged_rows<kHalf, kPitch>(tile1, args.out + n, 2 * n, c0, n, m0, row_end);
-      warpgroup_sync(cwg);
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int bb = 0; bb < kHalf / 8; ++bb) {
-          const int b = c * (kHalf / 8) + bb;
-          st_shared_b32(tile0 + pair_at(h, bb), pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]));
-        }
-      warpgroup_sync(cwg);
-      store_staged_rows<kHalf, kPitch>(tile0, args.out2, n, c0, n, m0, row_end);
-    }
-    // The lane quad holds its rows' whole tile: the same fixed-order shuffle sums as store_rows64.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int64_t r = m0 + row0 + 8 * h;
+      uint32_t g2[kHalf / 8], u2[kHalf / 8];  // loaded back to back: one shared-memory latency
 #pragma unroll
-      for (int p = 0; p < kParts; ++p) {
-        ds[h][p] += __shfl_xor_sync(0xffffffffu, ds[h][p], 1);
-        ds[h][p] += __shfl_xor_sync(0xffffffffu, ds[h][p], 2);
-        const int part = n_tile * kParts + p;
-        if ((lane & 3) == 0 && r < row_end && part < args.ds_tiles)
-          args.ds_partial[r * args.ds_tiles + part] = ds[h][p];
+      for (int bb = 0; bb < kHalf / 8; ++bb) {
+        g2[bb] = ld_shared_b32(tile0 + pair_at(h, bb));
+        u2[bb] = ld_shared_b32(tile1 + pair_at(h, bb));
+      }
+#pragma unroll
+      for (int bb = 0; bb < kHalf / 8; ++bb) {
+        const int b = c * (kHalf / 8) + bb;
+        if (m0 + row0 + 8 * h >= row_end || n0 + b * 8 >= n) continue;  // as store_rows64: no ds term
+        const float2 g = unpack_bf16x2(g2[bb]), u = unpack_bf16x2(u2[bb]);
+        const float gs[2] = {g.x, g.y}, us[2] = {u.x, u.y};
+        float dg[2], du[2];
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          float& da = acc[4 * b + 2 * h + v];
+          const float sig = sigmoid(gs[v]);
+          const float silu_g = gs[v] * sig;
+          const float a = silu_g * us[v];
+          dg[v] = gate[h] * da * us[v] * (sig * (1.f + gs[v] * (1.f - sig)));
+          du[v] = gate[h] * da * silu_g;
+          ds[h][b / 16] += da * a;
+          da = gate[h] * a;  // A'
+        }
+        st_shared_b32(tile0 + pair_at(h, bb), pack_bf16x2(dg[0], dg[1]));
+        st_shared_b32(tile1 + pair_at(h, bb), pack_bf16x2(du[0], du[1]));
       }
     }
+    warpgroup_sync(cwg);
+    store_staged_rows<kHalf, kPitch>(tile0, args.out, 2 * n, c0, n, m0, row_end);
+    store_staged_rows<kHalf, kPitch>(tile1, args.out + n, 2 * n, c0, n, m0, row_end);
+    warpgroup_sync(cwg);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int bb = 0; bb < kHalf / 8; ++bb) {
+        const int b = c * (kHalf / 8) + bb;
+        st_shared_b32(tile0 + pair_at(h, bb), pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]));
+      }
+    warpgroup_sync(cwg);
+    store_staged_rows<kHalf, kPitch>(tile0, args.out2, n, c0, n, m0, row_end);
+  }
+  // The lane quad holds its rows' whole tile: the same fixed-order shuffle sums as store_rows64.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = m0 + row0 + 8 * h;
+#pragma unroll
+    for (int p = 0; p < kParts; ++p) {
+      ds[h][p] += __shfl_xor_sync(0xffffffffu, ds[h][p], 1);
+      ds[h][p] += __shfl_xor_sync(0xffffffffu, ds[h][p], 2);
+      const int part = n_tile * kParts + p;
+      if ((lane & 3) == 0 && r < row_end && part < args.ds_tiles)
+        args.ds_partial[r * args.ds_tiles + part] = ds[h][p];
+    }
+  }
+}
+
+// ---- Per-warp staged epilogue of the up-projection (WsEpi::StagedPerWarp): each warp writes its 16
+//      rows of the slice (rows m0 + 16·warp_in_wg ..) 32 gate columns at a time into three 1 KB
+//      tiles of its own (H gate, H up, A: [16 rows][64 B]), __syncwarp, and copies them out as
+//      16-byte pieces, 4 lanes per 64-byte row segment (two full sectors per row and store). No
+//      warpgroup barrier and 3 KB per warp, so the pipeline keeps all its stages. Within a tile the
+//      16-byte chunk c of row R sits at chunk c ^ ((R >> 1) & 3): the fragment stores (rows lane/4,
+//      4 lanes x 4 B each) and the row copies (2 rows per quarter-warp) then hit 32 distinct banks. ----
+__device__ __forceinline__ uint32_t warp_tile_offset(int row, int chunk) {
+  return uint32_t(row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4));
+}
+template <int kTileN>
+__device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, const float (&acc)[kTileN / 2],
+                                                          int64_t m0, int row_end, int n_tile, uint32_t staging) {
+  constexpr int kHalf = kTileN / 2;  // gate columns of the tile; acc block b + kHalf/8 holds the up ones
+  const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
+  const int64_t n = args.n, j0 = int64_t(n_tile) * kHalf;
+  const int64_t row0 = m0 + warp_in_wg * 16;
+  const uint32_t gate_tile = staging + warp_in_wg * 3072, up_tile = gate_tile + 1024, a_tile = gate_tile + 2048;
+#pragma unroll
+  for (int c = 0; c < kHalf / 32; ++c) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int bl = 0; bl < 4; ++bl) {
+        const int g = 4 * (4 * c + bl) + 2 * h, u = g + 4 * (kHalf / 8);
+        const uint32_t at = warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * (lane % 4);
+        st_shared_b32(gate_tile + at, pack_bf16x2(acc[g], acc[g + 1]));
+        st_shared_b32(up_tile + at, pack_bf16x2(acc[u], acc[u + 1]));
+        st_shared_b32(a_tile + at, pack_bf16x2(silu(acc[g]) * acc[u], silu(acc[g + 1]) * acc[u + 1]));
+      }
+    __syncwarp();
+    const int chunk = lane % 4;
+    const int64_t col = j0 + 32 * c + 8 * chunk;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = lane / 4 + 8 * j;
+      const uint32_t at = warp_tile_offset(row, chunk);
+      uint4 v[3];
+#pragma unroll
+      for (int t = 0; t < 3; ++t)
+        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                     : "=r"(v[t].x), "=r"(v[t].y), "=r"(v[t].z), "=r"(v[t].w)
+                     : "r"(gate_tile + t * 1024 + at)
+                     : "memory");
+      const int64_t r = row0 + row;
+      if (r < row_end && col < n) {
+        *reinterpret_cast<uint4*>(args.out + r * 2 * n + col) = v[0];
+        *reinterpret_cast<uint4*>(args.out + r * 2 * n + n + col) = v[1];
+        *reinterpret_cast<uint4*>(args.out2 + r * n + col) = v[2];
+      }
+    }
+    __syncwarp();  // the next chunk overwrites the tiles
   }
 }
 
@@ -380,6 +424,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(kKind == GemmKind::UpProjSwiglu || kKind == GemmKind::DhSwigluBwd || is_varlen_k(kKind));
   static_assert(!kCluster || !is_varlen_k(kKind), "weight multicast is for the varlen-M kinds only");
   static_assert(!Cfg::kSmemEpilogue || !is_varlen_k(kKind), "the staged epilogue is for the varlen-M kinds only");
+  static_assert((Cfg::kEpi == WsEpi::StagedPerWarp) <= (kKind == GemmKind::UpProjSwiglu) &&
+                    (Cfg::kEpi == WsEpi::StagedPerWarpgroup) <= (kKind == GemmKind::DhSwigluBwd),
+                "staged epilogues: per warp for up, per warpgroup for dH");
   static_assert(Cfg::kTileM == 128 || is_varlen_k(kKind), "varlen-M tiles are 128 rows (the A gather, the tile table)");
   constexpr int kTileM = Cfg::kTileM, kTileN = Cfg::kTileN, kTileK = Cfg::kTileK, kStages = Cfg::kStages;
   constexpr bool kPingPong = Cfg::kPingPong, kVarlenK = is_varlen_k(kKind);
@@ -647,8 +694,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int s = 0; s < Cfg::kSlices; ++s) {
         const int64_t m0 = tile.m0 + Cfg::slice_row(cwg, s) * 64;
-        if constexpr (Cfg::kSmemEpilogue)
-          store_rows64_staged<kKind, Cfg>(args, acc[s], m0, tile.row_end, tile.n_tile,
+        if constexpr (Cfg::kEpi == WsEpi::StagedPerWarp)
+          store_up_rows_warp_staged<kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile,
+                                            smem_base + kStages * Cfg::kStageBytes + cwg * Cfg::kStagingBytes);
+        else if constexpr (Cfg::kEpi == WsEpi::StagedPerWarpgroup)
+          store_dh_rows64_staged<Cfg>(args, acc[s], m0, tile.row_end, tile.n_tile,
                                           smem_base + kStages * Cfg::kStageBytes + cwg * Cfg::kStagingBytes, cwg);
         else
           store_rows64<kKind, kTileN>(args, dims, acc[s], m0, tile.row_end, tile.n_tile, tile.expert);
