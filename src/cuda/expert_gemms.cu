@@ -154,23 +154,28 @@ CUtensorMap bf16_tensor_map(const void* w, int64_t rows, int64_t cols, int box_c
   return map;
 }
 
-// 2x1 clusters that multicast the weight tile (sm90_ws_grouped_gemm.cuh) for the warp-specialised
-// varlen-M GEMMs; the varlen-K dW kernels are unaffected. LEANMOE_GEMM_WS_CLUSTER (read per launch):
-// 0 = never, 1 = up and dH, unset = dH only. Measured on the H200 (bench/results/2026-12-02-h200-s2/
+// 2x1 clusters that multicast the operand loaded with TMA (sm90_ws_grouped_gemm.cuh): the weight
+// tile of the varlen-M GEMMs, the row-range operand of dW1/dW2. Read per launch:
+// LEANMOE_GEMM_WS_CLUSTER 0 = neither varlen-M GEMM, 1 = up and dH, unset = dH only;
+// LEANMOE_GEMM_WS_CLUSTER_DW 1 = dW1 and dW2 too (not by default: see session 3 call 5). Measured on the H200 (bench/results/2026-12-02-h200-s2/
 // cluster.md, TFLOP/s without / with clusters at 7B-n256, olmoe-1b-7b, 120B-n2048, gpt-oss-20b):
 // dH 196/204, 208/225, 311/309, 225/274; up 439/425, 463/456, 451/440, 413/395. Why up loses
 // (lock-step CTA pairs, an empty partner m-tile where an expert has an odd count) is not profiled.
 bool ws_cluster(GemmKind kind) {
+  if (kernels::is_varlen_k(kind)) {
+    const char* env = std::getenv("LEANMOE_GEMM_WS_CLUSTER_DW");
+    return env && env[0] == '1';
+  }
   const char* env = std::getenv("LEANMOE_GEMM_WS_CLUSTER");
   if (env && env[0] == '0') return false;
   if (env && env[0] == '1') return true;
   return kind == GemmKind::DhSwigluBwd;
 }
 
-// Cluster launch of the varlen-M warp-specialised kernel: a cluster per pair of SMs that can hold
-// one (cudaOccupancyMaxActiveClusters: GPCs with an odd number of free SMs leave one idle), never
-// more clusters than 256-row cluster tiles; LEANMOE_GEMM_MAX_CTAS caps the CTAs (rounded down to
-// whole clusters, at least one).
+// Cluster launch of the warp-specialised kernel: a cluster per pair of SMs that can hold one
+// (cudaOccupancyMaxActiveClusters: GPCs with an odd number of free SMs leave one idle), never more
+// clusters than cluster tiles (varlen-M: 256-row pair slots x n-tiles; varlen-K: experts x tile
+// pairs); LEANMOE_GEMM_MAX_CTAS caps the CTAs (rounded down to whole clusters, at least one).
 template <GemmKind kKind, class Cfg>
 void launch_ws_cluster(const RoutedRows& rows, const ExpertShape& s, const GemmArgs& args, const CUtensorMap& map,
                        cudaStream_t stream, const char* what) {
@@ -197,8 +202,15 @@ void launch_ws_cluster(const RoutedRows& rows, const ExpertShape& s, const GemmA
     if (count <= 0) throw leanmoe::Error(std::string(what) + ": no 2-CTA cluster of this kernel fits on the device");
     return count;
   }();
-  const dim3 pairs = grid_for<kKind>(rows, s, 2 * Cfg::kTileM, Cfg::kTileN);  // (256-row pair slots, n-tiles)
-  int64_t clusters = std::min<int64_t>(int64_t(pairs.x) * pairs.y, max_clusters);
+  int64_t cluster_tiles = 0;
+  if constexpr (kernels::is_varlen_k(kKind)) {  // dW1 pairs n-tiles, dW2 m-tiles (tile_at)
+    const int64_t m = args.m_tiles, n = args.n_tiles;
+    cluster_tiles = rows.E * (kKind == GemmKind::Dw2 ? (m + 1) / 2 * n : m * ((n + 1) / 2));
+  } else {
+    const dim3 pairs = grid_for<kKind>(rows, s, 2 * Cfg::kTileM, Cfg::kTileN);  // (256-row pair slots, n-tiles)
+    cluster_tiles = int64_t(pairs.x) * pairs.y;
+  }
+  int64_t clusters = std::min<int64_t>(cluster_tiles, max_clusters);
   if (const char* cap = std::getenv("LEANMOE_GEMM_MAX_CTAS"))
     clusters = std::clamp<int64_t>(std::atoll(cap) / 2, 1, clusters);
   config.gridDim = dim3(static_cast<unsigned>(2 * clusters));
@@ -244,13 +256,10 @@ void launch_ws(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cuda
   else if (rows.rows_capacity > 0)
     map = kKind == GemmKind::Dw1 ? bf16_tensor_map(args.a, rows.rows_capacity, 2 * s.n, 64, 64, what)
                                  : bf16_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, what);
-  if constexpr (!kernels::is_varlen_k(kKind)) {
-    if (ws_cluster(kKind)) {
-      static const bool cluster_ready =
-          raise_smem_limit(v1::ws_grouped_gemm_kernel<kKind, Cfg, true>, Cfg::kSmemBytes);
-      (void)cluster_ready;
-      return launch_ws_cluster<kKind, Cfg>(rows, s, args, map, stream, what);
-    }
+  if (ws_cluster(kKind)) {
+    static const bool cluster_ready = raise_smem_limit(v1::ws_grouped_gemm_kernel<kKind, Cfg, true>, Cfg::kSmemBytes);
+    (void)cluster_ready;
+    return launch_ws_cluster<kKind, Cfg>(rows, s, args, map, stream, what);
   }
   v1::ws_grouped_gemm_kernel<kKind, Cfg>
       <<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args, map);

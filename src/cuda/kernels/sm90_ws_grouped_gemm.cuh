@@ -27,8 +27,11 @@
 // number of k-tiles (ceil(rows_e / 64), 0 for an empty expert: no item, the epilogue stores zeros),
 // so each consumer counts the items of the tiles it skips too.
 //
-// Cluster mode (kCluster, varlen-M only; LEANMOE_GEMM_WS_CLUSTER=1, expert_gemms.cu): 2x1 clusters
-// share the weight tile. Without it each CTA pulls its whole B tile from L2 per k-tile (cooperative
+// Cluster mode (kCluster; LEANMOE_GEMM_WS_CLUSTER, expert_gemms.cu): 2x1 clusters share the
+// operand loaded with TMA. Varlen-K (dW1, dW2): the row-range operand of a k-tile (see tile_at for
+// the pairing); as below, with that operand in place of the weights and a pair of n-tiles (dW1) or
+// m-tiles (dW2) in place of the m-tile pair; an expert's partial last k-tile is loaded by each CTA
+// alone with cp.async (both know it: same expert), expecting no TMA bytes. Varlen-M: the weight tile. Without it each CTA pulls its whole B tile from L2 per k-tile (cooperative
 // 128x256x64: 32 KB of B + 16 KB of A = 48 KB; 132 CTAs at 600 TFLOP/s would need ~9 TB/s); with
 // it each CTA loads half of B with TMA .multicast::cluster into both CTAs (16 KB + 16 KB of A per
 // CTA, 2/3 of the traffic). The two CTAs must therefore work on the same (expert, n-tile) in
@@ -422,7 +425,6 @@ template <GemmKind kKind, class Cfg, bool kCluster = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ws_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap tma_operand) {
   static_assert(kKind == GemmKind::UpProjSwiglu || kKind == GemmKind::DhSwigluBwd || is_varlen_k(kKind));
-  static_assert(!kCluster || !is_varlen_k(kKind), "weight multicast is for the varlen-M kinds only");
   static_assert(!Cfg::kSmemEpilogue || !is_varlen_k(kKind), "the staged epilogue is for the varlen-M kinds only");
   static_assert((Cfg::kEpi == WsEpi::StagedPerWarp) <= (kKind == GemmKind::UpProjSwiglu) &&
                     (Cfg::kEpi == WsEpi::StagedPerWarpgroup) <= (kKind == GemmKind::DhSwigluBwd),
@@ -473,14 +475,20 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // every A row is read again for each column tile (120B-n2048 up: 16 x 1.07 GB of gathered X from
   // DRAM). With n_band = B, ~132 / B m-tiles x B column tiles run together: each A tile is read
   // once per band, and an expert's weight columns of the band are shared by its m-tiles.
-  // Varlen-K tiles: (expert, m-tile, n-tile), n fastest, as in v1.
+  // Varlen-K tiles: (expert, m-tile, n-tile), n fastest, as in v1. In cluster mode the units of the
+  // side that is not multicast are pairs: dW1 (dH by TMA, the M side) pairs n-tiles, dW2 (A', the N
+  // side) pairs m-tiles; CTA rank r takes tile 2p + r of pair p (past the last tile: loads the
+  // shared half and zeros, stores nothing).
+  constexpr bool kPairN = kCluster && kVarlenK && !gathers_a(kKind), kPairM = kCluster && kVarlenK && gathers_a(kKind);
+  const int m_units = kPairM ? (args.m_tiles + 1) / 2 : args.m_tiles;
+  const int n_units = kPairN ? (args.n_tiles + 1) / 2 : args.n_tiles;
   const int total_slots = kVarlenK ? 0 : s_tile_prefix[E];
-  const int total_tiles = kVarlenK ? E * args.m_tiles * args.n_tiles : total_slots * args.n_tiles;
+  const int total_tiles = kVarlenK ? E * m_units * n_units : total_slots * args.n_tiles;
   // The k-tiles of tile t (consumers need only these before the mainloop and resolve the rest of the
   // tile after it, keeping their registers for the accumulators).
   auto num_k_of = [&](int t) {
     if constexpr (kVarlenK) {
-      const int e = t / (args.m_tiles * args.n_tiles);
+      const int e = t / (m_units * n_units);
       return (args.expert_offsets[e + 1] - args.expert_offsets[e] + kTileK - 1) / kTileK;
     } else {
       return int(dims.K / kTileK);
@@ -490,9 +498,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     WsTile c;
     int m_tile;
     if constexpr (kVarlenK) {
-      c.expert = t / (args.m_tiles * args.n_tiles);
-      m_tile = (t / args.n_tiles) % args.m_tiles;
-      c.n_tile = t % args.n_tiles;
+      c.expert = t / (m_units * n_units);
+      m_tile = (t / n_units) % m_units;
+      c.n_tile = t % n_units;
+      if constexpr (kPairM) m_tile = 2 * m_tile + cta_rank();
+      if constexpr (kPairN) c.n_tile = 2 * c.n_tile + cta_rank();
     } else {
       const int band = t / (total_slots * args.n_band);
       const int width = min(args.n_band, args.n_tiles - band * args.n_band);  // the last band may be narrower
@@ -567,11 +577,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
         }
       }
-      // Producer tail (cluster): wait until the consumers of both CTAs have released every stage
-      // (the next pass's empty phases), so that no remote arrive on our barriers is still in flight.
-      if constexpr (kCluster) {
-        for (int j = 0; j < kStages; ++j, ++item) Barrier::wait(&empty_bar[item % kStages], ((item / kStages) & 1) ^ 1);
-      }
     } else {
       // Each warp resolves the 64 gathered source rows of a k-tile once (lane l: rows l and 32 + l)
       // and shuffles them to the copying lanes, one k-tile ahead, so that the row_token load's
@@ -583,7 +588,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           rows[h] = r < tile.row_end ? args.row_token[r] : -1;
         }
       };
-      for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+      for (int t = first_tile(); t < total_tiles; t += tile_stride()) {
         const WsTile tile = tile_at(t);
         const int64_t n0 = int64_t(tile.n_tile) * kTileN;
         int next[2];
@@ -606,9 +611,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             if (tma) {
               const uint32_t dst = gathers_a(kKind) ? b_smem : a_smem;
               const int col0 = int(gathers_a(kKind) ? n0 : tile.m0);
+              if constexpr (kCluster) {  // this CTA's half of the boxes, into both CTAs (see the top)
+                constexpr int kMyBoxes = kTmaExtent / 128;
 #pragma unroll
-              for (int blk = 0; blk < kTmaExtent / 64; ++blk)
-                tma_load_2d(dst + blk * kMNBlockBytes, &tma_operand, &full_bar[stage], col0 + 64 * blk, first_row);
+                for (int j = 0; j < kMyBoxes; ++j) {
+                  const int blk = cta_rank() * kMyBoxes + j;
+                  tma_load_2d_multicast(dst + blk * kMNBlockBytes, &tma_operand, &full_bar[stage], col0 + 64 * blk,
+                                        first_row, 0b11);
+                }
+              } else {
+#pragma unroll
+                for (int blk = 0; blk < kTmaExtent / 64; ++blk)
+                  tma_load_2d(dst + blk * kMNBlockBytes, &tma_operand, &full_bar[stage], col0 + 64 * blk, first_row);
+              }
             }
           }
           if (gathers_a(kKind) || !tma)
@@ -620,6 +635,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
         }
       }
+    }
+    // Producer tail (cluster): wait until the consumers of both CTAs have released every stage
+    // (the next pass's empty phases), so that no remote arrive on our barriers is still in flight.
+    if constexpr (kCluster) {
+      for (int j = 0; j < kStages; ++j, ++item) Barrier::wait(&empty_bar[item % kStages], ((item / kStages) & 1) ^ 1);
     }
     cp_async_wait<0>();
   } else {
