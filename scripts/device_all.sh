@@ -10,7 +10,7 @@
 # runs bench/hf_step_bench.py (issue #5's step benchmark, ~150 s). GRID=0 skips the layer
 # benchmarks (grid, anchor, token rounding, in-backward stack: ~4 min). PYTEST=1 also runs pytest there
 # (~2 min); MEMCHECK=0 skips compute-sanitizer; HF_ARGS passes flags to hf_step_bench.py;
-# HF_SEQS lists its sequence lengths (default 2048).
+# HF_SEQS lists its sequence lengths (default 2048; HF_SEQS= runs none: build and pytest only).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"
@@ -68,7 +68,7 @@ if [ "${HF:-0}" = 1 ]; then
   # One run per sequence length in HF_SEQS; the first one's hf_step.md/json come back as files,
   # every run's files are in logs.tar.gz under hf_seq<S>/.
   first=1
-  for seq in ${HF_SEQS:-2048}; do
+  for seq in ${HF_SEQS-2048}; do
     mkdir -p "$OUT/hf_seq$seq"
     (cd /tmp && PYTHONPATH=/tmp/site timeout 240 python3 "$R/bench/hf_step_bench.py" --out "$OUT/hf_seq$seq" \
       --commit "$commit" --seq "$seq" ${HF_ARGS:-}) >"$OUT/hf_seq$seq/hf_step.log" 2>&1

@@ -116,7 +116,8 @@ int ws_mode() {
 // every stage kept). Measured on the H200 (bench/results/2026-12-02-h200-s3/gemms.md, TFLOP/s
 // registers / staged, tile bands of 8, at 7B-n256, 120B-n2048, olmoe-1b-7b, gpt-oss-20b): dH
 // 213/262, 359/410, 268/309, 277/321; up with the earlier per-warpgroup staging (one stage fewer)
-// 456/436, 470/496, 468/483, 470/486, with the per-warp one: see call 5 there. Staged by default;
+// 456/436, 470/496, 468/483, 470/486, with the per-warp one (call 5) 454/472, 486/514, 469/494,
+// 480/501. Staged by default;
 // LEANMOE_GEMM_WS_EPI (read per launch) = "reg" or "smem" forces one for both.
 enum class WsEpilogue { Registers, Smem };
 WsEpilogue ws_epilogue() {
@@ -157,14 +158,17 @@ CUtensorMap bf16_tensor_map(const void* w, int64_t rows, int64_t cols, int box_c
 // 2x1 clusters that multicast the operand loaded with TMA (sm90_ws_grouped_gemm.cuh): the weight
 // tile of the varlen-M GEMMs, the row-range operand of dW1/dW2. Read per launch:
 // LEANMOE_GEMM_WS_CLUSTER 0 = neither varlen-M GEMM, 1 = up and dH, unset = dH only;
-// LEANMOE_GEMM_WS_CLUSTER_DW 1 = dW1 and dW2 too (not by default: see session 3 call 5). Measured on the H200 (bench/results/2026-12-02-h200-s2/
+// LEANMOE_GEMM_WS_CLUSTER_DW unset or 1 = dW1 and dW2 in clusters, 0 = not. dW measured on the H200
+// (bench/results/2026-12-02-h200-s3/gemms.md, call 5, ms without / with clusters, two runs without):
+// 120B-n2048 dW1 9.66, 8.40 / 8.02, dW2 4.07, 4.00 / 3.92; gpt-oss-20b dW1 8.34, 8.27 / 7.91, dW2
+// 4.39, 4.20 / 3.86; olmoe-1b-7b dW1 4.16, 4.16 / 3.80, dW2 1.73, 1.80 / 1.68; 7B-n256 even. Measured on the H200 (bench/results/2026-12-02-h200-s2/
 // cluster.md, TFLOP/s without / with clusters at 7B-n256, olmoe-1b-7b, 120B-n2048, gpt-oss-20b):
 // dH 196/204, 208/225, 311/309, 225/274; up 439/425, 463/456, 451/440, 413/395. Why up loses
 // (lock-step CTA pairs, an empty partner m-tile where an expert has an odd count) is not profiled.
 bool ws_cluster(GemmKind kind) {
   if (kernels::is_varlen_k(kind)) {
     const char* env = std::getenv("LEANMOE_GEMM_WS_CLUSTER_DW");
-    return env && env[0] == '1';
+    return !(env && env[0] == '0');
   }
   const char* env = std::getenv("LEANMOE_GEMM_WS_CLUSTER");
   if (env && env[0] == '0') return false;

@@ -447,26 +447,30 @@ TEST(ExpertGemms, WsDw1Tiles) {
   run_case({512, 16, 4, 256, 320, 5, false});
 }
 
-// LEANMOE_GEMM_WS_CLUSTER_DW=1: dW1 and dW2 in 2x1 clusters multicasting their row-range operand
-// (dW1: dH, CTA pairs on n-tiles; dW2: A', pairs on m-tiles), with both dW1 tiles and ping-pong.
-// Odd tile counts leave rank 1 a tile past the edge (d = 320: 3 n-tiles of dW1 at 256x128, 3
-// m-tiles of dW2 at 128x256); partial last k-tiles (every ragged case) are loaded by each CTA
-// alone; empty experts store zeros in both CTAs; 5 CTAs = 2 clusters walk many tiles.
+// dW1 and dW2 run in 2x1 clusters multicasting their row-range operand by default (dW1: dH, CTA
+// pairs on n-tiles; dW2: A', pairs on m-tiles); here forced on and off
+// (LEANMOE_GEMM_WS_CLUSTER_DW=1 / 0) with both dW1 tiles and ping-pong. Odd tile counts leave rank 1
+// a tile past the edge (d = 320: 3 n-tiles of dW1 at 256x128, 3 m-tiles of dW2 at 128x256); partial
+// last k-tiles (every ragged case) are loaded by each CTA alone; empty experts store zeros in both
+// CTAs; 5 CTAs = 2 clusters walk many tiles.
 TEST(ExpertGemms, WsDwClusters) {
-  ScopedEnv dw("LEANMOE_GEMM_WS_CLUSTER_DW", "1");
-  for (const char* mode : {"1", "2"}) {
-    for (const char* tile : {"256x128", "128x256"}) {
-      if (mode[0] == '2' && tile[0] == '1') continue;  // ping-pong has one dW tile
-      SCOPED_TRACE(std::string("LEANMOE_GEMM_WS=") + mode + " LEANMOE_GEMM_WS_DW1_TILE=" + tile);
-      ScopedEnv ws("LEANMOE_GEMM_WS", mode);
-      ScopedEnv t("LEANMOE_GEMM_WS_DW1_TILE", tile);
-      run_case({100, 8, 2, 192, 192, 3, false});
-      run_case({1, 4, 2, 128, 64, -1, false});
-      run_case({300, 4, 1, 64, 128, -1, true});
-      run_case({64, 4, 2, 320, 576, -1, false});
-      ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", "5");
-      run_case({512, 16, 4, 256, 320, 5, false});
-      run_case({64, 4, 2, 320, 576, -1, false});
+  for (const char* clusters : {"1", "0"}) {
+    for (const char* mode : {"1", "2"}) {
+      for (const char* tile : {"256x128", "128x256"}) {
+        if (mode[0] == '2' && tile[0] == '1') continue;  // ping-pong has one dW tile
+        SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_CLUSTER_DW=") + clusters + " LEANMOE_GEMM_WS=" + mode +
+                     " LEANMOE_GEMM_WS_DW1_TILE=" + tile);
+        ScopedEnv dw("LEANMOE_GEMM_WS_CLUSTER_DW", clusters);
+        ScopedEnv ws("LEANMOE_GEMM_WS", mode);
+        ScopedEnv t("LEANMOE_GEMM_WS_DW1_TILE", tile);
+        run_case({100, 8, 2, 192, 192, 3, false});
+        run_case({1, 4, 2, 128, 64, -1, false});
+        run_case({300, 4, 1, 64, 128, -1, true});
+        run_case({64, 4, 2, 320, 576, -1, false});
+        ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", "5");
+        run_case({512, 16, 4, 256, 320, 5, false});
+        run_case({64, 4, 2, 320, 576, -1, false});
+      }
     }
   }
 }
