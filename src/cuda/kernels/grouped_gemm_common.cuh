@@ -74,6 +74,23 @@ __host__ __device__ constexpr ProblemDims problem_dims(int64_t d, int64_t n) {
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 __device__ __forceinline__ float sigmoid(float g) { return 1.f / (1.f + __expf(-g)); }
 
+// The m-tile counts of experts base .. base + 31 (ceil(rows / tile_m), 0 past E), one per lane, and
+// their inclusive prefix sum across the warp. Run by one whole warp.
+struct MTileScan {
+  int count, inclusive;
+};
+__device__ __forceinline__ MTileScan warp_scan_m_tiles(const int32_t* expert_offsets, int E, int tile_m, int base) {
+  const int lane = threadIdx.x & 31, e = base + lane;
+  const int count = e < E ? (expert_offsets[e + 1] - expert_offsets[e] + tile_m - 1) / tile_m : 0;
+  int inclusive = count;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, inclusive, o);
+    if (lane >= o) inclusive += v;
+  }
+  return {count, inclusive};
+}
+
 // Maps a linear m-tile index over all experts (experts in order, each with ceil(rows/tile_m)
 // tiles) to (expert, m-tile within the expert); expert = -1 past the last tile. Run by one warp;
 // E is small (<= a few hundred) so a 32-wide scan per chunk of experts is cheap next to a tile.
@@ -82,25 +99,18 @@ __device__ __forceinline__ void find_m_tile(const int32_t* expert_offsets, int E
   const int lane = threadIdx.x & 31;
   int running = 0;
   for (int base = 0; base < E; base += 32) {
-    const int e = base + lane;
-    const int count = e < E ? (expert_offsets[e + 1] - expert_offsets[e] + tile_m - 1) / tile_m : 0;
-    int inclusive = count;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, inclusive, o);
-      if (lane >= o) inclusive += v;
-    }
-    const int exclusive = running + inclusive - count;
-    const bool mine = tile >= exclusive && tile < running + inclusive;
+    const MTileScan scan = warp_scan_m_tiles(expert_offsets, E, tile_m, base);
+    const int exclusive = running + scan.inclusive - scan.count;
+    const bool mine = tile >= exclusive && tile < running + scan.inclusive;
     const unsigned hit = __ballot_sync(0xffffffffu, mine);
     if (hit) {
       if (mine) {
-        *expert_out = e;
+        *expert_out = base + lane;
         *m_tile_out = tile - exclusive;
       }
       return;
     }
-    running += __shfl_sync(0xffffffffu, inclusive, 31);
+    running += __shfl_sync(0xffffffffu, scan.inclusive, 31);
   }
   if (lane == 0) *expert_out = -1;
 }

@@ -75,16 +75,9 @@ __device__ __forceinline__ void build_m_tile_prefix(const int32_t* expert_offset
   const int lane = threadIdx.x & 31;
   int running = 0;
   for (int base = 0; base < E; base += 32) {
-    const int e = base + lane;
-    const int count = e < E ? (expert_offsets[e + 1] - expert_offsets[e] + tile_m - 1) / tile_m : 0;
-    int inclusive = count;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, inclusive, o);
-      if (lane >= o) inclusive += v;
-    }
-    if (e < E) prefix[e + 1] = running + inclusive;
-    running += __shfl_sync(0xffffffffu, inclusive, 31);
+    const MTileScan scan = warp_scan_m_tiles(expert_offsets, E, tile_m, base);
+    if (base + lane < E) prefix[base + lane + 1] = running + scan.inclusive;
+    running += __shfl_sync(0xffffffffu, scan.inclusive, 31);
   }
   if (lane == 0) prefix[0] = 0;
 }
