@@ -50,30 +50,33 @@ std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
   return off;
 }
 
-void require(bool ok, const std::string& msg) {
-  if (!ok) throw Error(msg);
-}
+// The message is built only when the check fails (a macro: it is not evaluated otherwise); checks
+// run on every construction and forward, and most messages describe tensors or the config.
+#define EP_REQUIRE(ok, msg)       \
+  do {                            \
+    if (!(ok)) throw Error(msg);  \
+  } while (0)
 
 // Every tensor lives on the communicator's device (cpu: the CPU backend's math; cuda: ep_layer.cpp).
 void check_matrix(const Tensor& t, const char* fn, const char* arg, std::initializer_list<int64_t> shape, DType dtype,
                   Device device) {
   const std::string where = std::string(fn) + ": argument '" + arg + "': ";
-  require(t.defined(), where + "is required");
-  require(t.data != nullptr, where + "must not have a null data pointer, got " + t.describe() + " with data = null");
-  require(t.device == device, where + "must be on " + device_name(device) + " (the communicator's device), got " +
+  EP_REQUIRE(t.defined(), where + "is required");
+  EP_REQUIRE(t.data != nullptr, where + "must not have a null data pointer, got " + t.describe() + " with data = null");
+  EP_REQUIRE(t.device == device, where + "must be on " + device_name(device) + " (the communicator's device), got " +
                                   t.describe());
   // The CUDA kernels move rows in 16-byte vectors (gather-sum, row copies, the GEMMs' cp.async).
-  require(device == Device::cpu || reinterpret_cast<uintptr_t>(t.data) % 16 == 0,
+  EP_REQUIRE(device == Device::cpu || reinterpret_cast<uintptr_t>(t.data) % 16 == 0,
           where + "must be 16-byte aligned on cuda (vector loads), got " + t.describe() + " at an address that is not");
-  require(t.dtype == dtype, where + "must have dtype " + dtype_name(dtype) + ", got " + t.describe());
-  require(t.ndim == int(shape.size()), where + "must have " + std::to_string(shape.size()) + " dims, got " + t.describe());
+  EP_REQUIRE(t.dtype == dtype, where + "must have dtype " + dtype_name(dtype) + ", got " + t.describe());
+  EP_REQUIRE(t.ndim == int(shape.size()), where + "must have " + std::to_string(shape.size()) + " dims, got " + t.describe());
   int i = 0;
   for (int64_t s : shape) {
-    require(t.shape[i] == s, where + "dim " + std::to_string(i) + " must be " + std::to_string(s) + ", got " +
+    EP_REQUIRE(t.shape[i] == s, where + "dim " + std::to_string(i) + " must be " + std::to_string(s) + ", got " +
                                  t.describe());
     ++i;
   }
-  require(t.is_contiguous(), where + "must be contiguous, got " + t.describe());
+  EP_REQUIRE(t.is_contiguous(), where + "must be contiguous, got " + t.describe());
 }
 
 // Scratch for the expert loops on the owner, sized for T_loc received tokens (an expert gets at
@@ -154,15 +157,15 @@ struct ExpertParallelLayer::State {
 ExpertParallelLayer::ExpertParallelLayer(const MoEConfig& cfg, Communicator& comm)
     : s_(std::make_unique<State>(cfg, comm)) {
   const int P = comm.size();
-  require(P >= 1, "ExpertParallelLayer: argument 'comm': size must be >= 1, got " + std::to_string(P));
-  require(cfg.d > 0 && cfg.n > 0 && cfg.E > 0 && cfg.K > 0 && cfg.K <= cfg.E,
+  EP_REQUIRE(P >= 1, "ExpertParallelLayer: argument 'comm': size must be >= 1, got " + std::to_string(P));
+  EP_REQUIRE(cfg.d > 0 && cfg.n > 0 && cfg.E > 0 && cfg.K > 0 && cfg.K <= cfg.E,
           "ExpertParallelLayer: argument 'cfg': needs d, n, E > 0 and 0 < K <= E, got " + cfg.describe());
-  require(cfg.E % P == 0, "ExpertParallelLayer: argument 'cfg': E (" + std::to_string(cfg.E) +
+  EP_REQUIRE(cfg.E % P == 0, "ExpertParallelLayer: argument 'cfg': E (" + std::to_string(cfg.E) +
                               ") must be a multiple of the ranks (" + std::to_string(P) + ")");
-  require(cfg.aux_loss_coef == 0.f && cfg.z_loss_coef == 0.f,
+  EP_REQUIRE(cfg.aux_loss_coef == 0.f && cfg.z_loss_coef == 0.f,
           "ExpertParallelLayer: argument 'cfg': aux_loss_coef and z_loss_coef must be 0 (cross-rank batch "
           "statistics of the router losses are not implemented), got " + cfg.describe());
-  require(cfg.routing == Routing::topk || cfg.tile > 0,
+  EP_REQUIRE(cfg.routing == Routing::topk || cfg.tile > 0,
           "ExpertParallelLayer: argument 'cfg': tile must be > 0 for token rounding, got " + cfg.describe());
   s_->P = P;
   s_->El = cfg.E / P;
@@ -171,7 +174,7 @@ ExpertParallelLayer::ExpertParallelLayer(const MoEConfig& cfg, Communicator& com
 #if defined(LEANMOE_WITH_CUDA)
     // Storage-independent rules here; the dtype (bf16 only) is checked in forward.
     const std::string why = cuda::ep_unsupported_reason(cfg, DType::bf16);
-    require(why.empty(), "ExpertParallelLayer: argument 'cfg': not supported by the CUDA EP layer: " + why);
+    EP_REQUIRE(why.empty(), "ExpertParallelLayer: argument 'cfg': not supported by the CUDA EP layer: " + why);
     s_->gpu = std::make_unique<cuda::EpLayer>(cfg, comm);
 #else
     throw Error("ExpertParallelLayer: argument 'comm': is a cuda communicator, but this leanmoe was built without "
@@ -200,18 +203,18 @@ void ExpertParallelLayer::forward(const Tensor& x, const MoEWeights& w, const Te
   const MoEConfig& c = s.cfg;
   const int64_t d = c.d, n = c.n, E = c.E, K = c.K, El = s.El;
   const int P = s.P;
-  require(x.defined() && x.ndim == 2, "ep forward: argument 'x': must be [T, d], got " + x.describe());
-  require(x.shape[0] > 0, "ep forward: argument 'x': needs at least one token, got " + x.describe());
+  EP_REQUIRE(x.defined() && x.ndim == 2, "ep forward: argument 'x': must be [T, d], got " + x.describe());
+  EP_REQUIRE(x.shape[0] > 0, "ep forward: argument 'x': needs at least one token, got " + x.describe());
   const int64_t T = x.shape[0];
   ::leanmoe::detail::validate_tokens(c, T, "ep forward");  // routing metadata is i32
   s.dtype = x.dtype;
-  require(s.dtype == DType::f32 || s.dtype == DType::bf16,
+  EP_REQUIRE(s.dtype == DType::f32 || s.dtype == DType::bf16,
           "ep forward: argument 'x': dtype must be bf16 or f32, got " + x.describe());
   const Device dev = s.comm.device();
 #if defined(LEANMOE_WITH_CUDA)
   if (s.gpu) {
     const std::string why = cuda::ep_unsupported_reason(c, s.dtype);
-    require(why.empty(), "ep forward: argument 'x': " + why + " (" + x.describe() + ")");
+    EP_REQUIRE(why.empty(), "ep forward: argument 'x': " + why + " (" + x.describe() + ")");
   }
 #endif
   check_matrix(x, "ep forward", "x", {T, d}, s.dtype, dev);
@@ -336,7 +339,7 @@ void ExpertParallelLayer::backward(const Tensor& d_out, const MoEWeights& w, con
   State& s = *s_;
   const MoEConfig& c = s.cfg;
   const int64_t d = c.d, n = c.n, E = c.E, K = c.K, El = s.El, T = s.T;
-  require(s.forward_done, "ep backward: argument 'd_out': forward must run first");
+  EP_REQUIRE(s.forward_done, "ep backward: argument 'd_out': forward must run first");
   const Device dev = s.comm.device();
   check_matrix(d_out, "ep backward", "d_out", {T, d}, s.dtype, dev);
   check_matrix(w.router, "ep backward", "w.router", {E, d}, s.dtype, dev);
@@ -413,3 +416,5 @@ void ExpertParallelLayer::backward(const Tensor& d_out, const MoEWeights& w, con
 }
 
 }  // namespace leanmoe::ep
+
+#undef EP_REQUIRE
