@@ -94,10 +94,7 @@ Options parse(int argc, char** argv) {
   o.command = tools::command_line(argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw Error("argument '" + a + "': needs a value");
-      return argv[++i];
-    };
+    auto value = [&] { return tools::flag_value(argc, argv, i); };
     if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
       std::fprintf(stdout, "configs: %s\n", tools::shape_names().c_str());
@@ -116,17 +113,11 @@ Options parse(int argc, char** argv) {
     else if (a == "--tokens-per-rank") o.tokens_per_rank = to_int(a, value());
     else if (a == "--iters") o.iters = int(to_int(a, value()));
     else if (a == "--warmup") o.warmup = int(to_int(a, value(), 0));
-    else if (a == "--device") {
-      const std::string v = value();
-      if (v == "cpu") o.device = Device::cpu;
-      else if (v == "cuda") o.device = Device::cuda;
-      else if (v != "auto") throw Error("argument '--device': must be auto, cpu or cuda, got '" + v + "'");
-    } else if (a == "--out") o.out = value();
+    else if (a == "--device") o.device = tools::device_flag(value());
+    else if (a == "--out") o.out = value();
     else if (a == "--commit") o.commit = value();
     else throw Error("unknown argument '" + a + "' (see --help)");
   }
-  if (!backend_available(o.device))
-    throw Error(std::string("argument '--device': no backend for ") + device_name(o.device) + " here");
   const bool gpu = o.device == Device::cuda;
   if (o.iters == 0) o.iters = gpu ? 20 : 3;
   if (o.warmup < 0) o.warmup = gpu ? 5 : 1;

@@ -170,8 +170,7 @@ int main(int argc, char** argv) {
                     leanmoe::tools::shape_names().c_str());
         return 0;
       }
-      if (i + 1 >= argc) throw std::runtime_error(flag + " needs a value (see --help)");
-      const char* v = argv[++i];
+      const std::string v = leanmoe::tools::flag_value(argc, argv, i);
       if (flag == "--config") configs = v;
       else if (flag == "--gemms") only = split_commas(v);
       else if (flag == "--iters") iters = int(leanmoe::tools::to_int(flag, v));

@@ -1,5 +1,5 @@
 // Small helpers shared by the command-line tools (leanmoe, leanmoe_bench_inbackward, _ep, _gemms):
-// integer flags, the bits of JSON they write by hand, and their result files.
+// flags, the bits of JSON they write by hand, and their result files.
 #pragma once
 #include <charconv>
 #include <cstdint>
@@ -22,6 +22,23 @@ inline int64_t to_int(const std::string& flag, const std::string& v, int64_t min
   if (ec != std::errc() || p != v.data() + v.size() || x < min)
     throw Error("argument '" + flag + "': must be an integer >= " + std::to_string(min) + ", got '" + v + "'");
   return x;
+}
+
+// The value after argv[i] (advancing i), or leanmoe::Error naming the flag.
+inline std::string flag_value(int argc, char** argv, int& i) {
+  if (i + 1 >= argc) throw Error("argument '" + std::string(argv[i]) + "': needs a value");
+  return argv[++i];
+}
+
+// --device auto|cpu|cuda, refused by name when this build has no backend for it.
+inline Device device_flag(const std::string& v) {
+  Device dev = best_device();
+  if (v == "cpu") dev = Device::cpu;
+  else if (v == "cuda") dev = Device::cuda;
+  else if (v != "auto") throw Error("argument '--device': must be auto, cpu or cuda, got '" + v + "'");
+  if (!backend_available(dev))
+    throw Error(std::string("argument '--device': no backend for ") + device_name(dev) + " here");
+  return dev;
 }
 
 // A JSON string literal: quotes and backslashes escaped, control characters as spaces.
