@@ -161,7 +161,8 @@ CUtensorMap bf16_tensor_map(const void* w, int64_t rows, int64_t cols, int box_c
 // LEANMOE_GEMM_WS_CLUSTER_DW unset or 1 = dW1 and dW2 in clusters, 0 = not. dW measured on the H200
 // (bench/results/2026-12-02-h200-s3/gemms.md, call 5, ms without / with clusters, two runs without):
 // 120B-n2048 dW1 9.66, 8.40 / 8.02, dW2 4.07, 4.00 / 3.92; gpt-oss-20b dW1 8.34, 8.27 / 7.91, dW2
-// 4.39, 4.20 / 3.86; olmoe-1b-7b dW1 4.16, 4.16 / 3.80, dW2 1.73, 1.80 / 1.68; 7B-n256 even. Measured on the H200 (bench/results/2026-12-02-h200-s2/
+// 4.39, 4.20 / 3.86; olmoe-1b-7b dW1 4.16, 4.16 / 3.80, dW2 1.73, 1.80 / 1.68; 7B-n256 even.
+// Varlen-M measured on the H200 (bench/results/2026-12-02-h200-s2/
 // cluster.md, TFLOP/s without / with clusters at 7B-n256, olmoe-1b-7b, 120B-n2048, gpt-oss-20b):
 // dH 196/204, 208/225, 311/309, 225/274; up 439/425, 463/456, 451/440, 413/395. Why up loses
 // (lock-step CTA pairs, an empty partner m-tile where an expert has an odd count) is not profiled.

@@ -63,6 +63,8 @@ namespace leanmoe::cuda::kernels::sm90 {
 // halves side by side), or per warp 16 rows x 32 columns at a time (up, store_up_rows_warp_staged:
 // small enough to keep every pipeline stage).
 enum class WsEpi { Registers, StagedPerWarpgroup, StagedPerWarp };
+// Per-warp staging: three tiles (H gate, H up, A) of [16 rows][32 bf16 = 64 B] each.
+constexpr int kWarpTileBytes = 16 * 64, kWarpStagingBytes = 3 * kWarpTileBytes;
 
 template <int kTileN_, int kStages_, bool kPingPong_, WsEpi kEpi_ = WsEpi::Registers, int kTileM_ = 128>
 struct WsConfig {
@@ -79,7 +81,6 @@ struct WsConfig {
   static constexpr WsEpi kEpi = kEpi_;
   static constexpr bool kSmemEpilogue = kEpi != WsEpi::Registers;
   static constexpr int kStagingPitch = kTileN + 16;  // per warpgroup: bytes per staged row, kTileN/2 bf16 + 16
-  static constexpr int kWarpStagingBytes = 3 * 1024;
   static constexpr int kStagingBytes = kEpi == WsEpi::StagedPerWarpgroup ? 2 * 64 * kStagingPitch
                                        : kEpi == WsEpi::StagedPerWarp    ? 4 * kWarpStagingBytes
                                                                          : 0;
@@ -370,7 +371,8 @@ __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, 
   const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
   const int64_t n = args.n, j0 = int64_t(n_tile) * kHalf;
   const int64_t row0 = m0 + warp_in_wg * 16;
-  const uint32_t gate_tile = staging + warp_in_wg * 3072, up_tile = gate_tile + 1024, a_tile = gate_tile + 2048;
+  const uint32_t gate_tile = staging + warp_in_wg * kWarpStagingBytes, up_tile = gate_tile + kWarpTileBytes,
+                 a_tile = up_tile + kWarpTileBytes;
 #pragma unroll
   for (int c = 0; c < kHalf / 32; ++c) {
 #pragma unroll
@@ -395,7 +397,7 @@ __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, 
       for (int t = 0; t < 3; ++t)
         asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                      : "=r"(v[t].x), "=r"(v[t].y), "=r"(v[t].z), "=r"(v[t].w)
-                     : "r"(gate_tile + t * 1024 + at)
+                     : "r"(gate_tile + t * kWarpTileBytes + at)
                      : "memory");
       const int64_t r = row0 + row;
       if (r < row_end && col < n) {
