@@ -60,6 +60,7 @@ using namespace leanmoe;
 using tools::BenchShape;
 using tools::json_list;
 using tools::json_string;
+using tools::num;
 using tools::to_int;
 
 namespace {
@@ -423,12 +424,6 @@ std::string summary_name(Device device, const std::vector<std::string>& names) {
   std::string out;
   for (const auto& [name, k] : n) out += (out.empty() ? "" : ", ") + std::to_string(k) + "x " + name;
   return out;
-}
-
-std::string num(double v, const char* fmt = "%.2f") {
-  char s[48];
-  std::snprintf(s, sizeof s, fmt, v);
-  return s;
 }
 
 }  // namespace

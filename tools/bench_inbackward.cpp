@@ -34,6 +34,7 @@
 
 using namespace leanmoe;
 using namespace leanmoe::optim;
+using tools::num;
 using tools::to_int;
 
 namespace {
@@ -275,23 +276,9 @@ UpdaterResult run_updater(const Options& o) {
   return r;
 }
 
-std::string json_escape(const std::string& in) {
-  std::string out;
-  for (char c : in) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c == '\n' ? ' ' : c;
-  }
-  return out;
-}
-
 std::string mib(size_t b) {
   char s[32];
   std::snprintf(s, sizeof s, "%.1f", double(b) / double(1ull << 20));
-  return s;
-}
-std::string num(double v, const char* fmt = "%.2f") {
-  char s[48];
-  std::snprintf(s, sizeof s, fmt, v);
   return s;
 }
 
@@ -380,7 +367,7 @@ int main(int argc, char** argv) {
          << r.backward_ms << ", \"step_call_ms\": " << r.update_ms << ", \"build_s\": " << r.build_s << "}";
     };
     js << "{\n  \"device\": \"" << gpu_name(o.device) << "\", \"date\": \"" << date << "\",\n"
-       << "  \"command\": \"" << json_escape(o.command) << "\", \"commit\": \"" << json_escape(o.commit) << "\",\n"
+       << "  \"command\": " << tools::json_string(o.command) << ", \"commit\": " << tools::json_string(o.commit) << ",\n"
        << "  \"shape\": {\"layers\": " << o.layers << ", \"T\": " << o.T << ", \"d\": " << o.d << ", \"n\": " << o.n
        << ", \"E\": " << o.E << ", \"K\": " << o.K << "}, \"rule\": \"" << (o.sgd ? "sgd" : "adamw")
        << "\", \"fp32_master\": " << (o.master ? "true" : "false") << ", \"steps\": " << o.steps << ",\n"

@@ -41,6 +41,13 @@ inline Device device_flag(const std::string& v) {
   return dev;
 }
 
+// v printed with a printf format (the tools' table cells and JSON numbers).
+inline std::string num(double v, const char* fmt = "%.2f") {
+  char s[48];
+  std::snprintf(s, sizeof s, fmt, v);
+  return s;
+}
+
 // A JSON string literal: quotes and backslashes escaped, control characters as spaces.
 inline std::string json_string(const std::string& s) {
   std::string o = "\"";
