@@ -1,7 +1,7 @@
 // Backend-independent parts of the public API: tensor helpers, planning, the saved-state layout,
 // owned buffers, and the dispatch of forward/backward to the backend of the input's device.
 #include <algorithm>
-#include <sstream>
+#include <string>
 
 #include "backend.h"
 #include "validate.h"
@@ -66,24 +66,31 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+// The messages below are built with std::string and std::to_string, not iostreams: on the H200
+// image (g++ 13 extension linked against this archive built by g++ 12) formatting an int64 through
+// std::ostringstream crashed inside libstdc++'s locale code (session 3, MoEConfig::describe).
+std::string Tensor::shape_str() const {
+  std::string s = "[";
+  for (int i = 0; i < ndim && i < kMaxDims; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
 std::string Tensor::describe() const {
   if (!defined()) return "an undefined tensor";
   // A hand-built view may carry any ndim: never index shape[] past kMaxDims (error messages land here).
   if (ndim < 0 || ndim > kMaxDims) return "a tensor with invalid ndim = " + std::to_string(ndim);
-  std::ostringstream s;
-  s << dtype_name(dtype) << "[";
-  for (int i = 0; i < ndim; ++i) s << (i ? ", " : "") << shape[i];
-  s << "] on " << device_name(device);
-  if (!is_contiguous()) s << " (non-contiguous)";
-  return s.str();
+  std::string s = std::string(dtype_name(dtype)) + shape_str() + " on " + device_name(device);
+  if (!is_contiguous()) s += " (non-contiguous)";
+  return s;
 }
 
 std::string MoEConfig::describe() const {
-  std::ostringstream s;
-  s << "d=" << d << " n=" << n << " E=" << E << " K=" << K << " router=" << router_convention_name(router)
-    << (norm_topk_prob ? "(norm)" : "") << " routing=" << routing_name(routing);
-  if (routing == Routing::token_rounding) s << "(tile " << tile << ", " << rounding_mode_name(rounding_mode) << ")";
-  return s.str();
+  std::string s = "d=" + std::to_string(d) + " n=" + std::to_string(n) + " E=" + std::to_string(E) +
+                  " K=" + std::to_string(K) + " router=" + router_convention_name(router) +
+                  (norm_topk_prob ? "(norm)" : "") + " routing=" + routing_name(routing);
+  if (routing == Routing::token_rounding)
+    s += "(tile " + std::to_string(tile) + ", " + rounding_mode_name(rounding_mode) + ")";
+  return s;
 }
 
 int64_t max_routed_rows(const MoEConfig& cfg, int64_t T) {

@@ -58,7 +58,8 @@ struct Tensor {
   int64_t size(int i) const { return shape[i]; }
   template <class T>
   T* ptr() const { return static_cast<T*>(data); }
-  std::string describe() const;  // e.g. "bf16[4096, 768] on cpu"
+  std::string shape_str() const;  // e.g. "[4096, 768]"
+  std::string describe() const;   // e.g. "bf16[4096, 768] on cpu"
 };
 
 // ---------------------------------------------------------------------------------------------

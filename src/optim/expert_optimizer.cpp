@@ -25,12 +25,6 @@ namespace {
 constexpr StateKind kAllKinds[] = {StateKind::exp_avg, StateKind::exp_avg_sq, StateKind::momentum, StateKind::master};
 constexpr char kMagic[8] = {'L', 'M', 'O', 'P', 'T', 'v', '1', 0};
 
-std::string shape_str(const Tensor& t) {
-  std::string s = "[";
-  for (int i = 0; i < t.ndim; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
-  return s + "]";
-}
-
 bool same_shape(const Tensor& a, const Tensor& b) {
   if (a.ndim != b.ndim) return false;
   for (int i = 0; i < a.ndim; ++i)
@@ -153,7 +147,7 @@ void ExpertOptimizer::step(const std::string& name, const Tensor& grad, float gr
   const std::string fn = "ExpertOptimizer::step: tensor '" + name + "': argument 'grad': ";
   if (grad.data == nullptr) throw Error(fn + "must be defined");
   if (!same_shape(grad, p))
-    throw Error(fn + "shape must equal the parameter's " + shape_str(p) + ", got " + grad.describe());
+    throw Error(fn + "shape must equal the parameter's " + p.shape_str() + ", got " + grad.describe());
   if (grad.dtype != DType::bf16 && grad.dtype != DType::f32)
     throw Error(fn + "dtype must be bf16 or f32, got " + grad.describe());
   if (grad.device != p.device || grad.device_index != p.device_index)
@@ -279,8 +273,8 @@ void ExpertOptimizer::load(std::istream& in) {
     for (int d = 0; d < saved.ndim; ++d) saved.shape[d] = get<int64_t>(in);
     if (!same_shape(saved, s.param) || saved.dtype != s.param.dtype)
       throw Error("ExpertOptimizer::load: tensor '" + name + "': saved " + dtype_name(saved.dtype) +
-                  shape_str(saved) + " does not match the registered " + dtype_name(s.param.dtype) +
-                  shape_str(s.param));
+                  saved.shape_str() + " does not match the registered " + dtype_name(s.param.dtype) +
+                  s.param.shape_str());
     Loaded l{&s, get<int64_t>(in), {}};
     for (StateKind k : kAllKinds) {
       const bool present = get<uint8_t>(in) != 0;

@@ -527,15 +527,26 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     int item = 0;
     if constexpr (!kVarlenK) {
       // Thread tid copies 16-byte chunk tid%8 (8 k-values) of the tile's A rows tid/8 + 16i.
+      // Per tile it resolves its 8 source rows once, as 32-bit offsets in 128-byte units (a row of
+      // X or dO is lda = d elements, a multiple of 64: 128·(d/64) bytes; 2^32 units are 512 GiB,
+      // beyond any GPU's memory, so T·d/64 always fits) plus a validity mask, so
+      // that a copy costs one IMAD.WIDE for its address. Computing token · lda + k0 in 64 bits per
+      // copy and k-tile (with lda and the base pointer re-read from the constant bank: the producer
+      // has 40 registers) took ~150 instructions per k-tile; ncu at 120B-n2048 (up) showed the
+      // producer warps issuing 80% of the time and the consumers waiting on full stages 54%.
       constexpr int kARows = kTileM / 16;
       const int chunk = tid & 7;
+      const uint32_t row_units = uint32_t(dims.lda / 64);
+      const char* const a_chunk = reinterpret_cast<const char*>(args.a) + chunk * 16;
       for (int t = first_tile(); t < total_tiles; t += tile_stride()) {
         const WsTile tile = tile_at(t);
-        int token[kARows];  // source row of each of this thread's A rows, -1 past the expert's rows
+        uint32_t src_unit[kARows], valid = 0;  // row offset in 128 B units; bit i: row i is the expert's
 #pragma unroll
         for (int i = 0; i < kARows; ++i) {
           const int64_t r = tile.m0 + tid / 8 + 16 * i;
-          token[i] = r < tile.row_end ? args.row_token[r] : -1;
+          const int token = r < tile.row_end ? args.row_token[r] : -1;
+          src_unit[i] = token >= 0 ? uint32_t(token) * row_units : 0u;
+          valid |= uint32_t(token >= 0) << i;
         }
         for (int kt = 0; kt < tile.num_k; ++kt, ++item) {
           const int stage = item % kStages;
@@ -571,11 +582,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                             tile.expert * int(args.d) + k0);
             }
           }
+          const char* const a_k = a_chunk + k0 * 2;
 #pragma unroll
-          for (int i = 0; i < kARows; ++i) {
-            const bf16* src = token[i] >= 0 ? args.a + int64_t(token[i]) * dims.lda + k0 + chunk * 8 : args.a;
-            cp_async_16(a_smem + k_major_offset(tid / 8 + 16 * i, chunk), src, token[i] >= 0);
-          }
+          for (int i = 0; i < kARows; ++i)
+            cp_async_16(a_smem + k_major_offset(tid / 8 + 16 * i, chunk), a_k + uint64_t(src_unit[i]) * 128u,
+                        (valid >> i) & 1u);
           cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
         }
       }
