@@ -117,15 +117,18 @@ int ws_mode() {
 // registers / staged, tile bands of 8, at 7B-n256, 120B-n2048, olmoe-1b-7b, gpt-oss-20b): dH
 // 213/262, 359/410, 268/309, 277/321; up with the earlier per-warpgroup staging (one stage fewer)
 // 456/436, 470/496, 468/483, 470/486, with the per-warp one (call 5) 454/472, 486/514, 469/494,
-// 480/501. Staged by default;
-// LEANMOE_GEMM_WS_EPI (read per launch) = "reg" or "smem" forces one for both.
-enum class WsEpilogue { Registers, Smem };
+// 480/501. dH per warp too (store_dh_rows_warp_staged: H by cp.async per 32-column chunk, the next
+// chunk's requested before this one's arithmetic; every stage kept): "warp", the default (session 4,
+// bench/results/2026-12-02-h200-s4). LEANMOE_GEMM_WS_EPI (read per launch) = "reg", "smem" (up per
+// warp, dH per warpgroup) or "warp" (both per warp) forces one.
+enum class WsEpilogue { Registers, Smem, Warp };
 WsEpilogue ws_epilogue() {
   const char* env = std::getenv("LEANMOE_GEMM_WS_EPI");
-  if (!env || !*env) return WsEpilogue::Smem;
+  if (!env || !*env) return WsEpilogue::Warp;
   if (std::string(env) == "reg") return WsEpilogue::Registers;
   if (std::string(env) == "smem") return WsEpilogue::Smem;
-  throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_EPI: must be unset, 'reg' or 'smem', got '") + env + "'");
+  if (std::string(env) == "warp") return WsEpilogue::Warp;
+  throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_EPI: must be unset, 'reg', 'smem' or 'warp', got '") + env + "'");
 }
 
 // 2D TMA map over a row-major bf16 matrix [rows, cols] (all experts' weights stacked, or routed
@@ -295,14 +298,20 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStr
     if constexpr (has_ws_kernel(kKind)) {
       const bool ping_pong = ws_mode() == 2;
       if constexpr (!kernels::is_varlen_k(kKind)) {
-        if (ws_epilogue() == WsEpilogue::Smem) {
-          using PingPong = std::conditional_t<kKind == GemmKind::UpProjSwiglu, v1::WsPingPongWarpEpi, v1::WsPingPongSmemEpi>;
-          using Cooperative =
-              std::conditional_t<kKind == GemmKind::UpProjSwiglu, v1::WsCooperativeWarpEpi, v1::WsCooperativeSmemEpi>;
-          if (ping_pong) launch_ws<kKind, PingPong>(rows, s, args, stream, raise_smem_limit, what);
-          else launch_ws<kKind, Cooperative>(rows, s, args, stream, raise_smem_limit, what);
+        const WsEpilogue epi = ws_epilogue();
+        if (epi == WsEpilogue::Warp || (epi == WsEpilogue::Smem && kKind == GemmKind::UpProjSwiglu)) {
+          if (ping_pong) launch_ws<kKind, v1::WsPingPongWarpEpi>(rows, s, args, stream, raise_smem_limit, what);
+          else launch_ws<kKind, v1::WsCooperativeWarpEpi>(rows, s, args, stream, raise_smem_limit, what);
           check_launch(what);
           return;
+        }
+        if constexpr (kKind == GemmKind::DhSwigluBwd) {
+          if (epi == WsEpilogue::Smem) {
+            if (ping_pong) launch_ws<kKind, v1::WsPingPongSmemEpi>(rows, s, args, stream, raise_smem_limit, what);
+            else launch_ws<kKind, v1::WsCooperativeSmemEpi>(rows, s, args, stream, raise_smem_limit, what);
+            check_launch(what);
+            return;
+          }
         }
       }
       if constexpr (kKind == GemmKind::Dw1) {

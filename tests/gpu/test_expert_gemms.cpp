@@ -395,13 +395,14 @@ TEST(ExpertGemms, WsClusterMulticast) { run_ws_schedules_and_clusters(); }
 // LEANMOE_GEMM_WS_EPI=smem stages dH's 64-row slices in shared memory and copies whole rows out
 // (store_dh_rows64_staged, one pipeline stage fewer), and up's 16 rows per warp 32 columns at a
 // time (store_up_rows_warp_staged: n = 192 and 320 end in 32-column chunks past n);
-// reg stores from the accumulators (store_rows64). The same cases as WsClusterMulticast, with
+// warp stages dH per warp too (store_dh_rows_warp_staged: H in per 32-column chunk, chunks past n
+// skipped); reg stores from the accumulators (store_rows64). The same cases as WsClusterMulticast, with
 // either schedule (up: 64+64 or 128+128 gate/up columns per tile; dH: 64- or 128-column halves,
 // n = 320 and 576 ending in a partial half or a wholly idle one) and clusters on and off (a rank-1
 // m-tile past the expert's rows still takes part in every warpgroup barrier of the epilogue and
 // stores nothing).
 TEST(ExpertGemms, WsEpilogues) {
-  for (const char* epi : {"smem", "reg"}) {
+  for (const char* epi : {"smem", "warp", "reg"}) {
     SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_EPI=") + epi);
     ScopedEnv e("LEANMOE_GEMM_WS_EPI", epi);
     run_ws_schedules_and_clusters();

@@ -59,11 +59,12 @@
 namespace leanmoe::cuda::kernels::sm90 {
 
 // Epilogue of the varlen-M kinds: store_rows64 from the accumulator registers, or staged through
-// shared memory: per warpgroup 64-row slices (dH, store_dh_rows64_staged: it needs H's gate and up
-// halves side by side), or per warp 16 rows x 32 columns at a time (up, store_up_rows_warp_staged:
-// small enough to keep every pipeline stage).
+// shared memory: per warpgroup 64-row slices (dH, store_dh_rows64_staged), or per warp 16 rows x 32
+// columns at a time (up, store_up_rows_warp_staged; dH, store_dh_rows_warp_staged: small enough to
+// keep every pipeline stage).
 enum class WsEpi { Registers, StagedPerWarpgroup, StagedPerWarp };
-// Per-warp staging: three tiles (H gate, H up, A) of [16 rows][32 bf16 = 64 B] each.
+// Per-warp staging: three tiles of [16 rows][32 bf16 = 64 B] each (up: H gate, H up, A; dH: H gate
+// and H up in, then dg, du, A' out through the third).
 constexpr int kWarpTileBytes = 16 * 64, kWarpStagingBytes = 3 * kWarpTileBytes;
 
 template <int kTileN_, int kStages_, bool kPingPong_, WsEpi kEpi_ = WsEpi::Registers, int kTileM_ = 128>
@@ -109,8 +110,8 @@ using WsCooperativeTall = WsConfig<128, 4, false, WsEpi::Registers, 256>;
 // The producer then runs at most 5 resp. 3 k-tiles ahead instead of 6 resp. 4.
 using WsPingPongSmemEpi = WsConfig<128, 5, true, WsEpi::StagedPerWarpgroup>;
 using WsCooperativeSmemEpi = WsConfig<256, 3, false, WsEpi::StagedPerWarpgroup>;
-// The up-projection with the per-warp staged epilogue keeps every stage: 6 x 32768 resp.
-// 4 x 49152, + 2 x 12288 + 1024 = 222208 B resp. 222208 B.
+// The per-warp staged epilogue (up, and dH with LEANMOE_GEMM_WS_EPI=warp) keeps every stage:
+// 6 x 32768 resp. 4 x 49152, + 2 x 12288 + 1024 = 222208 B resp. 222208 B.
 using WsPingPongWarpEpi = WsConfig<128, 6, true, WsEpi::StagedPerWarp>;
 using WsCooperativeWarpEpi = WsConfig<256, 4, false, WsEpi::StagedPerWarp>;
 
@@ -215,6 +216,11 @@ __device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
   return v;
 }
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}
 __device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -236,11 +242,7 @@ __device__ __forceinline__ void store_staged_rows(uint32_t tile, bf16* dst, int6
   if (col >= col_end) return;
   uint4 v[kPasses];
 #pragma unroll
-  for (int p = 0; p < kPasses; ++p)
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v[p].x), "=r"(v[p].y), "=r"(v[p].z), "=r"(v[p].w)
-                 : "r"(tile + (t / kChunks + p * kRowsPerPass) * kPitch + chunk * 16)
-                 : "memory");
+  for (int p = 0; p < kPasses; ++p) v[p] = ld_shared_v4(tile + (t / kChunks + p * kRowsPerPass) * kPitch + chunk * 16);
 #pragma unroll
   for (int p = 0; p < kPasses; ++p) {
     const int64_t r = m0 + t / kChunks + p * kRowsPerPass;
@@ -262,6 +264,47 @@ __device__ __forceinline__ void load_staged_rows(uint32_t tile, const bf16* src,
     cp_async_16(tile + i * kPitch + chunk * 16, valid ? src + (m0 + i) * ld + col : src, valid);
   }
   asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// dH's ds partials of one lane quad's two rows (row, row + 8): each lane holds ds[h][p] of its own
+// columns of the 128-column part p; the quad sums them in the same fixed order as store_rows64.
+template <int kParts>
+__device__ __forceinline__ void store_ds_partials(const GemmArgs& args, float (&ds)[2][kParts], int64_t row, int row_end,
+                                                  int n_tile) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = row + 8 * h;
+#pragma unroll
+    for (int p = 0; p < kParts; ++p) {
+      ds[h][p] += __shfl_xor_sync(0xffffffffu, ds[h][p], 1);
+      ds[h][p] += __shfl_xor_sync(0xffffffffu, ds[h][p], 2);
+      const int part = n_tile * kParts + p;
+      if ((lane & 3) == 0 && r < row_end && part < args.ds_tiles) args.ds_partial[r * args.ds_tiles + part] = ds[h][p];
+    }
+  }
+}
+
+// dSwiGLU of one (row, column pair) from H's gate and up values and the accumulated dA: dg, du
+// (scaled by the row's gate s), the ds term dA·a, and A' = s·a in place of dA.
+__device__ __forceinline__ void dswiglu_pair(float s, uint32_t g2, uint32_t u2, float& da0, float& da1, uint32_t& dg2,
+                                             uint32_t& du2, float& ds) {
+  const float2 g = unpack_bf16x2(g2), u = unpack_bf16x2(u2);
+  const float gs[2] = {g.x, g.y}, us[2] = {u.x, u.y};
+  float* da[2] = {&da0, &da1};
+  float dg[2], du[2];
+#pragma unroll
+  for (int v = 0; v < 2; ++v) {
+    const float sig = sigmoid(gs[v]);
+    const float silu_g = gs[v] * sig;
+    const float a = silu_g * us[v];
+    dg[v] = s * *da[v] * us[v] * (sig * (1.f + gs[v] * (1.f - sig)));
+    du[v] = s * *da[v] * silu_g;
+    ds += *da[v] * a;
+    *da[v] = s * a;  // A'
+  }
+  dg2 = pack_bf16x2(dg[0], dg[1]);
+  du2 = pack_bf16x2(du[0], du[1]);
 }
 
 // One warpgroup's 64-row slice (rows m0.., those >= row_end skipped) of column tile n_tile, as
@@ -307,22 +350,10 @@ __device__ __forceinline__ void store_dh_rows64_staged(const GemmArgs& args, flo
       for (int bb = 0; bb < kHalf / 8; ++bb) {
         const int b = c * (kHalf / 8) + bb;
         if (m0 + row0 + 8 * h >= row_end || n0 + b * 8 >= n) continue;  // as store_rows64: no ds term
-        const float2 g = unpack_bf16x2(g2[bb]), u = unpack_bf16x2(u2[bb]);
-        const float gs[2] = {g.x, g.y}, us[2] = {u.x, u.y};
-        float dg[2], du[2];
-#pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          float& da = acc[4 * b + 2 * h + v];
-          const float sig = sigmoid(gs[v]);
-          const float silu_g = gs[v] * sig;
-          const float a = silu_g * us[v];
-          dg[v] = gate[h] * da * us[v] * (sig * (1.f + gs[v] * (1.f - sig)));
-          du[v] = gate[h] * da * silu_g;
-          ds[h][b / 16] += da * a;
-          da = gate[h] * a;  // A'
-        }
-        st_shared_b32(tile0 + pair_at(h, bb), pack_bf16x2(dg[0], dg[1]));
-        st_shared_b32(tile1 + pair_at(h, bb), pack_bf16x2(du[0], du[1]));
+        uint32_t dg2, du2;
+        dswiglu_pair(gate[h], g2[bb], u2[bb], acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1], dg2, du2, ds[h][b / 16]);
+        st_shared_b32(tile0 + pair_at(h, bb), dg2);
+        st_shared_b32(tile1 + pair_at(h, bb), du2);
       }
     }
     warpgroup_sync(cwg);
@@ -339,19 +370,7 @@ __device__ __forceinline__ void store_dh_rows64_staged(const GemmArgs& args, flo
     warpgroup_sync(cwg);
     store_staged_rows<kHalf, kPitch>(tile0, args.out2, n, c0, n, m0, row_end);
   }
-  // The lane quad holds its rows' whole tile: the same fixed-order shuffle sums as store_rows64.
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t r = m0 + row0 + 8 * h;
-#pragma unroll
-    for (int p = 0; p < kParts; ++p) {
-      ds[h][p] += __shfl_xor_sync(0xffffffffu, ds[h][p], 1);
-      ds[h][p] += __shfl_xor_sync(0xffffffffu, ds[h][p], 2);
-      const int part = n_tile * kParts + p;
-      if ((lane & 3) == 0 && r < row_end && part < args.ds_tiles)
-        args.ds_partial[r * args.ds_tiles + part] = ds[h][p];
-    }
-  }
+  store_ds_partials<kParts>(args, ds, m0 + row0, row_end, n_tile);
 }
 
 // ---- Per-warp staged epilogue of the up-projection (WsEpi::StagedPerWarp): each warp writes its 16
@@ -394,11 +413,7 @@ __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, 
       const uint32_t at = warp_tile_offset(row, chunk);
       uint4 v[3];
 #pragma unroll
-      for (int t = 0; t < 3; ++t)
-        asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
-                     : "=r"(v[t].x), "=r"(v[t].y), "=r"(v[t].z), "=r"(v[t].w)
-                     : "r"(gate_tile + t * kWarpTileBytes + at)
-                     : "memory");
+      for (int t = 0; t < 3; ++t) v[t] = ld_shared_v4(gate_tile + t * kWarpTileBytes + at);
       const int64_t r = row0 + row;
       if (r < row_end && col < n) {
         *reinterpret_cast<uint4*>(args.out + r * 2 * n + col) = v[0];
@@ -408,6 +423,110 @@ __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, 
     }
     __syncwarp();  // the next chunk overwrites the tiles
   }
+}
+
+// ---- Per-warp staged epilogue of dH (WsEpi::StagedPerWarp, as up's: 3 KB per warp, every pipeline
+//      stage kept; the per-warpgroup one above needs 69 KB and costs a stage). Each warp walks its
+//      16 rows 32 columns at a time: H's gate and up columns of the chunk come into two of its 1 KB
+//      tiles by cp.async (lane l: 16-byte chunk l % 4 of rows l/4 and l/4 + 8), are read into
+//      registers in the accumulator layout, and the next chunk's H is requested at once, so that its
+//      latency hides behind this chunk's arithmetic and stores; dg, du and A' then go out one after
+//      another through the third tile. The producer has prefetched the tile's H rows into L2
+//      (prefetch_h_rows_l2). ----
+template <int kTileN>
+__device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0,
+                                                          int row_end, int n_tile, uint32_t staging) {
+  constexpr int kChunks = kTileN / 32, kParts = kTileN / 128;
+  const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3, q = lane % 4;
+  const int64_t n = args.n, n0 = int64_t(n_tile) * kTileN, row0 = m0 + warp_in_wg * 16;
+  const uint32_t g_tile = staging + warp_in_wg * kWarpStagingBytes, u_tile = g_tile + kWarpTileBytes,
+                 o_tile = u_tile + kWarpTileBytes;
+  auto load_h = [&](int c) {
+    const int64_t col = n0 + 32 * c + 8 * q;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = lane / 4 + 8 * j;
+      if (row0 + row >= row_end || col >= n) continue;  // never read below (no ds term, no store)
+      const bf16* src = args.h + (row0 + row) * 2 * n + col;
+      cp_async_16(g_tile + warp_tile_offset(row, q), src, true);
+      cp_async_16(u_tile + warp_tile_offset(row, q), src + n, true);
+    }
+  };
+  // The third tile's 16 rows to dst (row stride ld), columns n0 + 32c ..; __syncwarp on both sides.
+  auto store_o_tile = [&](bf16* dst, int64_t ld, int c) {
+    __syncwarp();
+    const int64_t col = n0 + 32 * c + 8 * q;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = lane / 4 + 8 * j;
+      const uint4 v = ld_shared_v4(o_tile + warp_tile_offset(row, q));
+      if (row0 + row < row_end && col < n) *reinterpret_cast<uint4*>(dst + (row0 + row) * ld + col) = v;
+    }
+    __syncwarp();
+  };
+  float gate[2], ds[2][kParts] = {};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = row0 + lane / 4 + 8 * h;
+    gate[h] = r < row_end ? args.row_gate[r] : 0.f;
+  }
+  load_h(0);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    if (n0 + 32 * c >= n) break;  // the last column tile of an n that is not a multiple of kTileN
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncwarp();
+    uint32_t g2[2][4], u2[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int bl = 0; bl < 4; ++bl) {
+        const uint32_t at = warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * q;
+        g2[h][bl] = ld_shared_b32(g_tile + at);
+        u2[h][bl] = ld_shared_b32(u_tile + at);
+      }
+    __syncwarp();
+    if (c + 1 < kChunks) load_h(c + 1);
+    uint32_t dg2[2][4] = {}, du2[2][4] = {};
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int bl = 0; bl < 4; ++bl) {
+        const int b = 4 * c + bl;  // 8-column block of the tile
+        if (row0 + lane / 4 + 8 * h >= row_end || n0 + 8 * b >= n) continue;  // as store_rows64: no ds term
+        dswiglu_pair(gate[h], g2[h][bl], u2[h][bl], acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1], dg2[h][bl],
+                     du2[h][bl], ds[h][b / 16]);
+      }
+    // dg, du, A' through the third tile, each with the fragment layout of up's epilogue.
+#pragma unroll
+    for (int out = 0; out < 3; ++out) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int bl = 0; bl < 4; ++bl) {
+          const int b = 4 * c + bl;
+          const uint32_t v = out == 0 ? dg2[h][bl] : out == 1 ? du2[h][bl]
+                                                              : pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]);
+          st_shared_b32(o_tile + warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * q, v);
+        }
+      if (out < 2) store_o_tile(args.out + out * n, 2 * n, c);
+      else store_o_tile(args.out2, n, c);
+    }
+  }
+  store_ds_partials<kParts>(args, ds, row0 + lane / 4, row_end, n_tile);
+}
+
+// dH: H's gate and up columns [n0, n0 + kTileN) of routed row `row` into L2, issued by the producer
+// with the tile's last k-tile (some 4 k-tiles, ~2-3 us, before the consumers' epilogue reads them):
+// the epilogue's H loads then wait for L2, not DRAM (H is read once: it never is in L2 otherwise).
+template <int kTileN>
+__device__ __forceinline__ void prefetch_h_row_l2(const GemmArgs& args, int64_t row, int row_end, int n_tile) {
+  const int64_t n = args.n, n0 = int64_t(n_tile) * kTileN;
+  if (row >= row_end || n0 >= n) return;
+  const uint32_t bytes = uint32_t(min(int64_t(kTileN), n - n0)) * 2;  // a multiple of 128: n % 64 == 0
+  const bf16* g = args.h + row * 2 * n + n0;
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g + n), "r"(bytes) : "memory");
 }
 
 // One output tile: expert, column tile, first row (varlen-M: routed row; varlen-K: row of dW), the
@@ -428,9 +547,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ws_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap tma_operand) {
   static_assert(kKind == GemmKind::UpProjSwiglu || kKind == GemmKind::DhSwigluBwd || is_varlen_k(kKind));
   static_assert(!Cfg::kSmemEpilogue || !is_varlen_k(kKind), "the staged epilogue is for the varlen-M kinds only");
-  static_assert((Cfg::kEpi == WsEpi::StagedPerWarp) <= (kKind == GemmKind::UpProjSwiglu) &&
-                    (Cfg::kEpi == WsEpi::StagedPerWarpgroup) <= (kKind == GemmKind::DhSwigluBwd),
-                "staged epilogues: per warp for up, per warpgroup for dH");
+  static_assert((Cfg::kEpi == WsEpi::StagedPerWarpgroup) <= (kKind == GemmKind::DhSwigluBwd),
+                "staged epilogues: per warp for up and dH, per warpgroup for dH only");
   static_assert(Cfg::kTileM == 128 || is_varlen_k(kKind), "varlen-M tiles are 128 rows (the A gather, the tile table)");
   constexpr int kTileM = Cfg::kTileM, kTileN = Cfg::kTileN, kTileK = Cfg::kTileK, kStages = Cfg::kStages;
   constexpr bool kPingPong = Cfg::kPingPong, kVarlenK = is_varlen_k(kKind);
@@ -588,6 +706,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
             cp_async_16(a_smem + k_major_offset(tid / 8 + 16 * i, chunk), a_k + uint64_t(src_unit[i]) * 128u,
                         (valid >> i) & 1u);
           cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
+          if constexpr (kKind == GemmKind::DhSwigluBwd)
+            if (kt == tile.num_k - 1) prefetch_h_row_l2<kTileN>(args, tile.m0 + tid, tile.row_end, tile.n_tile);
         }
       }
     } else {
@@ -727,8 +847,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int s = 0; s < Cfg::kSlices; ++s) {
         const int64_t m0 = tile.m0 + Cfg::slice_row(cwg, s) * 64;
-        if constexpr (Cfg::kEpi == WsEpi::StagedPerWarp)
+        if constexpr (Cfg::kEpi == WsEpi::StagedPerWarp && kKind == GemmKind::UpProjSwiglu)
           store_up_rows_warp_staged<kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile,
+                                            smem_base + kStages * Cfg::kStageBytes + cwg * Cfg::kStagingBytes);
+        else if constexpr (Cfg::kEpi == WsEpi::StagedPerWarp)
+          store_dh_rows_warp_staged<kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile,
                                             smem_base + kStages * Cfg::kStageBytes + cwg * Cfg::kStagingBytes);
         else if constexpr (Cfg::kEpi == WsEpi::StagedPerWarpgroup)
           store_dh_rows64_staged<Cfg>(args, acc[s], m0, tile.row_end, tile.n_tile,
