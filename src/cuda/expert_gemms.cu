@@ -103,15 +103,6 @@ bool ws_dw1_tall() {
   throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_DW1_TILE: must be unset, '256x128' or '128x256', got '") + env +
                        "'");
 }
-// Depth of the varlen-K (dW1, dW2) cooperative k-tile: 64 rows in 4 stages, or 32 rows in 8
-// (WsCooperativeK32 / WsCooperativeTallK32: the same 192 KB, twice the loads in flight).
-// LEANMOE_GEMM_WS_DW_K = "64" or "32" (read per launch); default 64.
-bool ws_dw_k32() {
-  const char* env = std::getenv("LEANMOE_GEMM_WS_DW_K");
-  if (!env || !*env || std::string(env) == "64") return false;
-  if (std::string(env) == "32") return true;
-  throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_DW_K: must be unset, '64' or '32', got '") + env + "'");
-}
 int ws_mode() {
   const char* env = std::getenv("LEANMOE_GEMM_WS");
   return env && env[0] == '0' ? 0 : env && env[0] == '2' ? 2 : 1;
@@ -271,8 +262,8 @@ void launch_ws(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cuda
   else if constexpr (kKind == GemmKind::DhSwigluBwd)
     map = bf16_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, what);
   else if (rows.rows_capacity > 0)
-    map = kKind == GemmKind::Dw1 ? bf16_tensor_map(args.a, rows.rows_capacity, 2 * s.n, 64, Cfg::kTileK, what)
-                                 : bf16_tensor_map(args.b, rows.rows_capacity, s.n, 64, Cfg::kTileK, what);
+    map = kKind == GemmKind::Dw1 ? bf16_tensor_map(args.a, rows.rows_capacity, 2 * s.n, 64, 64, what)
+                                 : bf16_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, what);
   if (ws_cluster(kKind)) {
     static const bool cluster_ready = raise_smem_limit(v1::ws_grouped_gemm_kernel<kKind, Cfg, true>, Cfg::kSmemBytes);
     (void)cluster_ready;
@@ -321,20 +312,6 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStr
             check_launch(what);
             return;
           }
-        }
-      }
-      if constexpr (kernels::is_varlen_k(kKind)) {
-        if (!ping_pong && ws_dw_k32()) {
-          if constexpr (kKind == GemmKind::Dw1) {
-            if (ws_dw1_tall()) {
-              launch_ws<kKind, v1::WsCooperativeTallK32>(rows, s, args, stream, raise_smem_limit, what);
-              check_launch(what);
-              return;
-            }
-          }
-          launch_ws<kKind, v1::WsCooperativeK32>(rows, s, args, stream, raise_smem_limit, what);
-          check_launch(what);
-          return;
         }
       }
       if constexpr (kKind == GemmKind::Dw1) {

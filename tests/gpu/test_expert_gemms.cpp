@@ -448,26 +448,6 @@ TEST(ExpertGemms, WsDw1Tiles) {
   run_case({512, 16, 4, 256, 320, 5, false});
 }
 
-// dW1 and dW2 in 32-row k-tiles (LEANMOE_GEMM_WS_DW_K=32: 8 stages of 24 KB; 32-row TMA boxes, a
-// partial last k-tile by cp.async) with both dW1 tiles, clusters on and off, on the ragged cases
-// (experts whose row counts are not multiples of 32, empty experts) and with 5 CTAs.
-TEST(ExpertGemms, WsDwK32) {
-  ScopedEnv k32("LEANMOE_GEMM_WS_DW_K", "32");
-  ScopedEnv ws("LEANMOE_GEMM_WS", "1");
-  for (const char* tile : {"256x128", "128x256"}) {
-    for (const char* clusters : {"1", "0"}) {
-      SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_DW1_TILE=") + tile + " LEANMOE_GEMM_WS_CLUSTER_DW=" + clusters);
-      ScopedEnv t("LEANMOE_GEMM_WS_DW1_TILE", tile);
-      ScopedEnv c("LEANMOE_GEMM_WS_CLUSTER_DW", clusters);
-      run_case({100, 8, 2, 192, 192, 3, false});
-      run_case({300, 4, 1, 64, 128, -1, true});
-      run_case({512, 16, 4, 256, 320, -1, false});
-      ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", "5");
-      run_case({512, 16, 4, 256, 320, 5, false});
-    }
-  }
-}
-
 // dW1 and dW2 run in 2x1 clusters multicasting their row-range operand by default (dW1: dH, CTA
 // pairs on n-tiles; dW2: A', pairs on m-tiles); here forced on and off
 // (LEANMOE_GEMM_WS_CLUSTER_DW=1 / 0) with both dW1 tiles and ping-pong. Odd tile counts leave rank 1

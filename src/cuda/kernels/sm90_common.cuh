@@ -62,9 +62,8 @@ constexpr uint32_t kMNBlockBytes = 64 * 128;  // one 64-wide MN block of a 64-de
 __device__ __forceinline__ uint32_t k_major_offset(int row, int chunk) {
   return uint32_t(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
-// block_bytes: bytes of one 64-wide MN block, 128 per k-row of the tile (8 KB at 64 k-rows).
-__device__ __forceinline__ uint32_t mn_major_offset(int k_row, int chunk, uint32_t block_bytes = kMNBlockBytes) {
-  return uint32_t((chunk >> 3) * block_bytes + k_row * 128 + (((chunk & 7) ^ (k_row & 7)) << 4));
+__device__ __forceinline__ uint32_t mn_major_offset(int k_row, int chunk) {
+  return uint32_t((chunk >> 3) * kMNBlockBytes + k_row * 128 + (((chunk & 7) ^ (k_row & 7)) << 4));
 }
 
 

@@ -67,16 +67,12 @@ enum class WsEpi { Registers, StagedPerWarpgroup, StagedPerWarp };
 // and H up in, then dg, du, A' out through the third).
 constexpr int kWarpTileBytes = 16 * 64, kWarpStagingBytes = 3 * kWarpTileBytes;
 
-template <int kTileN_, int kStages_, bool kPingPong_, WsEpi kEpi_ = WsEpi::Registers, int kTileM_ = 128,
-          int kTileK_ = 64>
+template <int kTileN_, int kStages_, bool kPingPong_, WsEpi kEpi_ = WsEpi::Registers, int kTileM_ = 128>
 struct WsConfig {
   static constexpr int kTileN = kTileN_, kStages = kStages_;
   static constexpr bool kPingPong = kPingPong_;
-  static constexpr int kTileM = kTileM_, kTileK = kTileK_;
+  static constexpr int kTileM = kTileM_, kTileK = 64;
   static_assert(kTileM == 128 || (kTileM == 256 && !kPingPong), "256-row tiles are cooperative only");
-  static_assert(kTileK == 64 || kTileK == 32, "k-tiles of 64 rows, or 32 (varlen-K only)");
-  // One 64-wide block of an MN-major tile (128 B per k-row); a K-major 64-row slice is 8 KB too.
-  static constexpr uint32_t kMNBlock = kTileK * 128;
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
   static constexpr int kABytes = kTileM * kTileK * 2, kBBytes = kTileN * kTileK * 2;
   static constexpr int kStageBytes = kABytes + kBBytes;
@@ -107,14 +103,6 @@ using WsCooperative = WsConfig<256, 4, false>;
 // For dW1, whose contiguous operand (dH, loaded with TMA) is the M side: 32 KB by TMA and 16 KB
 // of gathered X rows by cp.async per k-tile, instead of 16 KB and 32 KB at 128 x 256.
 using WsCooperativeTall = WsConfig<128, 4, false, WsEpi::Registers, 256>;
-// The same two varlen-K tiles in 8 stages of 32-row k-tiles (24 KB): the same 192 KB, but a stage
-// is held by the tensor cores for half as long. A consumer releases stage i only after its k-tile
-// i+1's wgmmas are issued and i's retired, so 2 of the 4 64-row stages are always held and the
-// loads run at most 2 k-tiles (96 KB, ~1.2 us at 600 TFLOP/s) ahead; with 8 32-row stages, 6
-// (144 KB). ncu at 120B-n2048 showed dW1's consumers waiting on full stages and its producer on
-// empty ones (10% and 7% of the samples): the signature of a pipeline too shallow for its latency.
-using WsCooperativeK32 = WsConfig<256, 8, false, WsEpi::Registers, 128, 32>;
-using WsCooperativeTallK32 = WsConfig<128, 8, false, WsEpi::Registers, 256, 32>;
 // dH with the per-warpgroup staged epilogue, one stage fewer to make room (227 KB = 232448 B per
 // CTA, of which the tile table and barriers take 4100 + 16 · kStages B):
 //   ping-pong:   5 x 32768 + 2 x 18432 (2 x 64 x 144) + 1024 = 201728 B (6 stages: 234496 B, too many);
@@ -153,26 +141,25 @@ __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive;\nbarrier.cluster.wait;\n" ::: "memory");
 }
 
-// Varlen-K producer copy of one operand's k-tile: [kKRows (64 or 32) k-rows][kExtent columns] of a row-major
+// Varlen-K producer copy of one operand's k-tile: [64 k-rows][kExtent columns] of a row-major
 // source (row stride ld) into the MN-major layout (sm90_common.cuh). k-row ρ is routed row
 // first_row + ρ; rows >= row_end (past the expert's rows) are zero-filled, never read: the next
 // expert's rows or the padding may hold NaN, and 0 · NaN = NaN. Its source row is the routed row
 // itself, or (kGather) row_token of it, which lane ρ % 32 of the warp holds in gathered[ρ / 32]
 // (-1 past row_end). Columns >= cols are zero-filled. kExtent / 8 consecutive lanes copy one
 // k-row's 16-byte chunks, so a warp instruction covers whole 256-byte (kExtent = 128) or 512-byte
-// (256) row segments; each thread issues kKRows · kExtent / 8 / 128 = 8 or 16 copies per 64-row k-tile.
+// (256) row segments; each thread issues 64 · kExtent / 8 / 128 = 8 or 16 copies per k-tile.
 //
 // Lean on purpose: 128 threads issue 32-48 KB per stage within 40 registers. Per copy: a shuffle
 // (gathered only), one 32x32->64-bit multiply-add for the address (an invalid row is clamped to row
 // 0: a valid address, not read) and the cp.async, whose swizzled destination is one of kPeriod
 // bases plus an immediate (row % 8 repeats every kPeriod passes, 1024 B per 8 rows). The shuffles go
 // in batches of 4 so that their latencies overlap instead of adding up copy after copy.
-template <int kExtent, bool kGather, int kKRows>
+template <int kExtent, bool kGather>
 __device__ __forceinline__ void copy_k_rows(uint32_t dst, const bf16* src, int64_t ld, int64_t col0, int64_t cols,
-                                            int first_row, int row_end, const int (&gathered)[kKRows / 32]) {
+                                            int first_row, int row_end, const int (&gathered)[2]) {
   constexpr int kChunks = kExtent / 8, kRowsPerPass = 128 / kChunks, kPeriod = 8 / kRowsPerPass;
-  constexpr int kPasses = kKRows / kRowsPerPass, kBatch = 4;
-  static_assert(kPasses % kBatch == 0);
+  constexpr int kPasses = 64 / kRowsPerPass, kBatch = 4;
   const int ptid = threadIdx.x & 127, chunk = ptid % kChunks, row0 = ptid / kChunks;
   const int64_t col = col0 + chunk * 8;
   const bool col_ok = col < cols;
@@ -180,15 +167,15 @@ __device__ __forceinline__ void copy_k_rows(uint32_t dst, const bf16* src, int64
   const uint32_t row_bytes = uint32_t(ld) * 2;
   uint32_t dst_base[kPeriod];
 #pragma unroll
-  for (int j = 0; j < kPeriod; ++j) dst_base[j] = dst + mn_major_offset(row0 + kRowsPerPass * j, chunk, kKRows * 128);
+  for (int j = 0; j < kPeriod; ++j) dst_base[j] = dst + mn_major_offset(row0 + kRowsPerPass * j, chunk);
 #pragma unroll
   for (int i0 = 0; i0 < kPasses; i0 += kBatch) {
     int src_row[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
-      const int i = i0 + j, row = row0 + kRowsPerPass * i;  // row / 32 == kRowsPerPass * i / 32 (row0 < kRowsPerPass)
+      const int i = i0 + j, row = row0 + kRowsPerPass * i;  // row < 32 exactly when kRowsPerPass * i < 32
       if constexpr (kGather) {
-        src_row[j] = __shfl_sync(0xffffffffu, gathered[kRowsPerPass * i / 32], row & 31);
+        src_row[j] = __shfl_sync(0xffffffffu, gathered[kRowsPerPass * i < 32 ? 0 : 1], row & 31);
       } else {
         src_row[j] = first_row + row < row_end ? first_row + row : -1;
       }
@@ -563,7 +550,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert((Cfg::kEpi == WsEpi::StagedPerWarpgroup) <= (kKind == GemmKind::DhSwigluBwd),
                 "staged epilogues: per warp for up and dH, per warpgroup for dH only");
   static_assert(Cfg::kTileM == 128 || is_varlen_k(kKind), "varlen-M tiles are 128 rows (the A gather, the tile table)");
-  static_assert(Cfg::kTileK == 64 || is_varlen_k(kKind), "varlen-M k-tiles are 64 deep (the K-major A and B tiles)");
   constexpr int kTileM = Cfg::kTileM, kTileN = Cfg::kTileN, kTileK = Cfg::kTileK, kStages = Cfg::kStages;
   constexpr bool kPingPong = Cfg::kPingPong, kVarlenK = is_varlen_k(kKind);
   constexpr bool kBKMajor = b_is_k_major(kKind);
@@ -725,13 +711,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         }
       }
     } else {
-      // Each warp resolves the gathered source rows of a k-tile once (lane l: rows l and 32 + l of 64)
+      // Each warp resolves the 64 gathered source rows of a k-tile once (lane l: rows l and 32 + l)
       // and shuffles them to the copying lanes, one k-tile ahead, so that the row_token load's
       // latency hides behind the empty-stage wait and the copies.
-      constexpr int kLanesRows = kTileK / 32;  // gathered source rows per lane and k-tile
-      auto gathered_rows = [&](const WsTile& tile, int kt, int (&rows)[kLanesRows]) {
+      auto gathered_rows = [&](const WsTile& tile, int kt, int (&rows)[2]) {
 #pragma unroll
-        for (int h = 0; h < kLanesRows; ++h) {
+        for (int h = 0; h < 2; ++h) {
           const int r = tile.row_begin + kt * kTileK + 32 * h + lane;
           rows[h] = r < tile.row_end ? args.row_token[r] : -1;
         }
@@ -739,12 +724,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int t = first_tile(); t < total_tiles; t += tile_stride()) {
         const WsTile tile = tile_at(t);
         const int64_t n0 = int64_t(tile.n_tile) * kTileN;
-        int next[kLanesRows];
+        int next[2];
         gathered_rows(tile, 0, next);
         for (int kt = 0; kt < tile.num_k; ++kt, ++item) {
-          int gathered[kLanesRows];
-#pragma unroll
-          for (int h = 0; h < kLanesRows; ++h) gathered[h] = next[h];
+          const int gathered[2] = {next[0], next[1]};
           if (kt + 1 < tile.num_k) gathered_rows(tile, kt + 1, next);
           const int first_row = tile.row_begin + kt * kTileK;
           const int stage = item % kStages;
@@ -766,22 +749,22 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
                 for (int j = 0; j < kMyBoxes; ++j) {
                   const int blk = cta_rank() * kMyBoxes + j;
-                  tma_load_2d_multicast(dst + blk * Cfg::kMNBlock, &tma_operand, &full_bar[stage], col0 + 64 * blk,
+                  tma_load_2d_multicast(dst + blk * kMNBlockBytes, &tma_operand, &full_bar[stage], col0 + 64 * blk,
                                         first_row, 0b11);
                 }
               } else {
 #pragma unroll
                 for (int blk = 0; blk < kTmaExtent / 64; ++blk)
-                  tma_load_2d(dst + blk * Cfg::kMNBlock, &tma_operand, &full_bar[stage], col0 + 64 * blk, first_row);
+                  tma_load_2d(dst + blk * kMNBlockBytes, &tma_operand, &full_bar[stage], col0 + 64 * blk, first_row);
               }
             }
           }
           if (gathers_a(kKind) || !tma)
-            copy_k_rows<kTileM, gathers_a(kKind), kTileK>(a_smem, args.a, dims.lda, tile.m0, dims.M, first_row,
-                                                          tile.row_end, gathered);
+            copy_k_rows<kTileM, gathers_a(kKind)>(a_smem, args.a, dims.lda, tile.m0, dims.M, first_row, tile.row_end,
+                                                  gathered);
           if (gathers_b(kKind) || !tma)
-            copy_k_rows<kTileN, gathers_b(kKind), kTileK>(b_smem, args.b, dims.ldb, n0, dims.N, first_row,
-                                                          tile.row_end, gathered);
+            copy_k_rows<kTileN, gathers_b(kKind)>(b_smem, args.b, dims.ldb, n0, dims.N, first_row, tile.row_end,
+                                                  gathered);
           cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
         }
       }
@@ -835,12 +818,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         for (int kk = 0; kk < kTileK / 16; ++kk) {
           // A k16 step is 32 B along a K-major row or 16 k-rows (2048 B) of an MN-major tile.
           const uint64_t desc_b = kBKMajor ? smem_desc(b_smem + kk * 32, 16, 1024)
-                                           : smem_desc(b_smem + kk * 2048, Cfg::kMNBlock, 1024);
+                                           : smem_desc(b_smem + kk * 2048, kMNBlockBytes, 1024);
 #pragma unroll
           for (int s = 0; s < Cfg::kSlices; ++s) {
-            // 64-row slice of the A tile: 64 K-major rows (8 KB) or one 64-wide MN block (kMNBlock).
-            const uint32_t a_slice = a_smem + Cfg::slice_row(cwg, s) * Cfg::kMNBlock;
-            const uint64_t desc_a = kVarlenK ? smem_desc(a_slice + kk * 2048, Cfg::kMNBlock, 1024)
+            // 64-row slice of the A tile: 64 K-major rows or one 64-wide MN block, 8 KB either way.
+            const uint32_t a_slice = a_smem + Cfg::slice_row(cwg, s) * kMNBlockBytes;
+            const uint64_t desc_a = kVarlenK ? smem_desc(a_slice + kk * 2048, kMNBlockBytes, 1024)
                                              : smem_desc(a_slice + kk * 32, 16, 1024);
             wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(acc[s], desc_a, desc_b);
           }
