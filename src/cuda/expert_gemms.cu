@@ -103,6 +103,15 @@ bool ws_dw1_tall() {
   throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_DW1_TILE: must be unset, '256x128' or '128x256', got '") + env +
                        "'");
 }
+// Epilogue of the cooperative dW1 / dW2 kernels: 16-byte row stores staged per warp
+// (store_dw_rows_warp_staged, the default: LEANMOE_GEMM_WS_DW_EPI unset or "warp") or 4-byte
+// fragment stores from the registers ("reg"). Read per launch.
+bool ws_dw_staged() {
+  const char* env = std::getenv("LEANMOE_GEMM_WS_DW_EPI");
+  if (!env || !*env || std::string(env) == "warp") return true;
+  if (std::string(env) == "reg") return false;
+  throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_DW_EPI: must be unset, 'warp' or 'reg', got '") + env + "'");
+}
 int ws_mode() {
   const char* env = std::getenv("LEANMOE_GEMM_WS");
   return env && env[0] == '0' ? 0 : env && env[0] == '2' ? 2 : 1;
@@ -316,7 +325,15 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStr
       }
       if constexpr (kKind == GemmKind::Dw1) {
         if (!ping_pong && ws_dw1_tall()) {
-          launch_ws<kKind, v1::WsCooperativeTall>(rows, s, args, stream, raise_smem_limit, what);
+          if (ws_dw_staged()) launch_ws<kKind, v1::WsCooperativeTallWarpEpi>(rows, s, args, stream, raise_smem_limit, what);
+          else launch_ws<kKind, v1::WsCooperativeTall>(rows, s, args, stream, raise_smem_limit, what);
+          check_launch(what);
+          return;
+        }
+      }
+      if constexpr (kernels::is_varlen_k(kKind)) {
+        if (!ping_pong && ws_dw_staged()) {
+          launch_ws<kKind, v1::WsCooperativeWarpEpi>(rows, s, args, stream, raise_smem_limit, what);
           check_launch(what);
           return;
         }

@@ -448,6 +448,30 @@ TEST(ExpertGemms, WsDw1Tiles) {
   run_case({512, 16, 4, 256, 320, 5, false});
 }
 
+// dW1 / dW2 stored from the registers (LEANMOE_GEMM_WS_DW_EPI=reg) and staged per warp (warp, the
+// default the cases above take), with both dW1 tiles and clusters on and off, on the ragged cases
+// (n = 192 and 320: column tiles ending past N, whole idle 32-column chunks; empty experts) and
+// with 5 CTAs walking many tiles.
+TEST(ExpertGemms, WsDwEpilogues) {
+  ScopedEnv ws("LEANMOE_GEMM_WS", "1");
+  for (const char* epi : {"reg", "warp"}) {
+    for (const char* tile : {"256x128", "128x256"}) {
+      for (const char* clusters : {"1", "0"}) {
+        SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_DW_EPI=") + epi + " LEANMOE_GEMM_WS_DW1_TILE=" + tile +
+                     " LEANMOE_GEMM_WS_CLUSTER_DW=" + clusters);
+        ScopedEnv e("LEANMOE_GEMM_WS_DW_EPI", epi);
+        ScopedEnv t("LEANMOE_GEMM_WS_DW1_TILE", tile);
+        ScopedEnv c("LEANMOE_GEMM_WS_CLUSTER_DW", clusters);
+        run_case({100, 8, 2, 192, 192, 3, false});
+        run_case({300, 4, 1, 64, 128, -1, true});
+        run_case({512, 16, 4, 256, 320, -1, false});
+        ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", "5");
+        run_case({512, 16, 4, 256, 320, 5, false});
+      }
+    }
+  }
+}
+
 // dW1 and dW2 run in 2x1 clusters multicasting their row-range operand by default (dW1: dH, CTA
 // pairs on n-tiles; dW2: A', pairs on m-tiles); here forced on and off
 // (LEANMOE_GEMM_WS_CLUSTER_DW=1 / 0) with both dW1 tiles and ping-pong. Odd tile counts leave rank 1

@@ -103,6 +103,8 @@ using WsCooperative = WsConfig<256, 4, false>;
 // For dW1, whose contiguous operand (dH, loaded with TMA) is the M side: 32 KB by TMA and 16 KB
 // of gathered X rows by cp.async per k-tile, instead of 16 KB and 32 KB at 128 x 256.
 using WsCooperativeTall = WsConfig<128, 4, false, WsEpi::Registers, 256>;
+// dW2 and dW1 with the per-warp staged store (store_dw_rows_warp_staged, 1 of each warp's 3 KB).
+using WsCooperativeTallWarpEpi = WsConfig<128, 4, false, WsEpi::StagedPerWarp, 256>;
 // dH with the per-warpgroup staged epilogue, one stage fewer to make room (227 KB = 232448 B per
 // CTA, of which the tile table and barriers take 4100 + 16 · kStages B):
 //   ping-pong:   5 x 32768 + 2 x 18432 (2 x 64 x 144) + 1024 = 201728 B (6 stages: 234496 B, too many);
@@ -529,6 +531,40 @@ __device__ __forceinline__ void prefetch_h_row_l2(const GemmArgs& args, int64_t 
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g + n), "r"(bytes) : "memory");
 }
 
+// ---- Per-warp staged store of dW1 / dW2 (WsEpi::StagedPerWarp with a varlen-K kind): store_rows64's
+//      4-byte fragment stores (a warp instruction: 8 rows x 16 B, half-sectors) become 16-byte row
+//      pieces, 32 columns of the warp's 16 rows at a time through the first of its 1 KB tiles. ----
+template <int kTileN>
+__device__ __forceinline__ void store_dw_rows_warp_staged(const GemmArgs& args, const ProblemDims& dims,
+                                                          const float (&acc)[kTileN / 2], int64_t m0, int n_tile,
+                                                          int expert, uint32_t staging) {
+  const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3, q = lane % 4;
+  bf16* const out = args.out + int64_t(expert) * dims.out_expert_stride;
+  const int64_t n0 = int64_t(n_tile) * kTileN, row0 = m0 + warp_in_wg * 16;
+  const uint32_t tile = staging + warp_in_wg * kWarpStagingBytes;
+#pragma unroll
+  for (int c = 0; c < kTileN / 32; ++c) {
+    if (n0 + 32 * c >= dims.N) break;  // the last column tile of an N that is not a multiple of kTileN
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int bl = 0; bl < 4; ++bl) {
+        const int b = 4 * c + bl;
+        st_shared_b32(tile + warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * q,
+                      pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]));
+      }
+    __syncwarp();
+    const int64_t col = n0 + 32 * c + 8 * q;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = lane / 4 + 8 * j;
+      const uint4 v = ld_shared_v4(tile + warp_tile_offset(row, q));
+      if (row0 + row < dims.M && col < dims.N) *reinterpret_cast<uint4*>(out + (row0 + row) * dims.N + col) = v;
+    }
+    __syncwarp();  // the next chunk overwrites the tile
+  }
+}
+
 // One output tile: expert, column tile, first row (varlen-M: routed row; varlen-K: row of dW), the
 // expert's routed rows and the number of 64-deep k-tiles.
 struct WsTile {
@@ -546,7 +582,6 @@ template <GemmKind kKind, class Cfg, bool kCluster = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ws_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap tma_operand) {
   static_assert(kKind == GemmKind::UpProjSwiglu || kKind == GemmKind::DhSwigluBwd || is_varlen_k(kKind));
-  static_assert(!Cfg::kSmemEpilogue || !is_varlen_k(kKind), "the staged epilogue is for the varlen-M kinds only");
   static_assert((Cfg::kEpi == WsEpi::StagedPerWarpgroup) <= (kKind == GemmKind::DhSwigluBwd),
                 "staged epilogues: per warp for up and dH, per warpgroup for dH only");
   static_assert(Cfg::kTileM == 128 || is_varlen_k(kKind), "varlen-M tiles are 128 rows (the A gather, the tile table)");
@@ -847,7 +882,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
       for (int s = 0; s < Cfg::kSlices; ++s) {
         const int64_t m0 = tile.m0 + Cfg::slice_row(cwg, s) * 64;
-        if constexpr (Cfg::kEpi == WsEpi::StagedPerWarp && kKind == GemmKind::UpProjSwiglu)
+        if constexpr (Cfg::kEpi == WsEpi::StagedPerWarp && kVarlenK)
+          store_dw_rows_warp_staged<kTileN>(args, dims, acc[s], m0, tile.n_tile, tile.expert,
+                                            smem_base + kStages * Cfg::kStageBytes + cwg * Cfg::kStagingBytes);
+        else if constexpr (Cfg::kEpi == WsEpi::StagedPerWarp && kKind == GemmKind::UpProjSwiglu)
           store_up_rows_warp_staged<kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile,
                                             smem_base + kStages * Cfg::kStageBytes + cwg * Cfg::kStagingBytes);
         else if constexpr (Cfg::kEpi == WsEpi::StagedPerWarp)
