@@ -93,6 +93,12 @@ std::string MoEConfig::describe() const {
   return s;
 }
 
+// The gate denominator D_t of a chosen pair is the sum of its token's top-K p under these
+// conventions, else 1 (SPEC §2).
+bool gates_renormalised(const MoEConfig& cfg) {
+  return cfg.router == RouterConvention::topk_then_softmax || cfg.norm_topk_prob;
+}
+
 int64_t max_routed_rows(const MoEConfig& cfg, int64_t T) {
   if (cfg.routing == Routing::topk) return T * cfg.K;
   // Rounding moves each expert's count by less than one tile and never above T.

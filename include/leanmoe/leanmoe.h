@@ -98,6 +98,10 @@ struct MoEConfig {
 // up to tile-1 rows per expert, never more than T per expert).
 int64_t max_routed_rows(const MoEConfig& cfg, int64_t T);
 
+// Whether a chosen pair's gate is p divided by the sum of the token's top-K p (topk_then_softmax,
+// or softmax_then_topk with norm_topk_prob) rather than p itself.
+bool gates_renormalised(const MoEConfig& cfg);
+
 // Expert FLOPs of one layer (SPEC §1): forward 6*T*K*d*n, backward 12*T*K*d*n.
 double forward_flops(const MoEConfig& cfg, int64_t T);
 double backward_flops(const MoEConfig& cfg, int64_t T);

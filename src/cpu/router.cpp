@@ -47,10 +47,6 @@ void chosen_prob_sums(const float* p, const int32_t* topk_experts, int64_t T, in
   }
 }
 
-bool gates_renormalised(const MoEConfig& cfg) {
-  return cfg.router == RouterConvention::topk_then_softmax || cfg.norm_topk_prob;
-}
-
 void mark_topk_pairs(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, int32_t* code) {
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < T; ++t) {

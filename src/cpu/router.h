@@ -18,10 +18,6 @@ void topk_rows(const float* z, int64_t T, int64_t E, int64_t K, int32_t* topk_ex
 void chosen_prob_sums(const float* p, const int32_t* topk_experts, int64_t T, int64_t E, int64_t K,
                       float* sum_chosen);
 
-// Gate denominator D_t of a chosen pair: sum_chosen[t] when the convention renormalises
-// (topk_then_softmax, or softmax_then_topk with norm_topk_prob), else 1.
-bool gates_renormalised(const MoEConfig& cfg);
-
 // What routing did with each (token, expert) pair.
 enum PairCode : int32_t {
   kNotRouted = 0,

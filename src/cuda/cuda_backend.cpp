@@ -41,13 +41,7 @@ cuda::ExpertShape expert_shape(const MoEConfig& cfg, int64_t T) { return {T, cfg
 // Everything forward needs beyond SavedState.
 struct ForwardWorkspace {
   void* cublas;
-  float* zp;             // [T, E] logits, then p
-  float* lse;            // [T]
-  float* sum_chosen;     // [T]
-  uint8_t* code;         // [T, E] pair codes
-  uint32_t* rounding_keys;  // [E, T] token-rounding priorities (token rounding only)
-  int32_t* topk_counts;  // [E]
-  int32_t* meta_scratch;
+  cuda::RoutingScratch routing;
   double* loss_partial;
   bf16_storage* a;       // [R_max, n]
   bf16_storage* y;       // [R_max, d]
@@ -56,13 +50,7 @@ struct ForwardWorkspace {
   ForwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) {
     const int64_t R = max_routed_rows(cfg, T), E = cfg.E;
     cublas = c.take<char>(int64_t(cuda::kRouterCublasWorkspace));
-    zp = c.take<float>(T * E);
-    lse = c.take<float>(T);
-    sum_chosen = c.take<float>(T);
-    code = c.take<uint8_t>(T * E);
-    rounding_keys = c.take<uint32_t>(cfg.routing == Routing::token_rounding ? T * E : 0);
-    topk_counts = c.take<int32_t>(E);
-    meta_scratch = c.take<int32_t>(cuda::metadata_scratch_ints(T, E));
+    routing = cuda::RoutingScratch(c, cfg, T);
     loss_partial = c.take<double>(cuda::loss_partial_doubles(T, E));
     a = c.take<bf16_storage>(R * cfg.n);
     y = c.take<bf16_storage>(R * cfg.d);
@@ -117,10 +105,6 @@ void require_aligned_workspace(const char* fn, Workspace ws) {
   if (reinterpret_cast<uintptr_t>(ws.data) % 16 != 0)
     throw Error(std::string(fn) + ": argument 'ws': must be 16-byte aligned on cuda (vector loads of its slices), " +
                 "got an address that is not");
-}
-
-bool gates_renormalised(const MoEConfig& cfg) {
-  return cfg.router == RouterConvention::topk_then_softmax || cfg.norm_topk_prob;
 }
 
 class CudaBackend final : public Backend {
@@ -209,20 +193,14 @@ class CudaBackend final : public Backend {
     ForwardWorkspace w(carver, cfg, T);
     SavedState& s = a.saved;
 
-    router_logits(a.x.data, a.w.router.data, T, cfg, w.cublas, w.zp, stream);
-    cuda::router_topk_softmax(w.zp, T, E, K, s.topk_experts.ptr<int32_t>(), w.lse, w.sum_chosen, w.code, stream);
-    const bool rounding = cfg.routing == Routing::token_rounding;
-    if (a.losses.defined() || rounding)
-      cuda::count_topk(s.topk_experts.ptr<int32_t>(), T, E, K, w.topk_counts, stream);
-    if (a.losses.defined())
-      cuda::router_losses(w.zp, w.lse, w.topk_counts, T, E, K, w.loss_partial, a.losses.ptr<float>(), stream);
-    if (rounding)
-      cuda::round_tokens(w.zp, w.sum_chosen, w.topk_counts, T, E, cfg.tile, cfg.rounding_mode, w.rounding_keys,
-                         w.code, stream);
-    cuda::build_metadata(w.code, w.zp, w.sum_chosen, gates_renormalised(cfg), T, E, w.meta_scratch,
-                         {s.row_token.ptr<int32_t>(), s.row_gate.ptr<float>(), s.token_rows.ptr<int32_t>(),
-                          s.token_offsets.ptr<int32_t>(), s.expert_offsets.ptr<int32_t>()},
-                         stream);
+    const cuda::RoutingScratch& r = w.routing;
+    router_logits(a.x.data, a.w.router.data, T, cfg, w.cublas, r.zp, stream);
+    cuda::route(cfg, T, r, a.losses.defined(), s.topk_experts.ptr<int32_t>(),
+                {s.row_token.ptr<int32_t>(), s.row_gate.ptr<float>(), s.token_rows.ptr<int32_t>(),
+                 s.token_offsets.ptr<int32_t>(), s.expert_offsets.ptr<int32_t>()},
+                stream);
+    if (a.losses.defined())  // reads p and the top-K counts, which token rounding leaves as they were
+      cuda::router_losses(r.zp, r.lse, r.topk_counts, T, E, K, w.loss_partial, a.losses.ptr<float>(), stream);
 
     const cuda::RoutedRows rows = routed_rows(s, E);
     const cuda::ExpertShape shape = expert_shape(cfg, T);

@@ -83,13 +83,7 @@ struct Sizes {
 
 // The origin's routing of its own tokens (kept for backward) and what forward needs before the sync.
 struct OriginMem {
-  float* zp = nullptr;             // [T, E] logits, then p
-  float* lse = nullptr;            // [T]
-  float* sum_chosen = nullptr;     // [T]
-  uint8_t* code = nullptr;         // [T, E]
-  uint32_t* keys = nullptr;        // [E, T] token rounding only
-  int32_t* topk_counts = nullptr;  // [E]
-  int32_t* meta_scratch = nullptr;
+  RoutingScratch routing{};
   int32_t* topk = nullptr;         // [T, K]
   int32_t* row_token = nullptr;    // [R_max]
   float* row_gate = nullptr;       // [R_max]
@@ -104,13 +98,7 @@ struct OriginMem {
   OriginMem() = default;
   OriginMem(Carver& c, const MoEConfig& cfg, int64_t T, int64_t R_max, int P) {
     const int64_t E = cfg.E;
-    zp = c.take<float>(T * E);
-    lse = c.take<float>(T);
-    sum_chosen = c.take<float>(T);
-    code = c.take<uint8_t>(T * E);
-    keys = c.take<uint32_t>(cfg.routing == Routing::token_rounding ? T * E : 0);
-    topk_counts = c.take<int32_t>(E);
-    meta_scratch = c.take<int32_t>(metadata_scratch_ints(T, E));
+    routing = RoutingScratch(c, cfg, T);
     topk = c.take<int32_t>(T * cfg.K);
     row_token = c.take<int32_t>(R_max);
     row_gate = c.take<float>(R_max);
@@ -216,10 +204,6 @@ std::vector<int64_t> prefix(const std::vector<int64_t>& counts) {
   return off;
 }
 
-bool gates_renormalised(const MoEConfig& cfg) {
-  return cfg.router == RouterConvention::topk_then_softmax || cfg.norm_topk_prob;
-}
-
 }  // namespace
 
 std::string ep_unsupported_reason(const MoEConfig& cfg, DType dtype) {
@@ -299,14 +283,10 @@ struct EpLayer::Impl {
 
     // 1. Routing of this rank's tokens: the single-GPU steps (cuda_backend.cpp forward) on T_r rows.
     o = origin_arena.carve<OriginMem>(stream, cfg, T, z.R_max, P);
-    router_logits(x.data, wt.router.data, T, o.zp);
-    router_topk_softmax(o.zp, T, E, K, o.topk, o.lse, o.sum_chosen, o.code, stream);
-    if (cfg.routing == Routing::token_rounding) {  // per rank: this rank's counts become tile multiples
-      count_topk(o.topk, T, E, K, o.topk_counts, stream);
-      round_tokens(o.zp, o.sum_chosen, o.topk_counts, T, E, cfg.tile, cfg.rounding_mode, o.keys, o.code, stream);
-    }
-    build_metadata(o.code, o.zp, o.sum_chosen, gates_renormalised(cfg), T, E, o.meta_scratch,
-                   {o.row_token, o.row_gate, o.token_rows, o.token_offsets, o.expert_offsets}, stream);
+    //    Token rounding is per rank: this rank's counts become tile multiples.
+    router_logits(x.data, wt.router.data, T, o.routing.zp);
+    route(cfg, T, o.routing, false, o.topk, {o.row_token, o.row_gate, o.token_rows, o.token_offsets, o.expert_offsets},
+          stream);
 
     // 2. Messages: token rows per owner (each token once, ascending) and one record per pair.
     ep::plan_messages(o.expert_offsets, o.token_offsets, o.token_rows, T, E, El, P, o.msg_index, o.counts,

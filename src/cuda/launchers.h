@@ -52,6 +52,32 @@ int64_t metadata_scratch_ints(int64_t T, int64_t E);
 void build_metadata(const uint8_t* code, const float* p, const float* sum_chosen, bool renormalised, int64_t T,
                     int64_t E, int32_t* scratch, const MetadataOut& out, cudaStream_t stream);
 
+// The routing of one layer call, shared by the single-GPU layer and the EP layer's origin:
+// router_topk_softmax, count_topk (when `count` or token rounding), round_tokens (token rounding
+// only), build_metadata. On entry scratch.zp holds the router logits [T, E]; after it, zp = p and,
+// when counted, topk_counts = the top-K counts (what router_losses reads).
+struct RoutingScratch {
+  float* zp;              // [T, E]
+  float* lse;             // [T]
+  float* sum_chosen;      // [T]
+  uint8_t* code;          // [T, E] pair codes
+  uint32_t* keys;         // [E, T] token-rounding priorities (token rounding only)
+  int32_t* topk_counts;   // [E]
+  int32_t* meta_scratch;  // metadata_scratch_ints(T, E)
+  template <class Carver>
+  RoutingScratch(Carver& c, const MoEConfig& cfg, int64_t T)
+      : zp(c.template take<float>(T * cfg.E)),
+        lse(c.template take<float>(T)),
+        sum_chosen(c.template take<float>(T)),
+        code(c.template take<uint8_t>(T * cfg.E)),
+        keys(c.template take<uint32_t>(cfg.routing == Routing::token_rounding ? T * cfg.E : 0)),
+        topk_counts(c.template take<int32_t>(cfg.E)),
+        meta_scratch(c.template take<int32_t>(metadata_scratch_ints(T, cfg.E))) {}
+  RoutingScratch() = default;
+};
+void route(const MoEConfig& cfg, int64_t T, const RoutingScratch& scratch, bool count, int32_t* topk_experts,
+           const MetadataOut& out, cudaStream_t stream);
+
 // ---- aggregate.cu --------------------------------------------------------------------------
 // out[t] = bf16(sum over the token's rows of row_gate[row] * y[row]), fp32 sum. y, out bf16.
 void aggregate_rows(const void* y, const float* row_gate, const int32_t* token_offsets, const int32_t* token_rows,
