@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 5, call 1: the final check of commit 07017233333a's defaults (session 4's call 7 ran the same
-# commit, but its files were lost): GPU tests, memcheck + racecheck of the per-warp dW epilogue, each
+# Session 5, call 1: the final check of the defaults of commit 07017233333a (session 4's call 7 ran that
+# commit, but its files were lost) as built at 0a6abcd8ec24 (the same GEMMs; one routing sequence shared by
+# the single-GPU and EP layers, whose GPU tests this call also runs): GPU tests, memcheck + racecheck of the per-warp dW epilogue, each
 # GEMM on its own, the layer grid beside the anchor (twice when time allows, to see the run-to-run
 # spread), token rounding vs top-K; SM clock and power sampled once a second throughout.
 set -uo pipefail
