@@ -1,11 +1,11 @@
 // The CUDA (sm_90a) backend: router GEMM (cuBLAS), routing on the GPU, the expert grouped GEMMs
 // (expert_gemms.h), aggregation and the router backward, all enqueued on the caller's stream.
 //
-// No host synchronisation inside forward/backward. It is guaranteed by construction, and can be
-// checked with `grep -n "Memcpy\|Synchronize\|cudaMalloc\|cudaFree" src/cuda/*.cpp src/cuda/*.cu`:
-// the only device-to-host copy and the only synchronisations are in copy(), synchronize() and
-// all_finite() (the latter runs only for cfg.check_finite, before forward); forward/backward use
-// kernel launches, cudaMemsetAsync and device-to-device cudaMemcpyAsync only (both asynchronous on
+// No host synchronisation inside forward/backward: the GPU test
+// CudaBackend.ForwardAndBackwardCaptureIntoOneGraph captures both into one CUDA graph in global
+// capture mode, which any host-synchronising call would invalidate. By construction: the only
+// device-to-host copy and the only synchronisations are in copy(), synchronize() and all_finite()
+// (the latter runs only for cfg.check_finite, before forward); forward/backward use kernel launches, cudaMemsetAsync and device-to-device cudaMemcpyAsync only (both asynchronous on
 // the stream), every count and offset stays on the device, and every grid is sized from host-known
 // bounds (T, E, R_max). cuBLAS gets its workspace carved from ours (cublasSetWorkspace), so it
 // allocates nothing either. The expert GEMM launchers promise the same (expert_gemms.h); the

@@ -273,7 +273,7 @@ struct EpLayer::Impl {
   ExpertShape local_shape() const { return {z.T_loc, cfg.d, cfg.n}; }
 
   void forward(const Tensor& xin, const MoEWeights& wt, const Tensor& out) {
-    const int64_t T = xin.shape[0], E = cfg.E, K = cfg.K, d = cfg.d;
+    const int64_t T = xin.shape[0], E = cfg.E, d = cfg.d;
     const size_t row_bytes = size_t(d) * sizeof(bf16_bits);
     forward_done = false;
     x = xin;

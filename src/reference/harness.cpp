@@ -76,7 +76,7 @@ std::vector<int32_t> download_i32(Device device, const Tensor& t) {
 
 }  // namespace
 
-HostLayerOutputs run_backend(const HostLayerInputs& in, Device device) {
+HostLayerOutputs run_backend(const HostLayerInputs& in, Device device, Stream stream, const LayerLauncher& launch) {
   const MoEConfig& c = in.cfg;
   const int64_t T = in.T, d = c.d, n = c.n, E = c.E;
   const DType dt = in.dtype;
@@ -106,9 +106,16 @@ HostLayerOutputs run_backend(const HostLayerInputs& in, Device device) {
   upload(device, d_losses, {in.d_aux, in.d_z});
 
   SavedState saved = make_saved_state(c, T, dt, device, saved_buf.data(), saved_buf.bytes());
-  forward(c, x.t, w, out.t, losses.t, saved, {fwd_ws.data(), fwd_ws.bytes()});
   const MoEGrads grads{dx.t, dwr.t, dw1.t, dw2.t};
-  backward(c, d_out.t, explicit_loss_weights ? d_losses.t : Tensor{}, w, saved, grads, {bwd_ws.data(), bwd_ws.bytes()});
+  const std::function<void()> layer = [&] {
+    forward(c, x.t, w, out.t, losses.t, saved, {fwd_ws.data(), fwd_ws.bytes()}, stream);
+    backward(c, d_out.t, explicit_loss_weights ? d_losses.t : Tensor{}, w, saved, grads,
+             {bwd_ws.data(), bwd_ws.bytes()}, nullptr, stream);
+  };
+  if (launch)
+    launch(layer);
+  else
+    layer();
   synchronize(device);
 
   HostLayerOutputs o;

@@ -5,6 +5,7 @@
 // points docs/DESIGN.md lists, so it computes the same function as the backends.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "leanmoe/leanmoe.h"
@@ -52,8 +53,13 @@ double naive_loss(const HostLayerInputs& in, Param which, size_t index, double d
 size_t naive_saved_bytes(const MoEConfig& cfg, int64_t T, DType dtype);
 
 // Runs the library's forward+backward on `device` from host inputs (copies in, runs, copies out),
-// poisoning outputs first so unwritten elements show as NaN. saved_bytes = SavedState bytes + x.
-HostLayerOutputs run_backend(const HostLayerInputs& in, Device device);
+// poisoning outputs and workspaces first so unwritten elements show as NaN. saved_bytes = SavedState
+// bytes + x. Forward and backward run on `stream`; `launch`, when given, is called with a function
+// that enqueues the two instead of that function being called directly (the GPU tests capture it
+// into a CUDA graph); it must have run the work when it returns or leave it on `stream`.
+using LayerLauncher = std::function<void(const std::function<void()>& enqueue_layer)>;
+HostLayerOutputs run_backend(const HostLayerInputs& in, Device device, Stream stream = nullptr,
+                             const LayerLauncher& launch = nullptr);
 
 // Relative error ||a - b|| / max(||b||, tiny), NaN-propagating (returns +inf if any NaN).
 double rel_error(const std::vector<float>& a, const std::vector<float>& b);

@@ -11,9 +11,10 @@
 // differences are a few 1e-3; kBf16Tol = 2e-2 keeps a 4x margin while any indexing or routing
 // error is O(1). The losses are fp32 reductions of fp32 values: kLossTol = 1e-4.
 //
-// No host synchronisation in forward/backward: not testable here without timing; it is
-// guaranteed by construction, see the comment at the top of src/cuda/cuda_backend.cpp (no
-// device-to-host copy and no synchronise call in those paths; grep for them).
+// No host synchronisation in forward/backward: ForwardAndBackwardCaptureIntoOneGraph captures both
+// into one CUDA graph in global capture mode, where any host-synchronising call (a device-to-host
+// copy, a stream, event or device synchronise, cudaMalloc) invalidates the capture.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -181,6 +182,58 @@ TEST(CudaBackend, ExplicitLossWeights) {
   in.d_aux = 0.5f;  // differs from the config: run_backend passes d_losses
   in.d_z = 0.25f;
   expect_same(in, "d_losses given");
+}
+
+// Forward + backward captured into one CUDA graph on a non-blocking stream in global capture mode
+// (any host-synchronising call in either would invalidate the capture: the issue's "no host
+// synchronisation anywhere"), then launched once on freshly poisoned outputs and workspaces. The
+// graph must reproduce the eager run on the default stream bit for bit: same kernels, same inputs,
+// and no atomics whose order could change a float (integer counts only).
+// cfg.check_finite stays off: that check is host-synchronising by nature (a host bool).
+TEST(CudaBackend, ForwardAndBackwardCaptureIntoOneGraph) {
+  REQUIRE_GPU();
+  MoEConfig c = base_config();
+  c.aux_loss_coef = 0.01f;
+  c.z_loss_coef = 0.001f;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const reference::LayerLauncher in_a_graph = [&](const std::function<void()>& enqueue_layer) {
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    std::string thrown;
+    try {
+      enqueue_layer();
+    } catch (const std::exception& e) {
+      thrown = e.what();
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);  // ends the capture whatever happened
+    ASSERT_EQ(thrown, "") << "forward/backward failed under stream capture";
+    ASSERT_EQ(ended, cudaSuccess) << "capture invalidated (a host-synchronising call?): " << cudaGetErrorString(ended);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  };
+  uint64_t seed = 50;
+  for (Routing routing : {Routing::topk, Routing::token_rounding}) {
+    c.routing = routing;
+    c.tile = 16;
+    SCOPED_TRACE(c.describe());
+    const HostLayerInputs in = reference::random_inputs(c, 333, DType::bf16, seed++);
+    const HostLayerOutputs eager = reference::run_backend(in, Device::cuda);
+    const HostLayerOutputs graph = reference::run_backend(in, Device::cuda, stream, in_a_graph);
+    EXPECT_EQ(graph.out, eager.out);
+    EXPECT_EQ(graph.aux_loss, eager.aux_loss);
+    EXPECT_EQ(graph.z_loss, eager.z_loss);
+    EXPECT_EQ(graph.dx, eager.dx);
+    EXPECT_EQ(graph.d_router, eager.d_router);
+    EXPECT_EQ(graph.d_gate_up, eager.d_gate_up);
+    EXPECT_EQ(graph.d_down, eager.d_down);
+    EXPECT_EQ(graph.expert_counts, eager.expert_counts);
+  }
+  cudaStreamDestroy(stream);
 }
 
 TEST(CudaBackend, RejectsF32Storage) {
