@@ -112,16 +112,6 @@ bool ws_dw_staged() {
   if (std::string(env) == "reg") return false;
   throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_DW_EPI: must be unset, 'warp' or 'reg', got '") + env + "'");
 }
-// How the warp-specialised varlen-M kernels gather A rows (X for up, dO for dH): 16-byte cp.async
-// by the 128 producer threads ("cpasync", the default: LEANMOE_GEMM_WS_GATHER unset) or one TMA
-// box of 128 bytes per row and k-tile ("tma", the cooperative per-warp-epilogue kernel only).
-// Read per launch.
-bool ws_tma_gather() {
-  const char* env = std::getenv("LEANMOE_GEMM_WS_GATHER");
-  if (!env || !*env || std::string(env) == "cpasync") return false;
-  if (std::string(env) == "tma") return true;
-  throw leanmoe::Error(std::string("LEANMOE_GEMM_WS_GATHER: must be unset, 'cpasync' or 'tma', got '") + env + "'");
-}
 int ws_mode() {
   const char* env = std::getenv("LEANMOE_GEMM_WS");
   return env && env[0] == '0' ? 0 : env && env[0] == '2' ? 2 : 1;
@@ -203,10 +193,10 @@ bool ws_cluster(GemmKind kind) {
 // (cudaOccupancyMaxActiveClusters: GPCs with an odd number of free SMs leave one idle), never more
 // clusters than cluster tiles (varlen-M: 256-row pair slots x n-tiles; varlen-K: experts x tile
 // pairs); LEANMOE_GEMM_MAX_CTAS caps the CTAs (rounded down to whole clusters, at least one).
-template <GemmKind kKind, class Cfg, bool kTmaGather>
+template <GemmKind kKind, class Cfg>
 void launch_ws_cluster(const RoutedRows& rows, const ExpertShape& s, const GemmArgs& args, const CUtensorMap& map,
-                       const CUtensorMap& gather_map, cudaStream_t stream, const char* what) {
-  const auto kernel = v1::ws_grouped_gemm_kernel<kKind, Cfg, true, kTmaGather>;
+                       cudaStream_t stream, const char* what) {
+  const auto kernel = v1::ws_grouped_gemm_kernel<kKind, Cfg, true>;
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = 2;
@@ -241,7 +231,7 @@ void launch_ws_cluster(const RoutedRows& rows, const ExpertShape& s, const GemmA
   if (const char* cap = std::getenv("LEANMOE_GEMM_MAX_CTAS"))
     clusters = std::clamp<int64_t>(std::atoll(cap) / 2, 1, clusters);
   config.gridDim = dim3(static_cast<unsigned>(2 * clusters));
-  if (const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args, map, gather_map); err != cudaSuccess) {
+  if (const cudaError_t err = cudaLaunchKernelEx(&config, kernel, args, map); err != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: clear it so that it is not reported by a later launch
     throw leanmoe::Error(std::string(what) + ": 2x1 cluster launch: " + cudaGetErrorString(err));
   }
@@ -260,12 +250,11 @@ int ws_n_band(int n_tiles) {
   return std::min(n_tiles, 8);
 }
 
-// Warp-specialised kernel: one CTA per SM (capped as for v1); varlen-M weights through one TMA map,
-// and with kTmaGather the gathered A rows through a second one (one-row boxes over X or dO).
-template <GemmKind kKind, class Cfg, class RaiseSmemLimit, bool kTmaGather = false>
+// Warp-specialised kernel: one CTA per SM (capped as for v1); varlen-M weights through one TMA map.
+template <GemmKind kKind, class Cfg, class RaiseSmemLimit>
 void launch_ws(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStream_t stream,
                RaiseSmemLimit raise_smem_limit, const char* what) {
-  static const bool ready = raise_smem_limit(v1::ws_grouped_gemm_kernel<kKind, Cfg, false, kTmaGather>, Cfg::kSmemBytes);
+  static const bool ready = raise_smem_limit(v1::ws_grouped_gemm_kernel<kKind, Cfg>, Cfg::kSmemBytes);
   (void)ready;
   const dim3 tiles = grid_for<kKind>(rows, s, Cfg::kTileM, Cfg::kTileN);
   args.n_tiles = static_cast<int>(tiles.y);
@@ -284,16 +273,13 @@ void launch_ws(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cuda
   else if (rows.rows_capacity > 0)
     map = kKind == GemmKind::Dw1 ? bf16_tensor_map(args.a, rows.rows_capacity, 2 * s.n, 64, 64, what)
                                  : bf16_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, what);
-  CUtensorMap gather_map{};
-  if constexpr (kTmaGather) gather_map = bf16_tensor_map(args.a, s.T, s.d, 64, 1, what);
   if (ws_cluster(kKind)) {
-    static const bool cluster_ready =
-        raise_smem_limit(v1::ws_grouped_gemm_kernel<kKind, Cfg, true, kTmaGather>, Cfg::kSmemBytes);
+    static const bool cluster_ready = raise_smem_limit(v1::ws_grouped_gemm_kernel<kKind, Cfg, true>, Cfg::kSmemBytes);
     (void)cluster_ready;
-    return launch_ws_cluster<kKind, Cfg, kTmaGather>(rows, s, args, map, gather_map, stream, what);
+    return launch_ws_cluster<kKind, Cfg>(rows, s, args, map, stream, what);
   }
-  v1::ws_grouped_gemm_kernel<kKind, Cfg, false, kTmaGather>
-      <<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args, map, gather_map);
+  v1::ws_grouped_gemm_kernel<kKind, Cfg>
+      <<<static_cast<unsigned>(ctas), Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args, map);
 }
 
 template <GemmKind kKind>
@@ -322,16 +308,8 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, cudaStr
       const bool ping_pong = ws_mode() == 2;
       if constexpr (!kernels::is_varlen_k(kKind)) {
         const WsEpilogue epi = ws_epilogue();
-        const bool tma_gather = ws_tma_gather();
-        if (tma_gather && (ping_pong || epi != WsEpilogue::Warp))
-          throw leanmoe::Error(std::string(what) +
-                               ": LEANMOE_GEMM_WS_GATHER=tma runs with the default schedule and epilogue only "
-                               "(LEANMOE_GEMM_WS and LEANMOE_GEMM_WS_EPI unset, 1 resp. warp)");
         if (epi == WsEpilogue::Warp || (epi == WsEpilogue::Smem && kKind == GemmKind::UpProjSwiglu)) {
           if (ping_pong) launch_ws<kKind, v1::WsPingPongWarpEpi>(rows, s, args, stream, raise_smem_limit, what);
-          else if (tma_gather)
-            launch_ws<kKind, v1::WsCooperativeWarpEpi, decltype(raise_smem_limit), true>(rows, s, args, stream,
-                                                                                        raise_smem_limit, what);
           else launch_ws<kKind, v1::WsCooperativeWarpEpi>(rows, s, args, stream, raise_smem_limit, what);
           check_launch(what);
           return;

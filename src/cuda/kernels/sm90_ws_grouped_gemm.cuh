@@ -578,19 +578,10 @@ struct WsTile {
 // Varlen-K, the operand that is a plain row range (not gathered): dW1: dH as [R rows, 2n cols],
 // dW2: A' as [R rows, n cols], box {64, 64} (MN-major as dH's W2). Encoded on the host per launch
 // (expert_gemms.cu). kCluster: launched with 2x1 clusters (see the top).
-// kTmaGather (varlen-M only; LEANMOE_GEMM_WS_GATHER=tma, expert_gemms.cu): the gathered A rows come
-// by TMA instead of cp.async, one 128-byte box {64 k, 1 row} per row and k-tile through
-// tma_gather (a 2D map over X or dO, 128B swizzle): producer thread i issues row i's box into its
-// 128-byte row of the tile, where the swizzle (a function of the shared address, row % 8 in bits
-// 7-9) lands the chunks as k_major_offset places them. Rows past the expert's load token 0's row
-// (finite data; those rows' results are never stored): every box lands, so the stage expects the
-// whole A tile's bytes.
-template <GemmKind kKind, class Cfg, bool kCluster = false, bool kTmaGather = false>
+template <GemmKind kKind, class Cfg, bool kCluster = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
-    ws_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap tma_operand,
-                           const __grid_constant__ CUtensorMap tma_gather) {
+    ws_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap tma_operand) {
   static_assert(kKind == GemmKind::UpProjSwiglu || kKind == GemmKind::DhSwigluBwd || is_varlen_k(kKind));
-  static_assert(!kTmaGather || !is_varlen_k(kKind), "the TMA row gather is for the varlen-M A operand");
   static_assert((Cfg::kEpi == WsEpi::StagedPerWarpgroup) <= (kKind == GemmKind::DhSwigluBwd),
                 "staged epilogues: per warp for up and dH, per warpgroup for dH only");
   static_assert(Cfg::kTileM == 128 || is_varlen_k(kKind), "varlen-M tiles are 128 rows (the A gather, the tile table)");
@@ -629,8 +620,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     cutlass::arch::fence_barrier_init();
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tma_operand)) : "memory");
-    if constexpr (kTmaGather)
-      asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tma_gather)) : "memory");
   }
   __syncthreads();
   // The peer's barriers must be initialised before our first remote arrive or multicast into it.
@@ -698,6 +687,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // copy and k-tile (with lda and the base pointer re-read from the constant bank: the producer
       // has 40 registers) took ~150 instructions per k-tile; ncu at 120B-n2048 (up) showed the
       // producer warps issuing 80% of the time and the consumers waiting on full stages 54%.
+      // TMA is no faster here: one 128-byte box {64 k, 1 row} per row and k-tile through a map over
+      // X / dO lands correctly in the swizzled tile (the swizzle follows the shared address), but
+      // measured 26-29% slower on the H200 (session 5, call 3, bench/results/2026-12-03-h200-s5:
+      // summed over 5 shapes x 2 rounds, up 61.4 vs 47.6 ms, dH 39.1 vs 31.2): 128 tiny boxes per
+      // k-tile cost the TMA unit more than 8 cp.async per thread cost the producer warps.
       constexpr int kARows = kTileM / 16;
       const int chunk = tid & 7;
       const uint32_t row_units = uint32_t(dims.lda / 64);
@@ -705,18 +699,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       for (int t = first_tile(); t < total_tiles; t += tile_stride()) {
         const WsTile tile = tile_at(t);
         uint32_t src_unit[kARows], valid = 0;  // row offset in 128 B units; bit i: row i is the expert's
-        int gather_row = 0;                     // kTmaGather: the source row of A row tid
-        if constexpr (kTmaGather) {
-          const int64_t r = tile.m0 + tid;
-          gather_row = r < tile.row_end ? max(args.row_token[r], 0) : 0;
-        } else {
 #pragma unroll
-          for (int i = 0; i < kARows; ++i) {
-            const int64_t r = tile.m0 + tid / 8 + 16 * i;
-            const int token = r < tile.row_end ? args.row_token[r] : -1;
-            src_unit[i] = token >= 0 ? uint32_t(token) * row_units : 0u;
-            valid |= uint32_t(token >= 0) << i;
-          }
+        for (int i = 0; i < kARows; ++i) {
+          const int64_t r = tile.m0 + tid / 8 + 16 * i;
+          const int token = r < tile.row_end ? args.row_token[r] : -1;
+          src_unit[i] = token >= 0 ? uint32_t(token) * row_units : 0u;
+          valid |= uint32_t(token >= 0) << i;
         }
         for (int kt = 0; kt < tile.num_k; ++kt, ++item) {
           const int stage = item % kStages;
@@ -725,7 +713,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           const uint32_t b_smem = a_smem + Cfg::kABytes;
           const int k0 = kt * kTileK;
           if (tid == 0) {
-            TxBarrier::arrive_and_expect_tx(&full_bar[stage], Cfg::kBBytes + (kTmaGather ? Cfg::kABytes : 0));
+            TxBarrier::arrive_and_expect_tx(&full_bar[stage], Cfg::kBBytes);
             if constexpr (kCluster) {
               // Both kinds' B tile is kBoxes TMA boxes (up: gate and up halves; dH: 64-column
               // blocks); CTA rank r loads boxes [r·kBoxes/2, (r+1)·kBoxes/2) into both CTAs.
@@ -752,17 +740,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                             tile.expert * int(args.d) + k0);
             }
           }
-          if constexpr (kTmaGather) {
-            tma_load_2d(a_smem + tid * 128, &tma_gather, &full_bar[stage], k0, gather_row);
-            Barrier::arrive(&full_bar[stage]);
-          } else {
-            const char* const a_k = a_chunk + k0 * 2;
+          const char* const a_k = a_chunk + k0 * 2;
 #pragma unroll
-            for (int i = 0; i < kARows; ++i)
-              cp_async_16(a_smem + k_major_offset(tid / 8 + 16 * i, chunk), a_k + uint64_t(src_unit[i]) * 128u,
-                          (valid >> i) & 1u);
-            cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
-          }
+          for (int i = 0; i < kARows; ++i)
+            cp_async_16(a_smem + k_major_offset(tid / 8 + 16 * i, chunk), a_k + uint64_t(src_unit[i]) * 128u,
+                        (valid >> i) & 1u);
+          cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
           if constexpr (kKind == GemmKind::DhSwigluBwd)
             if (kt == tile.num_k - 1) prefetch_h_row_l2<kTileN>(args, tile.m0 + tid, tile.row_end, tile.n_tile);
         }
