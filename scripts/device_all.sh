@@ -17,9 +17,7 @@ FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"
 OUT="$(mktemp -d)"
 trap 'for f in results.md leanmoe.json baseline.json inbackward.md inbackward.json hf_step.md hf_step.json; do
         [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"; done; tar czf "$FINAL/logs.tar.gz" -C "$OUT" .' EXIT
-mkdir -p /tmp/blas && tar xJf .carry/blaslibs.tar.xz -C /tmp/blas && export LD_LIBRARY_PATH=/tmp/blas:${LD_LIBRARY_PATH:-}
-# The tests link NCCL (EP): the toolkit's copy where the image has one, else the nvidia-nccl wheel's.
-[ -e /usr/local/cuda/lib/libnccl.so.2 ] || export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])")/lib
+source scripts/device_env.sh  # OpenBLAS and NCCL (the tests link both) on LD_LIBRARY_PATH
 B="${LEANMOE_CARRY_BIN:-.carry/bin}"  # or a folder with just the binaries used here (the carry limit is 64 MiB)
 commit="$(cat $B/commit 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"

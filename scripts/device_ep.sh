@@ -16,9 +16,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export NCCL_DEBUG="${NCCL_DEBUG:-VERSION}"  # NCCL prints its version into the log
 R="${OUT:-/tmp/leanmoe-out}/ep"; mkdir -p "$R"
-mkdir -p /tmp/blas && tar xJf .carry/blaslibs.tar.xz -C /tmp/blas && export LD_LIBRARY_PATH=/tmp/blas:${LD_LIBRARY_PATH:-}
-# NCCL: the toolkit's copy where the image has one, else the nvidia-nccl wheel's (as device_all.sh).
-[ -e /usr/local/cuda/lib/libnccl.so.2 ] || export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$(python3 -c "import nvidia.nccl as m; print(list(m.__path__)[0])")/lib
+source scripts/device_env.sh  # OpenBLAS and NCCL on LD_LIBRARY_PATH
 B="${BIN:-.carry/bin}"
 commit="$(cat $B/commit 2>/dev/null || echo unknown)"
 { nvidia-smi --query-gpu=index,name,driver_version,clocks.max.sm --format=csv; nvidia-smi topo -m; } >"$R/gpu.txt" 2>&1
