@@ -57,13 +57,13 @@ void build_metadata(const uint8_t* code, const float* p, const float* sum_chosen
 // only), build_metadata. On entry scratch.zp holds the router logits [T, E]; after it, zp = p and,
 // when counted, topk_counts = the top-K counts (what router_losses reads).
 struct RoutingScratch {
-  float* zp;              // [T, E]
-  float* lse;             // [T]
-  float* sum_chosen;      // [T]
-  uint8_t* code;          // [T, E] pair codes
-  uint32_t* keys;         // [E, T] token-rounding priorities (token rounding only)
-  int32_t* topk_counts;   // [E]
-  int32_t* meta_scratch;  // metadata_scratch_ints(T, E)
+  float* zp = nullptr;              // [T, E]
+  float* lse = nullptr;             // [T]
+  float* sum_chosen = nullptr;      // [T]
+  uint8_t* code = nullptr;          // [T, E] pair codes
+  uint32_t* keys = nullptr;         // [E, T] token-rounding priorities (token rounding only)
+  int32_t* topk_counts = nullptr;   // [E]
+  int32_t* meta_scratch = nullptr;  // metadata_scratch_ints(T, E)
   template <class Carver>
   RoutingScratch(Carver& c, const MoEConfig& cfg, int64_t T)
       : zp(c.template take<float>(T * cfg.E)),

@@ -91,7 +91,8 @@ void route(const MoEConfig& cfg, int64_t T, const RoutingScratch& r, bool count,
   const bool rounding = cfg.routing == Routing::token_rounding;
   router_topk_softmax(r.zp, T, E, K, topk_experts, r.lse, r.sum_chosen, r.code, stream);
   if (count || rounding) count_topk(topk_experts, T, E, K, r.topk_counts, stream);
-  if (rounding) round_tokens(r.zp, r.sum_chosen, r.topk_counts, T, E, cfg.tile, cfg.rounding_mode, r.keys, r.code, stream);
+  if (rounding)
+    round_tokens(r.zp, r.sum_chosen, r.topk_counts, T, E, cfg.tile, cfg.rounding_mode, r.keys, r.code, stream);
   build_metadata(r.code, r.zp, r.sum_chosen, gates_renormalised(cfg), T, E, r.meta_scratch, out, stream);
 }
 
