@@ -12,3 +12,7 @@ for round in 1 2; do for v in default noprefetch early8; do
 done; done > "$OUT/gemms_dh_prefetch.txt"
 awk '/^###/{v=$NF} /^\| [0-9a-z]/ && $2!="config"{t[v]+=$(NF-3)} END{for (k in t) print k, t[k]}' "$OUT/gemms_dh_prefetch.txt" | sort | tee "$OUT/sums.txt"
 grep -E "120B-n2048|7B-n256" "$OUT/gemms_dh_prefetch.txt"
+# Then the GPU tests of the final commit (.carry/w/tests_commit: RoutingScratch's pointers default to null).
+echo "== GPU tests ($(cat .carry/w/tests_commit))"
+timeout 150 .carry/w/leanmoe_gpu_tests --gtest_brief=1 >"$OUT/gpu_tests.log" 2>&1; echo "gpu tests rc=$?"
+grep -E "PASSED|FAILED|tests ran" "$OUT/gpu_tests.log" | tail -5
