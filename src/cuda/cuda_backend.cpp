@@ -5,8 +5,9 @@
 // CudaBackend.ForwardAndBackwardCaptureIntoOneGraph captures both into one CUDA graph in global
 // capture mode, which any host-synchronising call would invalidate. By construction: the only
 // device-to-host copy and the only synchronisations are in copy(), synchronize() and all_finite()
-// (the latter runs only for cfg.check_finite, before forward); forward/backward use kernel launches, cudaMemsetAsync and device-to-device cudaMemcpyAsync only (both asynchronous on
-// the stream), every count and offset stays on the device, and every grid is sized from host-known
+// (the latter runs only for cfg.check_finite, before forward); forward/backward use kernel
+// launches, cudaMemsetAsync and device-to-device cudaMemcpyAsync only (both asynchronous on the
+// stream), every count and offset stays on the device, and every grid is sized from host-known
 // bounds (T, E, R_max). cuBLAS gets its workspace carved from ours (cublasSetWorkspace), so it
 // allocates nothing either. The expert GEMM launchers promise the same (expert_gemms.h); the
 // CUTLASS ones get their argument arrays carved from ours too (the cudaMalloc in
