@@ -4,7 +4,7 @@
 Input: `ncu -i REPORT --page source --csv --print-source sass > kernel.csv` (a report collected with
 --section SourceCounters). Prints the instructions with the most samples (all / not-issued, times
 executed, SASS), which is how session 4 found the up/dH producer issuing address arithmetic most of
-the time and the consumers waiting on full stages (bench/results/2026-12-02-h200-s4/README.md).
+the time and the consumers waiting on full stages (bench/results/archive/2026-12-02-h200-s4/README.md).
 
 usage: ncu_source_summary.py kernel.csv [--top N]
 """
