@@ -6,12 +6,17 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#ifdef LEANMOE_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #include "configs.h"
 #include "leanmoe/leanmoe.h"
@@ -51,6 +56,7 @@ bench options:
   --tile N                   token-rounding tile (default 128)
   --rounding nearest|up|down token-rounding mode (default nearest)
   --iters N --warmup N       timed and untimed iterations (default 20/3 on cuda, 5/1 on cpu)
+  --graph                    also time forward and backward as CUDA-graph replays (cuda only)
   --json FILE                write every number as JSON
 check options:
   --device, --dtype          as above
@@ -73,6 +79,7 @@ struct Options {
   MoEConfig layer;  // router, norm_topk_prob, routing, tile, rounding_mode; d..K come from the shape
   std::optional<int64_t> tile;  // token rounding; bench defaults to MoEConfig's 128, check to 32
   std::optional<int> iters, warmup;
+  bool graph = false;  // bench: CUDA-graph replay timing beside the eager one
   int seeds = 2;
   std::string json;
 };
@@ -98,7 +105,7 @@ V parse_choice(const std::string& flag, const std::string& v, std::initializer_l
 Options parse_options(const std::string& cmd, const std::vector<std::string>& args) {
   const std::vector<std::string> bench_flags = {"config", "T", "d", "n", "E", "K", "grid", "device", "dtype",
                                                 "router", "norm-topk-prob", "routing", "tile", "rounding",
-                                                "iters", "warmup", "json"};
+                                                "iters", "warmup", "graph", "json"};
   const std::vector<std::string> check_flags = {"T", "d", "n", "E", "K", "device", "dtype", "seeds", "tile"};
   const auto& allowed = cmd == "bench" ? bench_flags : check_flags;
   Options o;
@@ -145,6 +152,7 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
     else if (name == "iters") o.iters = int(parse_int(name, take(), 1));
     else if (name == "warmup") o.warmup = int(parse_int(name, take(), 0));
     else if (name == "seeds") o.seeds = int(parse_int(name, take(), 1));
+    else if (name == "graph") o.graph = flag_only();
     else if (name == "json") o.json = take();
   }
   if (o.grid && (!o.config.empty() || o.T || o.d || o.n || o.E || o.K))
@@ -230,8 +238,15 @@ struct BenchResult {
   size_t saved_bytes = 0, naive_bytes = 0, fwd_ws_bytes = 0, bwd_ws_bytes = 0;
   size_t io_bytes = 0;  // one [T, d] tensor: out, and later dx
   std::string error;  // set when this shape could not run (e.g. a backend limit): the grid goes on
+  // --graph: the same forward and backward as CUDA-graph replays (0 = not timed).
+  double fwd_graph_ms = 0, bwd_graph_ms = 0;
+  std::vector<double> fwd_graph_all_ms, bwd_graph_all_ms;
+  std::string graph_error;  // capture or replay failed: the eager figures stand alone
   double fwd_tflops() const { return forward_flops(cfg, shape.T) / (fwd_ms * 1e9); }
   double bwd_tflops() const { return backward_flops(cfg, shape.T) / (bwd_ms * 1e9); }
+  bool graph_timed() const { return fwd_graph_ms > 0 && bwd_graph_ms > 0; }
+  double fwd_graph_tflops() const { return forward_flops(cfg, shape.T) / (fwd_graph_ms * 1e9); }
+  double bwd_graph_tflops() const { return backward_flops(cfg, shape.T) / (bwd_graph_ms * 1e9); }
   // Activation memory of one layer, counted like the anchor's peak (BENCHMARKS.md): the saved state
   // and out stay live from forward to backward; one workspace at a time (forward's and backward's
   // are never live together); dx joins during backward. Weights, x and dO are there "before".
@@ -245,8 +260,80 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+#ifdef LEANMOE_WITH_CUDA
+// --graph: forward and backward each captured into a CUDA graph per input set, then replayed in the
+// eager loop's rotation and timed with events around each replay (median of `iters` after
+// `warmup`). A replay has no host launch path, so this is the kernels' time, what a training step
+// gets once the host runs ahead of the GPU. Capture is in global mode on a non-blocking stream:
+// the layer never synchronises the host inside forward/backward, and a call that did would
+// invalidate the capture (reported, never timed). `enqueue_*(set, stream)` enqueue one layer call.
+void time_graph_replays(const std::function<void(int, Stream)>& enqueue_forward,
+                        const std::function<void(int, Stream)>& enqueue_backward, int sets, int warmup, int iters,
+                        BenchResult& r) {
+  struct Resources {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t start = nullptr, mid = nullptr, stop = nullptr;
+    std::vector<cudaGraphExec_t> execs;
+    ~Resources() {
+      for (cudaGraphExec_t e : execs) cudaGraphExecDestroy(e);
+      for (cudaEvent_t e : {start, mid, stop})
+        if (e) cudaEventDestroy(e);
+      if (stream) cudaStreamDestroy(stream);
+    }
+  } res;
+  auto check = [](cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw Error(std::string("--graph: ") + what + ": " + cudaGetErrorString(e));
+  };
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize before capture");  // the eager runs are done
+  check(cudaStreamCreateWithFlags(&res.stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  for (cudaEvent_t* e : {&res.start, &res.mid, &res.stop}) check(cudaEventCreate(e), "cudaEventCreate");
+  auto capture = [&](const std::function<void(int, Stream)>& enqueue, int set) {
+    check(cudaStreamBeginCapture(res.stream, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+    std::string thrown;
+    try {
+      enqueue(set, res.stream);
+    } catch (const std::exception& e) {
+      thrown = e.what();
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(res.stream, &graph);  // ends the capture whatever happened
+    if (!thrown.empty()) {
+      if (graph) cudaGraphDestroy(graph);
+      throw Error("--graph: the layer failed under stream capture: " + thrown);
+    }
+    check(ended, "capture invalidated (a host-synchronising call inside forward/backward?)");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check(made, "cudaGraphInstantiate");
+    res.execs.push_back(exec);
+    return exec;
+  };
+  std::vector<cudaGraphExec_t> fwd, bwd;
+  for (int set = 0; set < sets; ++set) {
+    fwd.push_back(capture(enqueue_forward, set));
+    bwd.push_back(capture(enqueue_backward, set));
+  }
+  for (int it = 0; it < warmup + iters; ++it) {
+    const int set = it % sets;
+    check(cudaEventRecord(res.start, res.stream), "cudaEventRecord");
+    check(cudaGraphLaunch(fwd[set], res.stream), "cudaGraphLaunch (forward)");
+    check(cudaEventRecord(res.mid, res.stream), "cudaEventRecord");
+    check(cudaGraphLaunch(bwd[set], res.stream), "cudaGraphLaunch (backward)");
+    check(cudaEventRecord(res.stop, res.stream), "cudaEventRecord");
+    check(cudaEventSynchronize(res.stop), "replay");
+    float f = 0, b = 0;
+    check(cudaEventElapsedTime(&f, res.start, res.mid), "cudaEventElapsedTime");
+    check(cudaEventElapsedTime(&b, res.mid, res.stop), "cudaEventElapsedTime");
+    if (it >= warmup) r.fwd_graph_all_ms.push_back(f), r.bwd_graph_all_ms.push_back(b);
+  }
+  r.fwd_graph_ms = median(r.fwd_graph_all_ms);
+  r.bwd_graph_ms = median(r.bwd_graph_all_ms);
+}
+#endif
+
 BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, DType dt, Device dev, int warmup, int iters,
-                      const std::string& progress) {
+                      bool graph, const std::string& progress) {
   using clock = std::chrono::steady_clock;
   MoEConfig cfg = layer;
   cfg.d = s.d, cfg.n = s.n, cfg.E = s.E, cfg.K = s.K;
@@ -302,31 +389,60 @@ BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, DType dt, Dev
   r.naive_bytes = reference::naive_saved_bytes(cfg, T, dt);
   r.fwd_ws_bytes = mem.plan().forward_workspace_bytes;
   r.bwd_ws_bytes = mem.plan().backward_workspace_bytes;
+#ifdef LEANMOE_WITH_CUDA
+  if (graph && dev == Device::cuda) {
+    try {
+      time_graph_replays(
+          [&](int set, Stream stream) {
+            forward(cfg, xs[set].view(dt, {T, d}), w, out.view(dt, {T, d}), Tensor{}, mem.saved(),
+                    mem.forward_workspace(), stream);
+          },
+          [&](int set, Stream stream) {
+            backward(cfg, douts[set].view(dt, {T, d}), Tensor{}, w, mem.saved(), g, mem.backward_workspace(),
+                     nullptr, stream);
+          },
+          kSets, warmup, iters, r);
+    } catch (const std::exception& e) {
+      r.graph_error = e.what();
+      r.fwd_graph_ms = r.bwd_graph_ms = 0;
+      r.fwd_graph_all_ms.clear(), r.bwd_graph_all_ms.clear();
+      std::fprintf(stderr, "%s: %s\n", progress.c_str(), e.what());
+    }
+  }
+#else
+  (void)graph;  // a CPU-only build never reaches cuda (run_bench notes that --graph is ignored)
+#endif
   return r;
 }
 
 double mib(size_t bytes) { return double(bytes) / (1 << 20); }
 
-void print_bench_header(Device dev) {
+void print_bench_header(Device dev, bool graph) {
   const std::string unit = dev == Device::cuda ? "TFLOP/s" : "GFLOP/s";
-  std::printf("%-22s %-4s %6s %5s %5s %4s %3s %8s %9s %9s %11s %11s %9s %9s %6s %9s %9s\n", "config", "dev", "T", "d",
-              "n", "E", "K", "rows", "fwd ms", "bwd ms", ("fwd " + unit).c_str(), ("bwd " + unit).c_str(),
-              "saved MiB", "naive MiB", "ratio", "fwdws MiB", "bwdws MiB");
+  std::printf("%-22s %-4s %6s %5s %5s %4s %3s %8s %9s %9s %11s %11s", "config", "dev", "T", "d", "n", "E", "K", "rows",
+              "fwd ms", "bwd ms", ("fwd " + unit).c_str(), ("bwd " + unit).c_str());
+  if (graph) std::printf(" %12s %12s %14s %14s", "fwd graph ms", "bwd graph ms", "fwd graph TF/s", "bwd graph TF/s");
+  std::printf(" %9s %9s %6s %9s %9s\n", "saved MiB", "naive MiB", "ratio", "fwdws MiB", "bwdws MiB");
 }
 
-void print_bench_row(const BenchResult& r, Device dev) {
+void print_bench_row(const BenchResult& r, Device dev, bool graph) {
   const double scale = dev == Device::cuda ? 1.0 : 1e3;  // TFLOP/s on a GPU, GFLOP/s on a CPU
   const BenchShape& s = r.shape;
-  std::printf("%-22s %-4s %6lld %5lld %5lld %4lld %3lld %8lld %9.3f %9.3f %11.2f %11.2f %9.1f %9.1f %6.3f %9.1f %9.1f\n",
-              s.name.c_str(), device_name(dev), (long long)s.T, (long long)s.d, (long long)s.n, (long long)s.E,
-              (long long)s.K, (long long)r.rows, r.fwd_ms, r.bwd_ms, r.fwd_tflops() * scale, r.bwd_tflops() * scale,
-              mib(r.saved_bytes), mib(r.naive_bytes), double(r.saved_bytes) / double(r.naive_bytes),
-              mib(r.fwd_ws_bytes), mib(r.bwd_ws_bytes));
+  std::printf("%-22s %-4s %6lld %5lld %5lld %4lld %3lld %8lld %9.3f %9.3f %11.2f %11.2f", s.name.c_str(),
+              device_name(dev), (long long)s.T, (long long)s.d, (long long)s.n, (long long)s.E, (long long)s.K,
+              (long long)r.rows, r.fwd_ms, r.bwd_ms, r.fwd_tflops() * scale, r.bwd_tflops() * scale);
+  if (graph && r.graph_timed())
+    std::printf(" %12.3f %12.3f %14.2f %14.2f", r.fwd_graph_ms, r.bwd_graph_ms, r.fwd_graph_tflops(),
+                r.bwd_graph_tflops());
+  else if (graph)
+    std::printf(" %12s %12s %14s %14s", "-", "-", "-", "-");
+  std::printf(" %9.1f %9.1f %6.3f %9.1f %9.1f\n", mib(r.saved_bytes), mib(r.naive_bytes),
+              double(r.saved_bytes) / double(r.naive_bytes), mib(r.fwd_ws_bytes), mib(r.bwd_ws_bytes));
   std::fflush(stdout);
 }
 
 void write_json(const std::string& path, const std::string& command, Device dev, DType dt, int warmup, int iters,
-                const std::vector<BenchResult>& results) {
+                bool graph, const std::vector<BenchResult>& results) {
   std::ofstream f(path);
   if (!f) throw Error("--json: cannot open '" + path + "' for writing");
   f.precision(10);
@@ -335,6 +451,9 @@ void write_json(const std::string& path, const std::string& command, Device dev,
     << ",\n \"description\": " << json_string(backend_description(dev)) << ",\n \"dtype\": \"" << dtype_name(dt)
     << "\",\n \"warmup\": " << warmup << ",\n \"iters\": " << iters
     << ",\n \"timing\": \"median over iters; steady_clock around each call, synchronize before and after\""
+    << (graph ? ",\n \"graph_timing\": \"fwd_graph_ms, bwd_graph_ms: median over iters of CUDA-graph replays (one "
+                "forward and one backward graph per input set, same rotation), cudaEvents around each replay\""
+              : "")
     << ",\n \"results\": [";
   for (size_t i = 0; i < results.size(); ++i) {
     const BenchResult& r = results[i];
@@ -357,7 +476,14 @@ void write_json(const std::string& path, const std::string& command, Device dev,
       << ", \"saved_bytes\": " << r.saved_bytes << ", \"io_bytes\": " << r.io_bytes << ", \"naive_saved_bytes\": " << r.naive_bytes
       << ", \"fwd_workspace_bytes\": " << r.fwd_ws_bytes << ", \"bwd_workspace_bytes\": " << r.bwd_ws_bytes
       << ", \"activation_bytes\": " << r.activation_bytes() << ",\n   \"fwd_ms_all\": " << json_list(r.fwd_all_ms)
-      << ", \"bwd_ms_all\": " << json_list(r.bwd_all_ms) << "}";
+      << ", \"bwd_ms_all\": " << json_list(r.bwd_all_ms);
+    if (r.graph_timed())
+      f << ",\n   \"fwd_graph_ms\": " << r.fwd_graph_ms << ", \"bwd_graph_ms\": " << r.bwd_graph_ms
+        << ", \"fwd_graph_tflops\": " << r.fwd_graph_tflops() << ", \"bwd_graph_tflops\": " << r.bwd_graph_tflops()
+        << ", \"fwd_graph_ms_all\": " << json_list(r.fwd_graph_all_ms)
+        << ", \"bwd_graph_ms_all\": " << json_list(r.bwd_graph_all_ms);
+    if (!r.graph_error.empty()) f << ",\n   \"graph_error\": " << json_string(r.graph_error);
+    f << "}";
   }
   f << "\n ]\n}\n";
   if (!f) throw Error("--json: writing '" + path + "' failed");
@@ -369,16 +495,20 @@ int run_bench(const Options& o, const std::string& command) {
   const int warmup = o.warmup.value_or(dev == Device::cuda ? 3 : 1);
   const int iters = o.iters.value_or(dev == Device::cuda ? 20 : 5);
   std::vector<BenchShape> shapes = o.grid ? tools::grid_shapes() : std::vector<BenchShape>{chosen_shape(o, dev)};
+  const bool graph = o.graph && dev == Device::cuda;
+  if (o.graph && !graph) std::fprintf(stderr, "leanmoe bench: --graph ignored on %s (CUDA graphs need --device cuda)\n",
+                                      device_name(dev));
 
   std::printf("# leanmoe bench: %s, %s, %s, router %s%s, routing %s", device_name(dev),
               backend_description(dev).c_str(), dtype_name(dt), router_convention_name(o.layer.router),
               o.layer.norm_topk_prob ? " (norm)" : "", routing_name(o.layer.routing));
   if (o.layer.routing == Routing::token_rounding)
     std::printf(" (tile %lld, %s)", (long long)o.layer.tile, rounding_mode_name(o.layer.rounding_mode));
-  std::printf("; median of %d after %d warm-up\n", iters, warmup);
+  std::printf("; median of %d after %d warm-up%s\n", iters, warmup,
+              graph ? "; graph = CUDA-graph replays, timed with events" : "");
   std::printf("# flops: fwd 6*T*K*d*n, bwd 12*T*K*d*n; saved = SavedState bytes without x; naive = a textbook "
               "autograd's saved tensors; ratio = saved / naive\n");
-  print_bench_header(dev);
+  print_bench_header(dev, graph);
   const auto start = std::chrono::steady_clock::now();
   std::vector<BenchResult> results;
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -386,8 +516,8 @@ int run_bench(const Options& o, const std::string& command) {
     std::fprintf(stderr, "%s: T=%lld d=%lld n=%lld E=%lld K=%lld ...\n", progress.c_str(), (long long)shapes[i].T,
                  (long long)shapes[i].d, (long long)shapes[i].n, (long long)shapes[i].E, (long long)shapes[i].K);
     try {
-      results.push_back(bench_one(shapes[i], o.layer, dt, dev, warmup, iters, progress));
-      print_bench_row(results.back(), dev);
+      results.push_back(bench_one(shapes[i], o.layer, dt, dev, warmup, iters, graph, progress));
+      print_bench_row(results.back(), dev, graph);
     } catch (const std::exception& e) {
       BenchResult failed;
       failed.shape = shapes[i], failed.cfg = o.layer, failed.error = e.what();
@@ -397,14 +527,18 @@ int run_bench(const Options& o, const std::string& command) {
     }
   }
   if (!o.json.empty()) {
-    write_json(o.json, command, dev, dt, warmup, iters, results);
+    write_json(o.json, command, dev, dt, warmup, iters, graph, results);
     std::fprintf(stderr, "wrote %s\n", o.json.c_str());
   }
   std::fprintf(stderr, "bench done in %.1f s (set-up, warm-up and repeats)\n",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   const auto failed = std::count_if(results.begin(), results.end(), [](auto& r) { return !r.error.empty(); });
   if (failed) std::fprintf(stderr, "leanmoe: %d of %zu configs failed\n", int(failed), results.size());
-  return failed ? 1 : 0;
+  const auto graph_failed =
+      std::count_if(results.begin(), results.end(), [](auto& r) { return !r.graph_error.empty(); });
+  if (graph_failed)
+    std::fprintf(stderr, "leanmoe: the graph timing of %d of %zu configs failed\n", int(graph_failed), results.size());
+  return failed || graph_failed ? 1 : 0;
 }
 
 // ---------------------------------------------------------------------------------------------
