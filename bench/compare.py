@@ -1,18 +1,32 @@
 #!/usr/bin/env python3
-"""Compares `leanmoe bench --grid --json` with the anchors and writes a markdown table.
+"""Puts `leanmoe bench --grid --json` beside its anchors and writes a markdown table.
 
-Anchors: the plain PyTorch MoE (torch._grouped_mm + autograd) run in the same call by
-../shared/anchors/torch_moe_baseline.py (its baseline.json), and SonicMoE's published H100 figures.
+Anchors, each measured in the same device call as leanmoe:
+- SonicMoE itself (sonic.json of ../shared/anchors/sonicmoe/sonic_bench.py, eager and, with GRAPH=1,
+  as CUDA-graph replays), the peer to beat;
+- the plain PyTorch MoE (torch._grouped_mm + autograd, baseline.json of
+  ../shared/anchors/torch_moe_baseline.py);
+- without a measured SonicMoE, SonicMoE's published H100 figures (hard-coded, with their source).
 
-  python3 bench/compare.py --leanmoe leanmoe.json [--anchor baseline.json] [--out results.md]
-                           [--command "..."] [--commit HASH]
+One call's files:
+  python3 bench/compare.py --leanmoe leanmoe.json [--anchor baseline.json] [--sonic sonic.json]
+                           [--out results.md] [--command "..."] [--commit HASH]
+A run folder (leanmoe.json, baseline.json, sonic.json directly in it, or in part*/ subfolders when
+the grid was split over several calls; each row pairs leanmoe with the SonicMoE of the same call):
+  python3 bench/compare.py --run bench/results/<run> [--out FILE]
+The current summary, bench/results/latest.md, from the newest run folder under bench/results/:
+  python3 bench/compare.py --latest
 
-Ratios are leanmoe / anchor: for throughput (TFLOP/s) above 1 means leanmoe is faster, for memory
-below 1 means leanmoe keeps less. Python standard library only.
+Ratios against SonicMoE are SonicMoE time / leanmoe time, against the PyTorch anchor leanmoe TFLOP/s /
+anchor TFLOP/s (the same FLOPs, so also anchor time / leanmoe time): above 1 means leanmoe is faster.
+Memory ratios are leanmoe / other: below 1 means leanmoe keeps less. Python standard library only.
 """
 import argparse
 import datetime
+import glob
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -34,7 +48,13 @@ SONICMOE_H100 = {
 }
 SONICMOE_SOURCE = "SonicMoE paper, figures 13/14 (H100, read off the bars, about +-3 TFLOP/s), via BENCHMARKS.md"
 
+# Issue 17's bars, against SonicMoE measured in the same call, both as CUDA-graph replays.
+BAR_RATIO = 1.10
+BAR_ROW, BAR_ROW_TFLOPS = "120B-n2048", 620.0
+
 GIB = 2.0**30
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+FILES = {"leanmoe": "leanmoe.json", "anchor": "baseline.json", "sonic": "sonic.json"}
 
 
 def fmt(v, digits=2):
@@ -45,6 +65,10 @@ def ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
+def cells_row(cells):
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
 def git_commit():
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True)
@@ -52,6 +76,18 @@ def git_commit():
         return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows of each file, by config name
+# ---------------------------------------------------------------------------------------------
+def leanmoe_rows(lm):
+    return {r["config"]: r for r in (lm or {}).get("results", [])}
 
 
 def anchor_rows(anchor):
@@ -77,114 +113,430 @@ def anchor_rows(anchor):
     return rows
 
 
-def render(lm, anchor, command, commit):
-    ours = lm["results"]
-    anc = anchor_rows(anchor)
-    gpu = (anchor or {}).get("gpu") or lm.get("description", "?")
-    out = []
-    out.append("# leanmoe grid benchmark")
-    out.append("")
-    out.append(f"- command: `{command}`")
-    out.append(f"- commit: {commit}")
-    out.append(f"- GPU: {gpu}")
-    out.append(f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
-    out.append(f"- leanmoe: {lm.get('tool', '?')}, {lm.get('device', '?')} ({lm.get('description', '?')}), "
-               f"{lm.get('dtype', '?')}, median of {lm.get('iters', '?')} after {lm.get('warmup', '?')} warm-up")
-    if anchor:
-        out.append(f"- anchor: torch {anchor.get('torch', '?')} (CUDA {anchor.get('cuda', '?')}), "
-                   f"plain MoE with torch._grouped_mm + autograd; ceilings measured in the same run: "
-                   f"bf16 matmul {fmt(anchor.get('mm_tflops'), 0)} TFLOP/s, copy {fmt(anchor.get('copy_TBps'))} TB/s")
-    out.append("- TFLOP/s: forward 6·T·K·d·n / t_fwd, backward 12·T·K·d·n / t_bwd, fwd+bwd 18·T·K·d·n / (t_fwd + t_bwd).")
-    out.append("  leanmoe times backward on its own after its forward; the anchor's backward is "
-               "fwd+bwd − fwd (its fwd is timed under no_grad).")
-    out.append("- Memory (GiB): leanmoe = saved state without x + out + the larger of the forward workspace and backward workspace + dx (it allocates nothing "
-               "inside forward/backward); anchor = torch peak allocated during fwd+bwd minus before.")
-    out.append("- Ratios are leanmoe / anchor: above 1 is faster for TFLOP/s, below 1 is leaner for memory.")
-    out.append("")
-    out.append("## Against the PyTorch anchor (same run, same GPU)")
-    out.append("")
-    out.append("| config | T | d | n | E | K | leanmoe fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | GiB "
-               "| anchor fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | GiB "
-               "| fwd × | bwd × | fwd+bwd × | memory × |")
-    out.append("|" + "---|" * 20)
-    for r in ours:
-        name = r["config"]
+def sonic_rows(sonic):
+    return {r["cfg"]: r for r in (sonic or {}).get("rows", [])}
+
+
+def weight_bytes(r):
+    """Bytes of one layer's weights (router, gate_up_proj, down_proj) in bf16: also their gradients'."""
+    return 2 * (r["E"] * r["d"] + 3 * r["E"] * r["n"] * r["d"])
+
+
+# ---------------------------------------------------------------------------------------------
+# A run: one or more parts (device calls), each with its own leanmoe / anchor / SonicMoE files
+# ---------------------------------------------------------------------------------------------
+class Part:
+    def __init__(self, name, leanmoe=None, anchor=None, sonic=None, paths=None, header=None):
+        self.name, self.leanmoe, self.anchor, self.sonic = name, leanmoe, anchor, sonic
+        self.paths = paths or {}
+        self.header = header or {}  # "commit", "date", "command" of a compare.py table written in that call
+        self.lm, self.anc, self.son = leanmoe_rows(leanmoe), anchor_rows(anchor), sonic_rows(sonic)
+
+
+def table_header(folder):
+    """The '- commit:', '- date:' and '- command:' lines of a table compare.py wrote into `folder`."""
+    found = {}
+    for md in sorted(glob.glob(os.path.join(folder, "*.md"))):
+        with open(md) as f:
+            text = f.read(4000)
+        if not text.startswith("# leanmoe"):
+            continue
+        for key in ("commit", "date", "command"):
+            m = re.search(rf"^- {key}: (.+)$", text, re.M)
+            if m and key not in found:
+                found[key] = m.group(1).strip().strip("`")
+    return found
+
+
+def part_from_folder(folder):
+    paths = {k: os.path.join(folder, f) for k, f in FILES.items() if os.path.isfile(os.path.join(folder, f))}
+    if not paths:
+        return None
+    return Part(os.path.basename(os.path.normpath(folder)), **{k: load(p) for k, p in paths.items()}, paths=paths,
+                header=table_header(folder))
+
+
+def run_parts(folder):
+    """The parts of a run folder: the folder itself when it holds the files, then its part*/ subfolders."""
+    parts = []
+    own = part_from_folder(folder)
+    if own:
+        parts.append(own)
+    for sub in sorted(glob.glob(os.path.join(folder, "part*"))):
+        if os.path.isdir(sub):
+            p = part_from_folder(sub)
+            if p:
+                parts.append(p)
+    if not parts:
+        raise SystemExit(f"compare.py: {folder} holds no {FILES['leanmoe']}, {FILES['anchor']} or {FILES['sonic']} "
+                         "(directly or in part*/ subfolders)")
+    return parts
+
+
+def measured_date(folder, parts):
+    dates = [p.header["date"] for p in parts if "date" in p.header]
+    if dates:
+        return max(dates)
+    try:  # the commit that added the files
+        out = subprocess.run(["git", "log", "-1", "--format=%cd", "--date=format:%Y-%m-%d %H:%M UTC", "--", folder],
+                             capture_output=True, text=True, cwd=os.path.dirname(RESULTS_DIR), check=True)
+        if out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return datetime.datetime.fromtimestamp(os.path.getmtime(folder), datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M UTC")
+
+
+def newest_run(results_dir):
+    """The run folder under results_dir (archive included) with the latest measurement date."""
+    candidates = set()
+    for path in glob.glob(os.path.join(results_dir, "**", FILES["leanmoe"]), recursive=True):
+        folder = os.path.dirname(path)
+        base = os.path.basename(folder)
+        candidates.add(os.path.dirname(folder) if base.startswith("part") else folder)
+    if not candidates:
+        raise SystemExit(f"compare.py --latest: no {FILES['leanmoe']} under {results_dir}")
+    return max(candidates, key=lambda f: (measured_date(f, run_parts(f)), f))
+
+
+class Row:
+    """One grid row: leanmoe, and the anchors measured in the same call where that call ran them."""
+
+    def __init__(self, name, part, lm, son, anc, anc_part):
+        self.name, self.part, self.lm, self.son, self.anc, self.anc_part = name, part, lm, son, anc, anc_part
+
+
+def assemble(parts):
+    """Per config: the last part that measured SonicMoE on it (else the last that ran leanmoe on it), its
+    leanmoe row, and the anchor of the same part (else of the last part that ran the anchor)."""
+    order = []
+    for p in parts:
+        for name in p.lm:
+            if name not in order:
+                order.append(name)
+    rows = []
+    for name in order:
+        with_sonic = [p for p in parts if name in p.lm and name in p.son and "error" not in p.son[name]]
+        src = with_sonic[-1] if with_sonic else [p for p in parts if name in p.lm][-1]
+        anc_src = src if name in src.anc else next((p for p in reversed(parts) if name in p.anc), None)
+        rows.append(Row(name, src, src.lm[name], src.son.get(name), anc_src.anc[name] if anc_src else None,
+                        anc_src))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Tables
+# ---------------------------------------------------------------------------------------------
+def lm_times(r, graph):
+    if "error" in r:
+        return None, None
+    if graph:
+        return r.get("fwd_graph_ms"), r.get("bwd_graph_ms")
+    return r["fwd_ms"], r["bwd_ms"]
+
+
+def sonic_times(s, graph):
+    if not s or "error" in s:
+        return None, None
+    if graph:
+        return s.get("fwd_graph_ms"), s.get("bwd_graph_ms")
+    return s.get("fwd_ms"), s.get("bwd_ms")
+
+
+def tflops(flops, ms):
+    return None if ms is None or ms <= 0 else flops / ms / 1e9
+
+
+def sonic_table(rows, graph):
+    out = ["| config | leanmoe fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | SonicMoE fwd ms | bwd ms "
+           "| fwd TFLOP/s | bwd TFLOP/s | fwd × | bwd × | fwd+bwd × |", "|" + "---|" * 12]
+    stats = {"fwd_ok": 0, "bwd_ok": 0, "rows": 0, "bar_row": None, "misses": []}
+    for row in rows:
+        r, s = row.lm, row.son
         if "error" in r:
-            cells = [name, r["T"], r["d"], r["n"], r["E"], r["K"], "leanmoe failed: " + r["error"][:80]] + ["-"] * 13
-            out.append("| " + " | ".join(str(c) for c in cells) + " |")
+            out.append(cells_row([row.name, "leanmoe failed: " + r["error"][:80]] + ["-"] * 10))
+            continue
+        fwd_fl, bwd_fl = r["fwd_flops"], r["bwd_flops"]
+        lf, lb = lm_times(r, graph)
+        sf, sb = sonic_times(s, graph)
+        note = ""
+        if s and "error" in s:
+            note = "SonicMoE failed: " + s["error"][:60]
+        elif s and graph and "graph_error" in s:
+            note = "SonicMoE graph failed: " + s["graph_error"][:60]
+        elif s and any(s.get(k) != r.get(k) for k in ("T", "d", "n", "E", "K")):
+            note, sf, sb = "shape differs from SonicMoE's row", None, None
+        fx, bx = ratio(sf, lf), ratio(sb, lb)
+        fbx = ratio(None if sf is None or sb is None else sf + sb, None if lf is None or lb is None else lf + lb)
+        cells = [row.name, fmt(lf, 3), fmt(lb, 3), fmt(tflops(fwd_fl, lf), 1), fmt(tflops(bwd_fl, lb), 1),
+                 fmt(sf, 3) if not note else note, fmt(sb, 3), fmt(tflops(fwd_fl, sf), 1), fmt(tflops(bwd_fl, sb), 1),
+                 fmt(fx), fmt(bx), fmt(fbx)]
+        out.append(cells_row(cells))
+        if fx is not None and bx is not None:
+            stats["rows"] += 1
+            stats["fwd_ok"] += fx >= BAR_RATIO
+            stats["bwd_ok"] += bx >= BAR_RATIO
+            if fx < BAR_RATIO or bx < BAR_RATIO:
+                stats["misses"].append(f"{row.name} {fx:.2f}/{bx:.2f}")
+        if row.name == BAR_ROW and lf and lb:
+            stats["bar_row"] = (fwd_fl + bwd_fl) / ((lf + lb) * 1e9)
+    return out, stats
+
+
+def memory_table(rows):
+    out = ["| config | leanmoe kept GiB | SonicMoE kept GiB | kept × | leanmoe peak GiB | + weight grads "
+           "| SonicMoE peak GiB | peak × | anchor peak GiB |", "|" + "---|" * 9]
+    for row in rows:
+        r, s = row.lm, row.son
+        if "error" in r:
+            continue
+        kept = r["saved_bytes"] / GIB
+        peak = r["activation_bytes"] / GIB
+        peak_w = (r["activation_bytes"] + weight_bytes(r)) / GIB
+        s_kept = s.get("kept_after_fwd_GiB") if s and "error" not in s else None
+        s_peak = s.get("peak_GiB") if s and "error" not in s else None
+        a_peak = row.anc.get("gib") if row.anc and "error" not in row.anc else None
+        out.append(cells_row([row.name, fmt(kept), fmt(s_kept), fmt(ratio(kept, s_kept)), fmt(peak), fmt(peak_w),
+                              fmt(s_peak), fmt(ratio(peak_w, s_peak)), fmt(a_peak)]))
+    return out
+
+
+def anchor_table(rows):
+    out = ["| config | T | d | n | E | K | leanmoe fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | GiB "
+           "| anchor fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | GiB | fwd × | bwd × | fwd+bwd × | memory × |",
+           "|" + "---|" * 20]
+    for row in rows:
+        r = row.lm
+        if "error" in r:
+            out.append(cells_row([row.name, r["T"], r["d"], r["n"], r["E"], r["K"],
+                                  "leanmoe failed: " + r["error"][:80]] + ["-"] * 13))
             continue
         gib = r["activation_bytes"] / GIB
         fb_tflops = (r["fwd_flops"] + r["bwd_flops"]) / ((r["fwd_ms"] + r["bwd_ms"]) * 1e9)
-        a = anc.get(name, {})
+        a = row.anc or {}
         if "error" in a:
-            a = {"note": "anchor failed: " + a["error"][:60]}
-        cells = [name, r["T"], r["d"], r["n"], r["E"], r["K"],
-                 fmt(r["fwd_ms"], 3), fmt(r["bwd_ms"], 3), fmt(r["fwd_tflops"], 1), fmt(r["bwd_tflops"], 1), fmt(gib),
-                 fmt(a.get("fwd_ms"), 3), fmt(a.get("bwd_ms"), 3), fmt(a.get("fwd_tflops"), 1),
-                 fmt(a.get("bwd_tflops"), 1), fmt(a.get("gib")),
-                 fmt(ratio(r["fwd_tflops"], a.get("fwd_tflops"))), fmt(ratio(r["bwd_tflops"], a.get("bwd_tflops"))),
-                 fmt(ratio(fb_tflops, a.get("fwdbwd_tflops"))), fmt(ratio(gib, a.get("gib")))]
-        out.append("| " + " | ".join(str(c) for c in cells) + " |")
-    notes = [f"{n}: {a['error'][:120]}" for n, a in anc.items() if "error" in a]
-    if notes:
-        out.append("")
-        out.append("Anchor failures: " + "; ".join(notes))
-    out.append("")
-    out.append("## Against SonicMoE's published H100 figures")
-    out.append("")
-    out.append(f"Source: {SONICMOE_SOURCE}. Different GPU (H100 vs this run's), so read the ratios as a rough guide.")
-    out.append("")
-    out.append("Memory: SonicMoE's per-layer figure stays constant across granularity and is smaller than the "
-               "transient [T·K, d] tensors of those shapes, so it counts what is cached for backward; leanmoe's "
-               "cached = x + saved state (SPEC §3). leanmoe's peak (as in the anchor table) is shown beside it.")
-    out.append("")
-    out.append("| config | leanmoe fwd | SonicMoE fwd | fwd × | leanmoe bwd | SonicMoE bwd | bwd × "
-               "| leanmoe cached GiB | SonicMoE GiB | cached × | leanmoe peak GiB |")
-    out.append("|" + "---|" * 11)
-    for r in ours:
-        s = SONICMOE_H100.get(r["config"])
+            a = {}
+        out.append(cells_row([
+            row.name, r["T"], r["d"], r["n"], r["E"], r["K"],
+            fmt(r["fwd_ms"], 3), fmt(r["bwd_ms"], 3), fmt(r["fwd_tflops"], 1), fmt(r["bwd_tflops"], 1), fmt(gib),
+            fmt(a.get("fwd_ms"), 3), fmt(a.get("bwd_ms"), 3), fmt(a.get("fwd_tflops"), 1), fmt(a.get("bwd_tflops"), 1),
+            fmt(a.get("gib")), fmt(ratio(r["fwd_tflops"], a.get("fwd_tflops"))),
+            fmt(ratio(r["bwd_tflops"], a.get("bwd_tflops"))), fmt(ratio(fb_tflops, a.get("fwdbwd_tflops"))),
+            fmt(ratio(gib, a.get("gib")))]))
+    return out
+
+
+def h100_table(rows):
+    out = ["| config | leanmoe fwd | SonicMoE fwd | fwd × | leanmoe bwd | SonicMoE bwd | bwd × "
+           "| leanmoe cached GiB | SonicMoE GiB | cached × | leanmoe peak GiB |", "|" + "---|" * 11]
+    for row in rows:
+        r, s = row.lm, SONICMOE_H100.get(row.name)
         if not s or "error" in r:
             continue
         gib = r["activation_bytes"] / GIB
         cached = (r["saved_bytes"] + r.get("io_bytes", 0)) / GIB
-        cells = [r["config"], fmt(r["fwd_tflops"], 1), s[0], fmt(ratio(r["fwd_tflops"], s[0])),
-                 fmt(r["bwd_tflops"], 1), s[1], fmt(ratio(r["bwd_tflops"], s[1])), fmt(cached), s[2],
-                 fmt(ratio(cached, s[2])), fmt(gib)]
-        out.append("| " + " | ".join(str(c) for c in cells) + " |")
-    out.append("")
-    out.append("## leanmoe memory detail")
-    out.append("")
-    out.append("| config | routed rows | saved MiB | naive saved MiB | saved / naive | fwd ws MiB | bwd ws MiB |")
-    out.append("|" + "---|" * 7)
-    for r in ours:
+        out.append(cells_row([row.name, fmt(r["fwd_tflops"], 1), s[0], fmt(ratio(r["fwd_tflops"], s[0])),
+                              fmt(r["bwd_tflops"], 1), s[1], fmt(ratio(r["bwd_tflops"], s[1])), fmt(cached), s[2],
+                              fmt(ratio(cached, s[2])), fmt(gib)]))
+    return out
+
+
+def detail_table(rows):
+    out = ["| config | routed rows | saved MiB | naive saved MiB | saved / naive | fwd ws MiB | bwd ws MiB |",
+           "|" + "---|" * 7]
+    for row in rows:
+        r = row.lm
         if "error" in r:
             continue
-        cells = [r["config"], r["rows"], fmt(r["saved_bytes"] / 2**20, 1), fmt(r["naive_saved_bytes"] / 2**20, 1),
-                 fmt(ratio(r["saved_bytes"], r["naive_saved_bytes"]), 3), fmt(r["fwd_workspace_bytes"] / 2**20, 1),
-                 fmt(r["bwd_workspace_bytes"] / 2**20, 1)]
-        out.append("| " + " | ".join(str(c) for c in cells) + " |")
+        out.append(cells_row([row.name, r["rows"], fmt(r["saved_bytes"] / 2**20, 1),
+                              fmt(r["naive_saved_bytes"] / 2**20, 1),
+                              fmt(ratio(r["saved_bytes"], r["naive_saved_bytes"]), 3),
+                              fmt(r["fwd_workspace_bytes"] / 2**20, 1), fmt(r["bwd_workspace_bytes"] / 2**20, 1)]))
+    return out
+
+
+def bar_lines(stats):
+    if not stats["rows"]:
+        return []
+    lines = [f"Bars (issue 17, graph replays): forward ≥ {BAR_RATIO:.2f}× SonicMoE on {stats['fwd_ok']} of "
+             f"{stats['rows']} rows, backward ≥ {BAR_RATIO:.2f}× on {stats['bwd_ok']} of {stats['rows']}"]
+    if stats["misses"]:
+        lines[0] += "; rows below the bar (fwd×/bwd×): " + ", ".join(stats["misses"])
+    if stats["bar_row"] is not None:
+        lines[0] += (f"; {BAR_ROW} fwd+bwd {stats['bar_row']:.0f} TFLOP/s (bar {BAR_ROW_TFLOPS:.0f}: "
+                     f"{'met' if stats['bar_row'] >= BAR_ROW_TFLOPS else 'missed'})")
+    return ["", lines[0] + "."]
+
+
+def render(parts, commit=None, command=None, title=None, source=None, generator=None, measured=None):
+    rows = assemble(parts)
+    lead = next((p.leanmoe for p in parts if p.leanmoe), None)
+    if lead is None:
+        raise SystemExit("compare.py: no leanmoe JSON given")
+    anchor = next((p.anchor for p in parts if p.anchor), None)
+    sonic = next((p.sonic for p in parts if p.sonic), None)
+    have_sonic = any(r.son for r in rows)
+    have_lm_graph = any(r.lm.get("fwd_graph_ms") for r in rows)
+    have_sonic_graph = any(r.son and r.son.get("fwd_graph_ms") for r in rows)
+    gpu = (sonic or anchor or {}).get("gpu") or lead.get("description", "?")
+    commits = commit or ", ".join(dict.fromkeys(p.header.get("commit", "?") for p in parts)) if source else commit
+    out = [f"# {title or ('leanmoe beside SonicMoE' if have_sonic else 'leanmoe grid benchmark')}", ""]
+    if source:
+        out.append(f"- source: {source}")
+    if command:
+        out.append(f"- command: `{command}`")
+    else:
+        for p in parts:
+            cmd = p.header.get("command") or (p.leanmoe or {}).get("command", "?")
+            out.append(f"- command{' (' + p.name + ')' if len(parts) > 1 else ''}: `{cmd}`")
+    out.append(f"- commit: {commits or git_commit()}")
+    out.append(f"- GPU: {gpu}")
+    if source:
+        out.append(f"- measured: {measured or ', '.join(dict.fromkeys(p.header.get('date', '?') for p in parts))}; "
+                   f"this file generated {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"
+                   f" by `{generator}`")
+    else:
+        out.append(f"- date: {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
+    out.append(f"- leanmoe: {lead.get('tool', '?')}, {lead.get('device', '?')} ({lead.get('description', '?')}), "
+               f"{lead.get('dtype', '?')}, median of {lead.get('iters', '?')} after {lead.get('warmup', '?')} warm-up"
+               + (f", router {rows[0].lm.get('router')}" if rows and "router" in rows[0].lm else ""))
+    lm_routers = {r.lm["router"] for r in rows if "router" in r.lm}
+    son_routers = {p.sonic.get("router") for p in parts if p.sonic}
+    if have_sonic and (len(lm_routers | son_routers) > 1):
+        out.append(f"- **not the same router**: leanmoe {', '.join(sorted(lm_routers))}, SonicMoE "
+                   f"{', '.join(sorted(str(x) for x in son_routers))}: the two compute different layers "
+                   "(run leanmoe with --router topk_then_softmax)")
+    if sonic:
+        v = sonic.get("versions")
+        vs = ", ".join(f"{k} {x}" for k, x in v.items()) if isinstance(v, dict) else "?"
+        out.append(f"- SonicMoE: {vs}; torch {sonic.get('torch', '?')}; router {sonic.get('router', '?')}; "
+                   "sonic_bench.py, median of its ITERS after WARM")
+    if anchor:
+        out.append(f"- anchor: torch {anchor.get('torch', '?')} (CUDA {anchor.get('cuda', '?')}), "
+                   f"plain MoE with torch._grouped_mm + autograd; ceilings measured in the same run: "
+                   f"bf16 matmul {fmt(anchor.get('mm_tflops'), 0)} TFLOP/s, copy {fmt(anchor.get('copy_TBps'))} TB/s")
+    if len(parts) > 1:
+        out.append("- parts (device calls): " + "; ".join(
+            f"{p.name}: " + ", ".join(os.path.basename(x) for x in p.paths.values()) for p in parts)
+                   + ". Each row pairs leanmoe with the SonicMoE of the same call.")
+    out.append("- TFLOP/s: forward 6·T·K·d·n / t_fwd, backward 12·T·K·d·n / t_bwd, fwd+bwd 18·T·K·d·n / (t_fwd + t_bwd).")
+    out.append("  leanmoe times backward on its own after its forward (eager: steady_clock around each call with a "
+               "synchronize before and after; graph: CUDA events around the replay of a forward and of a backward graph, "
+               "one per input set); SonicMoE (sonic_bench.py) times eager forward and backward with CUDA events, "
+               "and as graphs forward and forward+backward (its backward = their difference); the anchor's backward is "
+               "fwd+bwd − fwd (its fwd is timed under no_grad).")
+    out.append("- Memory (GiB): leanmoe = saved state without x + out + the larger of the forward workspace and "
+               "backward workspace + dx (it allocates nothing inside forward/backward); anchor = torch peak allocated "
+               "during fwd+bwd minus before.")
+    out.append("- Ratios against SonicMoE: SonicMoE time / leanmoe time; against the anchor: leanmoe TFLOP/s / anchor "
+               "TFLOP/s. Above 1 means leanmoe is faster. Memory ratios: leanmoe / other, below 1 means leaner.")
+    if title:  # the current summary: where the rest is
+        out.append("- older runs: [archive/README.md](archive/README.md); how these numbers are produced and "
+                   "compared: [../README.md](../README.md)")
+    out.append("")
+    if have_sonic:
+        out.append("## Against SonicMoE as CUDA-graph replays (kernel time: what a training step gets)")
+        out.append("")
+        if not have_lm_graph or not have_sonic_graph:
+            missing = [w for w, ok in (("leanmoe (run `leanmoe bench --graph`)", have_lm_graph),
+                                       ("SonicMoE (run sonic_bench.py with GRAPH=1)", have_sonic_graph)) if not ok]
+            out.append("Not measured: graph replays of " + " and ".join(missing) + ".")
+        else:
+            table, stats = sonic_table(rows, graph=True)
+            out += table + bar_lines(stats)
+        out.append("")
+        out.append("## Against SonicMoE, eager (host launch path included)")
+        out.append("")
+        out += sonic_table(rows, graph=False)[0]
+        out.append("")
+        out.append("## Memory beside SonicMoE")
+        out.append("")
+        out.append("kept = what lives from forward to backward, x excluded (leanmoe: the saved state; SonicMoE: memory "
+                   "allocated after its forward minus its output); peak: leanmoe's activation memory as in the anchor "
+                   "table, and with the weight gradients added (SonicMoE's and the anchor's peaks count the weight "
+                   "gradients that autograd allocates during backward).")
+        out.append("")
+        out += memory_table(rows)
+        out.append("")
+    else:
+        out.append("## Against SonicMoE measured on this GPU")
+        out.append("")
+        out.append("Not measured in this run (it has no sonic.json): SonicMoE beside leanmoe in one call, eager and as "
+                   "CUDA-graph replays, is what `bench/vs_sonic.sh` runs on the H200 (bench/README.md).")
+        if have_lm_graph:
+            out.append("")
+            out.append("leanmoe as CUDA-graph replays:")
+            out.append("")
+            out += sonic_table(rows, graph=True)[0]
+        out.append("")
+    out.append("## Against the PyTorch anchor (same call, eager)")
+    out.append("")
+    if anchor:
+        out += anchor_table(rows)
+        notes = [f"{r.name}: {r.anc['error'][:120]}" for r in rows if r.anc and "error" in r.anc]
+        if notes:
+            out += ["", "Anchor failures: " + "; ".join(notes)]
+        if any(r.anc_part is not None and r.anc_part is not r.part for r in rows):
+            out += ["", "Some rows' anchor ran in another call of this run than their leanmoe row (see parts)."]
+    else:
+        out.append("Not run in this call.")
+    out.append("")
+    if not have_sonic:
+        out.append("## Against SonicMoE's published H100 figures")
+        out.append("")
+        out.append(f"Source: {SONICMOE_SOURCE}. Different GPU (H100 vs this run's), so read the ratios as a rough guide.")
+        out.append("")
+        out.append("Memory: SonicMoE's per-layer figure stays constant across granularity and is smaller than the "
+                   "transient [T·K, d] tensors of those shapes, so it counts what is cached for backward; leanmoe's "
+                   "cached = x + saved state (docs/SPEC.md §3). leanmoe's peak (as in the anchor table) is shown beside it.")
+        out.append("")
+        out += h100_table(rows)
+        out.append("")
+    out.append("## leanmoe memory detail")
+    out.append("")
+    out += detail_table(rows)
     out.append("")
     return "\n".join(out)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--leanmoe", required=True, help="JSON written by `leanmoe bench --grid --json FILE`")
+    ap.add_argument("--leanmoe", help="JSON written by `leanmoe bench --grid --json FILE`")
     ap.add_argument("--anchor", help="baseline.json written by torch_moe_baseline.py")
-    ap.add_argument("--out", help="markdown output (default: stdout)")
-    ap.add_argument("--command", help="the command that produced the numbers (default: the leanmoe JSON's)")
-    ap.add_argument("--commit", help="commit hash (default: git rev-parse HEAD here)")
+    ap.add_argument("--sonic", help="sonic.json written by sonic_bench.py")
+    ap.add_argument("--run", help="a run folder: its leanmoe.json / baseline.json / sonic.json, and those of part*/")
+    ap.add_argument("--latest", action="store_true",
+                    help="the newest run folder under bench/results/ into bench/results/latest.md")
+    ap.add_argument("--out", help="markdown output (default: stdout; with --latest bench/results/latest.md)")
+    ap.add_argument("--command", help="the command that produced the numbers (default: the JSON's / the run's tables')")
+    ap.add_argument("--commit", help="commit hash (default: git rev-parse HEAD here; for a run, its tables' commit)")
     args = ap.parse_args()
-    with open(args.leanmoe) as f:
-        lm = json.load(f)
-    anchor = None
-    if args.anchor:
-        with open(args.anchor) as f:
-            anchor = json.load(f)
-    text = render(lm, anchor, args.command or lm.get("command", "?"), args.commit or git_commit())
+    modes = sum(bool(x) for x in (args.leanmoe, args.run, args.latest))
+    if modes != 1:
+        ap.error("give exactly one of --leanmoe FILE, --run FOLDER, --latest")
+    if (args.run or args.latest) and (args.anchor or args.sonic):
+        ap.error("--anchor and --sonic go with --leanmoe; a run folder brings its own files")
+    if args.leanmoe:
+        part = Part("call", load(args.leanmoe), load(args.anchor) if args.anchor else None,
+                    load(args.sonic) if args.sonic else None)
+        text = render([part], commit=args.commit or git_commit(),
+                      command=args.command or part.leanmoe.get("command", "?"))
+    else:
+        folder = newest_run(RESULTS_DIR) if args.latest else args.run
+        parts = run_parts(folder)
+        rel = os.path.relpath(os.path.abspath(folder), os.path.dirname(os.path.dirname(RESULTS_DIR)))
+        title = "leanmoe: the current benchmark summary" if args.latest else None
+        text = render(parts, commit=args.commit, command=args.command, title=title,
+                      source=f"[{rel}]({os.path.relpath(os.path.abspath(folder), RESULTS_DIR)}/)" if args.latest else rel,
+                      generator="python3 bench/compare.py " + ("--latest" if args.latest else f"--run {rel}"),
+                      measured=measured_date(folder, parts))
+        if args.latest and not args.out:
+            args.out = os.path.join(RESULTS_DIR, "latest.md")
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
+        print(f"compare.py: wrote {args.out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
 
