@@ -218,7 +218,8 @@ def assemble(parts):
     rows = []
     for name in order:
         with_sonic = [p for p in parts if name in p.lm and name in p.son and "error" not in p.son[name]]
-        src = with_sonic[-1] if with_sonic else [p for p in parts if name in p.lm][-1]
+        tried = [p for p in parts if name in p.lm and name in p.son]  # SonicMoE failed there: show why
+        src = (with_sonic or tried or [p for p in parts if name in p.lm])[-1]
         anc_src = src if name in src.anc else next((p for p in reversed(parts) if name in p.anc), None)
         rows.append(Row(name, src, src.lm[name], src.son.get(name), anc_src.anc[name] if anc_src else None,
                         anc_src))
@@ -279,7 +280,7 @@ def sonic_table(rows, graph):
             stats["bwd_ok"] += bx >= BAR_RATIO
             if fx < BAR_RATIO or bx < BAR_RATIO:
                 stats["misses"].append(f"{row.name} {fx:.2f}/{bx:.2f}")
-        if row.name == BAR_ROW and lf and lb:
+        if row.name == BAR_ROW and fx is not None and bx is not None:
             stats["bar_row"] = (fwd_fl + bwd_fl) / ((lf + lb) * 1e9)
     return out, stats
 

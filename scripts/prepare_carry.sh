@@ -1,44 +1,102 @@
 #!/usr/bin/env bash
-# Fills .carry/ (git-ignored) with what scripts/device_bench.sh needs on the GPU machine, which
-# has no network: CUTLASS's headers (from the nvidia-cutlass wheel, ~28 MB), the PyTorch anchor
-# script, and the commit being measured. Then: device run with carry [".carry"] and the command
-# `bash scripts/device_bench.sh` (builds there), or see the end of this file for device_all.sh.
+# Fills .carry/ (git-ignored) with what the device scripts need on the GPU machine, which has no
+# network. Two modes:
+#
+#   bash scripts/prepare_carry.sh            CUTLASS's headers (from the nvidia-cutlass wheel, ~28 MB),
+#                                            the PyTorch anchor script and the commit, for
+#                                            scripts/device_bench.sh (builds there; carry [".carry"]);
+#                                            and binaries built here in build-device for
+#                                            scripts/device_all.sh / device_ep.sh (see the end).
+#   bash scripts/prepare_carry.sh vs-sonic   exactly the carry of bench/vs_sonic.sh: .carry/vs (the
+#                                            leanmoe binary xz-packed, the commit, the anchor script,
+#                                            SonicMoE's compiled-kernel cache when one came back and
+#                                            fits), .carry/sonicmoe (a copy of ../shared/anchors/sonicmoe)
+#                                            and .carry/blaslibs.tar.xz; checks the 64 MiB limit.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+mode="${1:-all}"
+[ "$mode" = all ] || [ "$mode" = vs-sonic ] || { echo "prepare_carry: mode must be empty or 'vs-sonic', got '$mode'" >&2; exit 2; }
 anchor="${LEANMOE_ANCHOR:-../shared/anchors/torch_moe_baseline.py}"
-
-if ! src="$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))" 2>/dev/null)"; then
-  echo "prepare_carry: the nvidia-cutlass wheel is missing: python3 -m pip install nvidia-cutlass" >&2
-  exit 1
-fi
 [ -f "$anchor" ] || { echo "prepare_carry: anchor script not found at $anchor (set LEANMOE_ANCHOR)" >&2; exit 1; }
-
-# Copied again only when the wheel's version differs (others may be building from this copy).
-if ! cmp -s "$src/include/cutlass/version.h" .carry/cutlass/include/cutlass/version.h 2>/dev/null; then
-  rm -rf .carry/cutlass
-  mkdir -p .carry/cutlass/tools/util
-  cp -r "$src/include" .carry/cutlass/include
-  cp -r "$src/tools/util/include" .carry/cutlass/tools/util/include
-fi
-cp "$anchor" .carry/torch_moe_baseline.py
 commit="$(git rev-parse --short=12 HEAD)"
 [ -z "$(git status --porcelain --untracked-files=no)" ] || commit="$commit+dirty"
-echo "$commit" > .carry/commit
-echo "prepare_carry: .carry/ holds CUTLASS ($(du -sh .carry/cutlass | cut -f1)), the anchor script, commit $commit" >&2
+mkdir -p .carry
 
-# For scripts/device_all.sh: binaries built here with the CUDA backend (they run on the H200, whose
-# image has no OpenBLAS for the CPU reference), and OpenBLAS with its runtime libraries, xz-packed
-# (36 MB -> 5 MB) to stay inside the 64 MiB carry limit. Then: carry [".carry/bin",
-# ".carry/blaslibs.tar.xz", ".carry/torch_moe_baseline.py"] and run `bash scripts/device_all.sh`;
-# on a multi-GPU kind, carry [".carry/bin", ".carry/blaslibs.tar.xz"] and run `bash scripts/device_ep.sh`
-# (EP weak scaling).
+if [ "$mode" = all ]; then
+  if ! src="$(python3 -c "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source'))" 2>/dev/null)"; then
+    echo "prepare_carry: the nvidia-cutlass wheel is missing: python3 -m pip install nvidia-cutlass" >&2
+    exit 1
+  fi
+  # Copied again only when the wheel's version differs (others may be building from this copy).
+  if ! cmp -s "$src/include/cutlass/version.h" .carry/cutlass/include/cutlass/version.h 2>/dev/null; then
+    rm -rf .carry/cutlass
+    mkdir -p .carry/cutlass/tools/util
+    cp -r "$src/include" .carry/cutlass/include
+    cp -r "$src/tools/util/include" .carry/cutlass/tools/util/include
+  fi
+  cp "$anchor" .carry/torch_moe_baseline.py
+  echo "$commit" > .carry/commit
+  echo "prepare_carry: .carry/ holds CUTLASS ($(du -sh .carry/cutlass | cut -f1)), the anchor script, commit $commit" >&2
+fi
+
+# Binaries built here with the CUDA backend (they run on the H200, whose image has no OpenBLAS for
+# the CPU backend they link), and OpenBLAS with its runtime libraries, xz-packed (36 MB -> 5 MB) to
+# stay inside the 64 MiB carry limit.
 LEANMOE_BUILD_DIR=build-device LEANMOE_CUDA=ON bash scripts/build.sh >&2
-mkdir -p .carry/bin
-cp build-device/leanmoe build-device/leanmoe_bench_inbackward build-device/leanmoe_bench_gemms build-device/leanmoe_bench_ep \
-   build-device/tests/leanmoe_gpu_tests \
-   build-device/libleanmoe.a .carry/bin/
-echo "$commit" > .carry/bin/commit
 blas="$(ldd build-device/leanmoe | awk '/libopenblas/{print $3}')"
 libs="$(mktemp -d)"
+# shellcheck disable=SC2046  # one path per library
 cp -L "$blas" $(ldd "$blas" | awk '/gfortran|quadmath/{print $3}') "$libs/"
 tar cJf .carry/blaslibs.tar.xz -C "$libs" . && rm -rf "$libs"
-echo "prepare_carry: .carry/bin and .carry/blaslibs.tar.xz ready for scripts/device_all.sh" >&2
+
+if [ "$mode" = all ]; then
+  # For scripts/device_all.sh: carry [".carry/bin", ".carry/blaslibs.tar.xz", ".carry/torch_moe_baseline.py"]
+  # and run `bash scripts/device_all.sh`; on a multi-GPU kind, carry [".carry/bin", ".carry/blaslibs.tar.xz"]
+  # and run `bash scripts/device_ep.sh` (EP weak scaling).
+  mkdir -p .carry/bin
+  cp build-device/leanmoe build-device/leanmoe_bench_inbackward build-device/leanmoe_bench_gemms build-device/leanmoe_bench_ep \
+     build-device/tests/leanmoe_gpu_tests \
+     build-device/libleanmoe.a .carry/bin/
+  echo "$commit" > .carry/bin/commit
+  echo "prepare_carry: .carry/bin and .carry/blaslibs.tar.xz ready for scripts/device_all.sh" >&2
+  exit 0
+fi
+
+# vs-sonic: SonicMoE's wheels and benchmark (lb.tar.xz alone is 50 MB), so the leanmoe binary goes
+# xz-packed and alone.
+sonic="${LEANMOE_SONICMOE:-../shared/anchors/sonicmoe}"
+[ -f "$sonic/sonic_bench.py" ] || { echo "prepare_carry: SonicMoE not found at $sonic (set LEANMOE_SONICMOE)" >&2; exit 1; }
+if ! diff -rq "$sonic" .carry/sonicmoe >/dev/null 2>&1; then
+  rm -rf .carry/sonicmoe && cp -r "$sonic" .carry/sonicmoe && chmod -R u+w .carry/sonicmoe
+fi
+rm -rf .carry/vs && mkdir -p .carry/vs
+xz -T0 -9 -c build-device/leanmoe > .carry/vs/leanmoe.xz
+echo "$commit" > .carry/vs/commit
+cp "$anchor" .carry/vs/torch_moe_baseline.py
+# SonicMoE's kernel cache from an earlier call (bench/vs_sonic.sh writes quack_cache.tar.xz, or
+# .partN pieces over 15 MiB, to $OUT): keep what came back in .carry/ and it is carried when it fits.
+cache=""
+if [ -f .carry/quack_cache.tar.xz ]; then cache=.carry/quack_cache.tar.xz
+elif ls .carry/quack_cache.tar.xz.part* >/dev/null 2>&1; then
+  cat .carry/quack_cache.tar.xz.part* > .carry/vs/quack_cache.tar.xz.joined && cache=.carry/vs/quack_cache.tar.xz.joined
+fi
+limit=$((64 * 1024 * 1024))
+# What travels: tracked and untracked-not-ignored files, plus the carried paths.
+tree="$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')"
+carried() { du -sb .carry/vs .carry/sonicmoe .carry/blaslibs.tar.xz | awk '{s += $1} END {print s}'; }
+total=$((tree + $(carried)))
+if [ -n "$cache" ]; then
+  size="$(stat -c %s "$cache")"
+  if [ $((total + size)) -le "$limit" ]; then
+    if [ "$cache" = .carry/quack_cache.tar.xz ]; then cp "$cache" .carry/vs/quack_cache.tar.xz  # the kept copy stays
+    else mv "$cache" .carry/vs/quack_cache.tar.xz; fi
+    total=$((total + size))
+    echo "prepare_carry: SonicMoE's kernel cache ($((size / 1024)) KiB) is carried" >&2
+  else
+    rm -f .carry/vs/quack_cache.tar.xz.joined
+    echo "prepare_carry: SonicMoE's kernel cache ($((size / 1024 / 1024)) MiB) does not fit beside the rest" \
+         "($((total / 1024 / 1024)) MiB of 64): not carried; SonicMoE compiles again (run the calls on a warm machine)" >&2
+  fi
+fi
+echo "prepare_carry: $((total / 1024 / 1024)) MiB travel (working tree $((tree / 1024)) KiB + carry), commit $commit" >&2
+[ "$total" -le "$limit" ] || { echo "prepare_carry: over the 64 MiB limit" >&2; exit 1; }
+echo 'carry: [".carry/vs", ".carry/sonicmoe", ".carry/blaslibs.tar.xz"]; command: bash bench/vs_sonic.sh (env: CONFIGS, ANCHOR, DEADLINE)'

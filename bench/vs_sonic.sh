@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# leanmoe beside SonicMoE on the H200, in one device call: `leanmoe bench --grid --router
+# topk_then_softmax --graph` (eager and CUDA-graph replays), SonicMoE's sonic_bench.py with GRAPH=1 on
+# the rows in CONFIGS, optionally the PyTorch anchor, then bench/compare.py's side-by-side table.
+#
+# Prepare here: `bash scripts/prepare_carry.sh vs-sonic` (it prints the carry list: .carry/vs,
+# .carry/sonicmoe, .carry/blaslibs.tar.xz). Run there from the repository root: `bash bench/vs_sonic.sh`.
+# Environment:
+#   CONFIGS   grid rows SonicMoE runs, comma-separated (default: all 16). SonicMoE compiles its kernels
+#             on first use (fresh machine: ~6.5 min for the first shape, 5-61 s per further shape), so
+#             the grid takes two calls on a warm machine; the end of the output names the rows left.
+#   ANCHOR    1 (default): also the PyTorch anchor (whole grid, ~1 min); 0: not.
+#   DEADLINE  seconds from the start by which everything is written (default 570, under the 10-minute
+#             call); SonicMoE gets what leanmoe and the anchor leave, minus a reserve for the end.
+#   ITERS, WARM  timed and warm-up iterations of both (default 10 and 3, sonic_bench.py's defaults).
+# Writes to $OUT (at most 8 files come back): side_by_side.md, leanmoe.json, sonic.json, baseline.json,
+# logs.tar.gz and, when SonicMoE compiled anything new, quack_cache.tar.xz (split into .partN files when
+# it exceeds 15 MiB): keep it in .carry/ for the next call (scripts/prepare_carry.sh picks it up).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+START=$SECONDS
+FINAL="${OUT:-/tmp/vs-sonic-out}"; mkdir -p "$FINAL"
+W="$(mktemp -d)"
+V="${VS_CARRY:-.carry/vs}"; S="${SONIC_CARRY:-.carry/sonicmoe}"
+TMPD="${VS_TMP:-/tmp}"  # where SonicMoE's install, its kernel cache and the leanmoe binary go (a warm machine keeps them)
+DEADLINE="${DEADLINE:-570}"; ITERS="${ITERS:-10}"; WARM="${WARM:-3}"; ANCHOR="${ANCHOR:-1}"
+ALL=1.4B-n256,1.4B-n512,1.4B-n1024,7B-n256,7B-n512,7B-n1024,30B-n256,30B-n512,30B-n1024,120B-n512,120B-n1024,120B-n2048,olmoe-1b-7b,qwen3-30b-a3b,granite-3.1-3b-a800m,gpt-oss-20b
+CONFIGS="${CONFIGS:-$ALL}"
+SMI=""
+finish() {
+  [ -n "$SMI" ] && kill "$SMI" 2>/dev/null
+  for f in side_by_side.md leanmoe.json sonic.json baseline.json quack_cache.tar.xz quack_cache.tar.xz.part0 \
+           quack_cache.tar.xz.part1 quack_cache.tar.xz.part2; do
+    [ -f "$W/$f" ] && cp "$W/$f" "$FINAL/"
+  done
+  tar czf "$FINAL/logs.tar.gz" -C "$W" --exclude='quack_cache.tar.xz*' --exclude=a . 2>/dev/null
+}
+trap finish EXIT
+left() { echo $((DEADLINE - (SECONDS - START))); }
+upto() { local l; l=$(left); echo $(( l < $1 ? (l > 1 ? l : 1) : $1 )); }  # a step's time limit: at most $1 s
+for f in "$V/leanmoe.xz" "$V/commit" "$S/sonic_bench.py" "$S/lb.tar.xz" .carry/blaslibs.tar.xz; do
+  [ -f "$f" ] || { echo "vs_sonic: $f is missing: run bash scripts/prepare_carry.sh vs-sonic and carry what it lists" >&2; exit 1; }
+done
+source scripts/device_env.sh  # OpenBLAS (leanmoe links the CPU backend) and NCCL on LD_LIBRARY_PATH
+mkdir -p "$TMPD/vs_bin" && xz -dc "$V/leanmoe.xz" >"$TMPD/vs_bin/leanmoe" && chmod +x "$TMPD/vs_bin/leanmoe"
+commit="$(cat "$V/commit")"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$W/gpu.txt"
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,utilization.gpu --format=csv -l 1 \
+  >"$W/smi_log.csv" 2>&1 &
+SMI=$!
+"$TMPD/vs_bin/leanmoe" version
+
+LM_CMD="leanmoe bench --grid --router topk_then_softmax --graph --iters $ITERS --warmup $WARM --json leanmoe.json"
+echo "== leanmoe grid (t=$((SECONDS - START)) s)"
+timeout "$(upto 240)" "$TMPD/vs_bin/leanmoe" bench --grid --router topk_then_softmax --graph \
+  --iters "$ITERS" --warmup "$WARM" --json "$W/leanmoe.json" >"$W/leanmoe.txt" 2>"$W/leanmoe.err"
+echo "leanmoe rc=$?"; cat "$W/leanmoe.txt"; tail -3 "$W/leanmoe.err"
+
+CMD="$LM_CMD"
+if [ "$ANCHOR" = 1 ]; then
+  echo "== PyTorch anchor (t=$((SECONDS - START)) s)"
+  mkdir -p "$W/a"
+  NO_LOOP=1 OUT="$W/a" PYTHONUNBUFFERED=1 timeout "$(upto 200)" python3 "$V/torch_moe_baseline.py" >"$W/baseline.log" 2>&1
+  echo "anchor rc=$?"; tail -1 "$W/baseline.log"
+  [ -f "$W/a/baseline.json" ] && cp "$W/a/baseline.json" "$W/baseline.json"
+  CMD="$CMD; NO_LOOP=1 python3 torch_moe_baseline.py"
+fi
+
+echo "== SonicMoE (t=$((SECONDS - START)) s): $CONFIGS"
+if [ ! -d "$TMPD/site/sonicmoe" ]; then  # a warm machine keeps the install of its last call
+  if ! { mkdir -p "$TMPD/site" && tar xJf "$S/lb.tar.xz" -C "$TMPD/site" &&
+         python3 -m pip install -q --no-index --no-deps --no-compile --target "$TMPD/site" "$S"/*.whl; } >"$W/install.log" 2>&1
+  then echo "vs_sonic: SonicMoE install failed"; cat "$W/install.log"; fi
+fi
+export PYTHONPATH="$TMPD/site:$TMPD/site/nvidia_cutlass_dsl/python_packages" QUACK_CACHE_DIR="$TMPD/quack_cache" QUACK_CACHE_AUTOTUNING=1
+if [ ! -d "$TMPD/quack_cache" ]; then  # a warm machine keeps its compiled kernels; else the carried ones
+  if [ -f "$V/quack_cache.tar.xz" ]; then tar xJf "$V/quack_cache.tar.xz" -C "$TMPD"
+  elif [ -f "$V/quack_cache.tgz" ]; then tar xzf "$V/quack_cache.tgz" -C "$TMPD"
+  fi
+fi
+mkdir -p "$TMPD/quack_cache"
+cache_before="$(find "$TMPD/quack_cache" -type f | wc -l)"
+echo "quack cache: $cache_before files"
+budget=$(( $(left) - 75 ))  # the reserve: compare.py, packing the cache, copying the files
+if [ "$budget" -gt 30 ]; then
+  GRAPH=1 CONFIGS="$CONFIGS" ITERS="$ITERS" WARM="$WARM" ROUTER=topk_then_softmax OUT="$W" PYTHONUNBUFFERED=1 \
+    timeout "$budget" python3 "$S/sonic_bench.py" >"$W/sonic.log" 2>&1
+  rc=$?
+  echo "sonic rc=$rc$([ $rc = 124 ] && echo ": stopped at its time budget of $budget s; the rows done are in sonic.json")"
+  grep '^{' "$W/sonic.log" | cut -c1-200
+else
+  echo "vs_sonic: no time left for SonicMoE ($budget s)"
+fi
+CMD="$CMD; GRAPH=1 CONFIGS=$CONFIGS python3 sonic_bench.py (bench/vs_sonic.sh)"
+
+done_rows="$(python3 -c "import json,sys
+try: rows = json.load(open('$W/sonic.json'))['rows']
+except Exception: rows = []
+print(','.join(r['cfg'] for r in rows if 'error' not in r))")"
+rest="$(python3 -c "d=set('$done_rows'.split(',')); print(','.join(c for c in '$CONFIGS'.split(',') if c and c not in d))")"
+
+echo "== side-by-side (t=$((SECONDS - START)) s)"
+args=(--leanmoe "$W/leanmoe.json" --commit "$commit" --command "$CMD" --out "$W/side_by_side.md")
+[ -f "$W/baseline.json" ] && args+=(--anchor "$W/baseline.json")
+[ -f "$W/sonic.json" ] && args+=(--sonic "$W/sonic.json")
+if [ -f "$W/leanmoe.json" ]; then python3 bench/compare.py "${args[@]}" && sed -n '/CUDA-graph replays/,/^## Against SonicMoE, eager/p' "$W/side_by_side.md"
+else echo "vs_sonic: leanmoe wrote no JSON"; fi
+
+cache_after="$(find "$TMPD/quack_cache" -type f | wc -l)"
+if [ "$cache_after" != "$cache_before" ]; then
+  echo "== packing the quack cache ($cache_after files, $(du -sh "$TMPD/quack_cache" | cut -f1))"
+  tar cf - -C "$TMPD" quack_cache | XZ_OPT="-T0 -6" timeout 60 xz >"$W/quack_cache.tar.xz" || rm -f "$W/quack_cache.tar.xz"
+  if [ -f "$W/quack_cache.tar.xz" ] && [ "$(stat -c %s "$W/quack_cache.tar.xz")" -gt $((15 * 1024 * 1024)) ]; then
+    split -b 15M -d -a 1 "$W/quack_cache.tar.xz" "$W/quack_cache.tar.xz.part" && rm "$W/quack_cache.tar.xz"
+    [ -f "$W/quack_cache.tar.xz.part3" ] && { echo "vs_sonic: the cache is over 45 MiB: not returned"; rm -f "$W"/quack_cache.tar.xz.part*; }
+  fi
+  ls -la "$W"/quack_cache.tar.xz* 2>/dev/null
+fi
+echo "== done in $((SECONDS - START)) s; SonicMoE rows measured: ${done_rows:-none}"
+echo "rows left for the next call: ${rest:-none}${rest:+ (CONFIGS=$rest ANCHOR=0 bash bench/vs_sonic.sh)}"
