@@ -152,8 +152,22 @@ def part_from_folder(folder):
     paths = {k: os.path.join(folder, f) for k, f in FILES.items() if os.path.isfile(os.path.join(folder, f))}
     if not paths:
         return None
+    header = table_header(folder)
+    commit_file = os.path.join(folder, "commit")  # one line, where no table of compare.py says it
+    if "commit" not in header and os.path.isfile(commit_file):
+        with open(commit_file) as f:
+            header["commit"] = f.read().strip()
     return Part(os.path.basename(os.path.normpath(folder)), **{k: load(p) for k, p in paths.items()}, paths=paths,
-                header=table_header(folder))
+                header=header)
+
+
+def readme_title(folder):
+    """The first line of the run's README.md (how the run was made), or None."""
+    path = os.path.join(folder, "README.md")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return f.readline().lstrip("# ").strip() or None
 
 
 def run_parts(folder):
@@ -174,18 +188,23 @@ def run_parts(folder):
 
 
 def measured_date(folder, parts):
+    """(date, how it is known): a compare.py table's date, else the commit that added the files."""
+    return measured_date_and_source(folder, parts)[0]
+
+
+def measured_date_and_source(folder, parts):
     dates = [p.header["date"] for p in parts if "date" in p.header]
     if dates:
-        return max(dates)
+        return max(dates), "measured"
     try:  # the commit that added the files
         out = subprocess.run(["git", "log", "-1", "--format=%cd", "--date=format:%Y-%m-%d %H:%M UTC", "--", folder],
                              capture_output=True, text=True, cwd=os.path.dirname(RESULTS_DIR), check=True)
         if out.stdout.strip():
-            return out.stdout.strip()
+            return out.stdout.strip(), "committed"
     except (OSError, subprocess.CalledProcessError):
         pass
     return datetime.datetime.fromtimestamp(os.path.getmtime(folder), datetime.timezone.utc).strftime(
-        "%Y-%m-%d %H:%M UTC")
+        "%Y-%m-%d %H:%M UTC"), "files dated"
 
 
 def newest_run(results_dir):
@@ -249,7 +268,7 @@ def tflops(flops, ms):
     return None if ms is None or ms <= 0 else flops / ms / 1e9
 
 
-def sonic_table(rows, graph):
+def sonic_table(rows, graph, lm_graph=None):
     out = ["| config | leanmoe fwd ms | bwd ms | fwd TFLOP/s | bwd TFLOP/s | SonicMoE fwd ms | bwd ms "
            "| fwd TFLOP/s | bwd TFLOP/s | fwd × | bwd × | fwd+bwd × |", "|" + "---|" * 12]
     stats = {"fwd_ok": 0, "bwd_ok": 0, "rows": 0, "bar_row": None, "misses": []}
@@ -259,7 +278,7 @@ def sonic_table(rows, graph):
             out.append(cells_row([row.name, "leanmoe failed: " + r["error"][:80]] + ["-"] * 10))
             continue
         fwd_fl, bwd_fl = r["fwd_flops"], r["bwd_flops"]
-        lf, lb = lm_times(r, graph)
+        lf, lb = lm_times(r, graph if lm_graph is None else lm_graph)
         sf, sb = sonic_times(s, graph)
         note = ""
         if s and "error" in s:
@@ -370,7 +389,8 @@ def bar_lines(stats):
     return ["", lines[0] + "."]
 
 
-def render(parts, commit=None, command=None, title=None, source=None, generator=None, measured=None):
+def render(parts, commit=None, command=None, title=None, source=None, generator=None, measured=None,
+           about=None):
     rows = assemble(parts)
     lead = next((p.leanmoe for p in parts if p.leanmoe), None)
     if lead is None:
@@ -385,6 +405,8 @@ def render(parts, commit=None, command=None, title=None, source=None, generator=
     out = [f"# {title or ('leanmoe beside SonicMoE' if have_sonic else 'leanmoe grid benchmark')}", ""]
     if source:
         out.append(f"- source: {source}")
+    if about:
+        out.append(f"- about this run: {about}")
     if command:
         out.append(f"- command: `{command}`")
     else:
@@ -394,7 +416,8 @@ def render(parts, commit=None, command=None, title=None, source=None, generator=
     out.append(f"- commit: {commits or git_commit()}")
     out.append(f"- GPU: {gpu}")
     if source:
-        out.append(f"- measured: {measured or ', '.join(dict.fromkeys(p.header.get('date', '?') for p in parts))}; "
+        when, how = measured or (", ".join(dict.fromkeys(p.header.get("date", "?") for p in parts)), "measured")
+        out.append(f"- {how}: {when}; "
                    f"this file generated {datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}"
                    f" by `{generator}`")
     else:
@@ -443,6 +466,12 @@ def render(parts, commit=None, command=None, title=None, source=None, generator=
             missing = [w for w, ok in (("leanmoe (run `leanmoe bench --graph`)", have_lm_graph),
                                        ("SonicMoE (run sonic_bench.py with GRAPH=1)", have_sonic_graph)) if not ok]
             out.append("Not measured: graph replays of " + " and ".join(missing) + ".")
+            if have_sonic_graph:
+                out.append("")
+                out.append("leanmoe eager (host launch path included) against SonicMoE's graph replays, the "
+                           "comparison that is not in leanmoe's favour; the bars need leanmoe graph-timed too:")
+                out.append("")
+                out += sonic_table(rows, graph=True, lm_graph=False)[0]
         else:
             table, stats = sonic_table(rows, graph=True)
             out += table + bar_lines(stats)
@@ -531,7 +560,9 @@ def main():
         text = render(parts, commit=args.commit, command=args.command, title=title,
                       source=f"[{rel}]({os.path.relpath(os.path.abspath(folder), RESULTS_DIR)}/)" if args.latest else rel,
                       generator="python3 bench/compare.py " + ("--latest" if args.latest else f"--run {rel}"),
-                      measured=measured_date(folder, parts))
+                      measured=measured_date_and_source(folder, parts),
+                      about=(f"[{readme_title(folder)}]({os.path.relpath(os.path.join(folder, 'README.md'), RESULTS_DIR)})"
+                             if args.latest and readme_title(folder) else readme_title(folder)))
         if args.latest and not args.out:
             args.out = os.path.join(RESULTS_DIR, "latest.md")
     if args.out:

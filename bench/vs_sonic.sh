@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # leanmoe beside SonicMoE on the H200, in one device call: `leanmoe bench --grid --router
 # topk_then_softmax --graph` (eager and CUDA-graph replays), SonicMoE's sonic_bench.py with GRAPH=1 on
-# the rows in CONFIGS, optionally the PyTorch anchor, then bench/compare.py's side-by-side table.
+# the rows in CONFIGS, then optionally the PyTorch anchor, then bench/compare.py's side-by-side table.
 #
 # Prepare here: `bash scripts/prepare_carry.sh vs-sonic` (it prints the carry list: .carry/vs,
 # .carry/sonicmoe, .carry/blaslibs.tar.xz). Run there from the repository root: `bash bench/vs_sonic.sh`.
@@ -9,9 +9,13 @@
 #   CONFIGS   grid rows SonicMoE runs, comma-separated (default: all 16). SonicMoE compiles its kernels
 #             on first use (fresh machine: ~6.5 min for the first shape, 5-61 s per further shape), so
 #             the grid takes two calls on a warm machine; the end of the output names the rows left.
-#   ANCHOR    1 (default): also the PyTorch anchor (whole grid, ~1 min); 0: not.
+#   ANCHOR    1 (default): also the PyTorch anchor (whole grid, ~1 min), after SonicMoE, which then
+#             leaves it 90 s; 0: not.
 #   DEADLINE  seconds from the start by which everything is written (default 570, under the 10-minute
-#             call); SonicMoE gets what leanmoe and the anchor leave, minus a reserve for the end.
+#             call); SonicMoE gets what leanmoe leaves, minus the anchor's time and a reserve for the end.
+#             A SonicMoE stopped at its budget keeps what it compiled in the cache (session 6: a fresh
+#             machine compiled for 430 s without finishing its first row; the next call on the warm
+#             machine ran the whole grid in 370 s).
 #   ITERS, WARM  timed and warm-up iterations of both (default 10 and 3, sonic_bench.py's defaults).
 # Writes to $OUT (at most 8 files come back): side_by_side.md, leanmoe.json, sonic.json, baseline.json,
 # logs.tar.gz and, when SonicMoE compiled anything new, quack_cache.tar.xz (split into .partN files when
@@ -57,14 +61,6 @@ timeout "$(upto 240)" "$TMPD/vs_bin/leanmoe" bench --grid --router topk_then_sof
 echo "leanmoe rc=$?"; cat "$W/leanmoe.txt"; tail -3 "$W/leanmoe.err"
 
 CMD="$LM_CMD"
-if [ "$ANCHOR" = 1 ]; then
-  echo "== PyTorch anchor (t=$((SECONDS - START)) s)"
-  mkdir -p "$W/a"
-  NO_LOOP=1 OUT="$W/a" PYTHONUNBUFFERED=1 timeout "$(upto 200)" python3 "$V/torch_moe_baseline.py" >"$W/baseline.log" 2>&1
-  echo "anchor rc=$?"; tail -1 "$W/baseline.log"
-  [ -f "$W/a/baseline.json" ] && cp "$W/a/baseline.json" "$W/baseline.json"
-  CMD="$CMD; NO_LOOP=1 python3 torch_moe_baseline.py"
-fi
 
 echo "== SonicMoE (t=$((SECONDS - START)) s): $CONFIGS"
 if [ ! -d "$TMPD/site/sonicmoe" ]; then  # a warm machine keeps the install of its last call
@@ -81,7 +77,8 @@ fi
 mkdir -p "$TMPD/quack_cache"
 cache_before="$(find "$TMPD/quack_cache" -type f | wc -l)"
 echo "quack cache: $cache_before files"
-budget=$(( $(left) - 75 ))  # the reserve: compare.py, packing the cache, copying the files
+reserve=$(( ANCHOR == 1 ? 75 + 90 : 75 ))  # compare.py, packing the cache, copying the files (+ the anchor)
+budget=$(( $(left) - reserve ))
 if [ "$budget" -gt 30 ]; then
   GRAPH=1 CONFIGS="$CONFIGS" ITERS="$ITERS" WARM="$WARM" ROUTER=topk_then_softmax OUT="$W" PYTHONUNBUFFERED=1 \
     timeout "$budget" python3 "$S/sonic_bench.py" >"$W/sonic.log" 2>&1
@@ -91,7 +88,19 @@ if [ "$budget" -gt 30 ]; then
 else
   echo "vs_sonic: no time left for SonicMoE ($budget s)"
 fi
-CMD="$CMD; GRAPH=1 CONFIGS=$CONFIGS python3 sonic_bench.py (bench/vs_sonic.sh)"
+CMD="$CMD; GRAPH=1 CONFIGS=$CONFIGS python3 sonic_bench.py"
+
+if [ "$ANCHOR" = 1 ] && [ "$(left)" -gt 100 ]; then  # after SonicMoE: its compiling needs the time more
+  echo "== PyTorch anchor (t=$((SECONDS - START)) s)"
+  mkdir -p "$W/a"
+  NO_LOOP=1 OUT="$W/a" PYTHONUNBUFFERED=1 timeout "$(upto $(( $(left) - 70 )))" python3 "$V/torch_moe_baseline.py" \
+    >"$W/baseline.log" 2>&1
+  echo "anchor rc=$?"; tail -1 "$W/baseline.log"
+  [ -f "$W/a/baseline.json" ] && cp "$W/a/baseline.json" "$W/baseline.json" && CMD="$CMD; NO_LOOP=1 python3 torch_moe_baseline.py"
+elif [ "$ANCHOR" = 1 ]; then
+  echo "vs_sonic: no time left for the anchor ($(left) s)"
+fi
+CMD="$CMD (bench/vs_sonic.sh)"
 
 done_rows="$(python3 -c "import json,sys
 try: rows = json.load(open('$W/sonic.json'))['rows']
