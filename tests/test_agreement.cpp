@@ -47,11 +47,11 @@ void run_variants(DType dtype, uint64_t seed_base) {
     const reference::HostLayerInputs in = reference::random_inputs(c, T, dtype, seed++);
     const reference::HostLayerOutputs want = check_cpu_against_naive(in);
     if (c.routing == Routing::token_rounding) {
-      // The case only tests rounding if rounding moved some count; every count is a tile multiple.
+      // The case only tests rounding if rounding moved some count; every count is a tile multiple or T.
       int64_t moved = 0;
       for (int64_t e = 0; e < c.E; ++e) {
         moved += std::abs(want.expert_counts[e] - want.topk_counts[e]);
-        EXPECT_EQ(want.expert_counts[e] % c.tile, 0) << "expert " << e;
+        EXPECT_TRUE(want.expert_counts[e] % c.tile == 0 || want.expert_counts[e] == T) << "expert " << e;
       }
       EXPECT_GT(moved, 0) << "token rounding moved no count: pick another seed";
     }

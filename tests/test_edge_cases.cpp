@@ -77,11 +77,45 @@ TEST(EdgeCases, SingleToken) {
   both_dtypes(with_losses(small_config(32, 16, 8, 2)), 1, 503);
   MoEConfig rounding = with_losses(small_config(32, 16, 8, 2));
   rounding.routing = Routing::token_rounding;
-  // T = 1 < tile: 'up' asks for 4 rows, the cap (largest tile multiple <= T) makes it 0, so the
-  // layer routes nothing: out = 0 and only the router path carries gradient.
+  // T = 1 < tile: 'up' asks for 4 rows, the cap at T makes it 1: each chosen expert keeps its token.
   rounding.tile = 4;
   rounding.rounding_mode = RoundingMode::up;
   both_dtypes(rounding, 1, 504);
+}
+
+// T = 100 < tile = 128 (issue 14 item 1): the targets are 0 and T. 'up' gives every expert that
+// any token chose all T tokens (never fewer than top-K gave it); 'nearest' gives T to an expert
+// chosen by at least T/2 tokens, else 0; 'down' gives 0 (the mode's rule: the layer routes nothing).
+TEST(EdgeCases, FewerTokensThanTheTile) {
+  MoEConfig c = with_losses(small_config(32, 16, 8, 2));
+  c.routing = Routing::token_rounding;
+  c.tile = 128;
+  const int64_t T = 100;
+  const std::vector<float> bias = {1.f, 0.8f, 0.f, 0.f, 0.f, 0.f, 0.f, -3.f};  // 0 and 1 hot, 7 cold
+  for (RoundingMode mode : {RoundingMode::nearest, RoundingMode::up, RoundingMode::down}) {
+    c.rounding_mode = mode;
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(describe_case(c, T, dtype));
+      reference::HostLayerInputs in = reference::random_inputs(c, T, dtype, 520);
+      steer_router(in, bias);
+      const reference::HostLayerOutputs want = check_cpu_against_naive(in);
+      const reference::HostLayerOutputs got = reference::run_backend(in, Device::cpu);
+      int64_t kept = 0;
+      for (int64_t e = 0; e < c.E; ++e) {
+        const int64_t f = got.topk_counts[e], r = got.expert_counts[e];
+        SCOPED_TRACE("expert " + std::to_string(e) + " top-K count " + std::to_string(f));
+        if (mode == RoundingMode::up) EXPECT_EQ(r, f > 0 ? T : 0);
+        if (mode == RoundingMode::nearest) EXPECT_EQ(r, 2 * f >= T ? T : 0);
+        if (mode == RoundingMode::down) EXPECT_EQ(r, 0);
+        kept += r;
+      }
+      if (mode == RoundingMode::down) continue;
+      EXPECT_GT(kept, 0) << "the steered experts must keep their tokens";
+      bool nonzero = false;  // the layer is not silently zeroed
+      for (float v : got.out) nonzero = nonzero || v != 0.f;
+      EXPECT_TRUE(nonzero);
+    }
+  }
 }
 
 TEST(EdgeCases, OddTokenCount) {

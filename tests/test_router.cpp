@@ -191,9 +191,33 @@ TEST(Router, RoundedCount) {
   EXPECT_EQ(rounded_count(4, 3, M::nearest, 100), 3);  // odd tile: 1 < 1.5 rounds down
   EXPECT_EQ(rounded_count(5, 3, M::nearest, 100), 6);  // 2 > 1.5 rounds up
   for (M m : {M::nearest, M::up, M::down}) EXPECT_EQ(rounded_count(0, 4, m, 100), 0);
-  EXPECT_EQ(rounded_count(9, 4, M::up, 10), 8);      // 12 > T = 10: largest multiple <= T
-  EXPECT_EQ(rounded_count(10, 4, M::nearest, 10), 8);
-  EXPECT_EQ(rounded_count(3, 4, M::up, 3), 0);
+  // The cap at T is a target itself: 'up' never lowers a count, an expert taking all T tokens keeps them.
+  EXPECT_EQ(rounded_count(9, 4, M::up, 10), 10);  // 12 > T = 10: T
+  EXPECT_EQ(rounded_count(10, 4, M::nearest, 10), 10);
+  EXPECT_EQ(rounded_count(10, 4, M::down, 10), 8);
+  EXPECT_EQ(rounded_count(9, 4, M::nearest, 10), 10);  // 10 is 1 away, 8 is 1 away: a tie goes up
+  EXPECT_EQ(rounded_count(3, 4, M::up, 3), 3);
+  // T < tile (T = 100, tile 128): the targets are 0 and T.
+  EXPECT_EQ(rounded_count(5, 128, M::up, 100), 100);
+  EXPECT_EQ(rounded_count(100, 128, M::up, 100), 100);
+  EXPECT_EQ(rounded_count(60, 128, M::nearest, 100), 100);  // 40 from T, 60 from 0
+  EXPECT_EQ(rounded_count(50, 128, M::nearest, 100), 100);  // a tie goes up
+  EXPECT_EQ(rounded_count(49, 128, M::nearest, 100), 0);
+  EXPECT_EQ(rounded_count(100, 128, M::nearest, 100), 100);
+  EXPECT_EQ(rounded_count(99, 128, M::down, 100), 0);
+  // Every mode, every count: moves by less than a tile, lands on a multiple or on T, never above T,
+  // up never lowers and down never raises.
+  for (int64_t T : {1, 7, 100, 128, 300})
+    for (int64_t tile : {1, 4, 128})
+      for (M m : {M::nearest, M::up, M::down})
+        for (int64_t f = 0; f <= T; ++f) {
+          const int64_t r = rounded_count(f, tile, m, T);
+          ASSERT_TRUE(r % tile == 0 || r == T) << f << " " << tile << " " << T;
+          ASSERT_LE(r, T);
+          ASSERT_LT(std::abs(r - f), tile);
+          if (m == M::up) ASSERT_GE(r, f);
+          if (m == M::down) ASSERT_LE(r, f);
+        }
 }
 
 // Priority of a pair as SPEC §5 defines it: q computed in fp32 as routing does, p - 1 in double
@@ -218,10 +242,10 @@ void check_token_rounding(int64_t T, int64_t E, int64_t K, int64_t tile, Roundin
   for (int64_t e = 0; e < E; ++e) {
     SCOPED_TRACE("expert " + std::to_string(e));
     const int64_t count = r.expert_offsets[e + 1] - r.expert_offsets[e];
-    EXPECT_EQ(count % tile, 0);
+    EXPECT_TRUE(count % tile == 0 || count == T) << count;
     EXPECT_LT(std::abs(count - f[e]), tile);
     EXPECT_LE(count, T);
-    if (mode == RoundingMode::up) EXPECT_TRUE(count >= f[e] || count == T / tile * tile);
+    if (mode == RoundingMode::up) EXPECT_GE(count, f[e]);
     if (mode == RoundingMode::down) EXPECT_LE(count, f[e]);
     EXPECT_EQ(count, rounded_count(f[e], tile, mode, T));
     // Kept pairs outrank every pair left out; codes say chosen exactly for pairs of S_t.
@@ -246,6 +270,11 @@ TEST(Router, TokenRoundingCountsAndPriorities) {
       check_token_rounding(37, 6, 2, tile, mode, seed++);
       check_token_rounding(200, 16, 4, tile, mode, seed++);
     }
+  // Fewer tokens than the tile: every target is 0 or T.
+  for (RoundingMode mode : {RoundingMode::nearest, RoundingMode::up, RoundingMode::down}) {
+    check_token_rounding(100, 8, 2, 128, mode, seed++);
+    check_token_rounding(5, 4, 3, 128, mode, seed++);
+  }
 }
 
 // Two experts, four tokens, K = 1, tile 2: expert 0 is chosen by 3 tokens, expert 1 by 1.
@@ -294,13 +323,15 @@ TEST(Router, SingleToken) {
   EXPECT_EQ(r.R, 2);
   EXPECT_EQ(r.topk, (vector<int32_t>{2, 0}));
   expect_consistent_metadata(r);
-  // Token rounding with T = 1 < tile: no expert can hold a positive multiple of the tile.
+  // Token rounding with T = 1 < tile: the targets are 0 and T = 1. up and nearest (an expert
+  // chosen by the only token already holds T rows) keep the top-K pairs, down drops them.
   c.routing = Routing::token_rounding;
   c.tile = 4;
   for (RoundingMode m : {RoundingMode::nearest, RoundingMode::up, RoundingMode::down}) {
     c.rounding_mode = m;
     r = route(z, 1, 4, 2, c);
-    EXPECT_EQ(r.R, 0);
+    EXPECT_EQ(r.R, m == RoundingMode::down ? 0 : 2) << rounding_mode_name(m);
+    if (m != RoundingMode::down) EXPECT_EQ(r.topk, (vector<int32_t>{2, 0}));
     expect_consistent_metadata(r);
   }
   // tile 1 keeps exactly the top-K.

@@ -65,9 +65,9 @@ float global_grad_norm(float local_sum_of_squares, Communicator& comm);
 // cfg describes the whole layer (E is the global expert count; E % P == 0). Routing is computed on
 // each rank for its own tokens with the full replicated router. Token rounding, when asked for,
 // is applied per rank to that rank's own tokens before dispatch, so every expert's count on its
-// owner is a sum of tile multiples (itself a tile multiple), but the choice differs from rounding
-// the whole batch on one GPU (docs/ep.md). aux_loss_coef and z_loss_coef must be 0 (their batch
-// statistics would need an all-reduce that is not implemented).
+// owner is a sum of per-rank counts (each a tile multiple, or T_r where the cap at T applies), but
+// the choice differs from rounding the whole batch on one GPU (docs/ep.md). aux_loss_coef and
+// z_loss_coef must be 0 (their batch statistics would need an all-reduce that is not implemented).
 class ExpertParallelLayer {
  public:
   ExpertParallelLayer(const MoEConfig& cfg, Communicator& comm);

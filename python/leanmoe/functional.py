@@ -18,6 +18,16 @@ ROUTINGS = ("topk", "token_rounding")
 ROUNDING_MODES = ("nearest", "up", "down")
 
 
+def routing_for_call(routing, inference_routing, training) -> str:
+    """The routing of one call. Token rounding is a training-time routing (SPEC §5): a module in
+    eval mode, or a call under torch.no_grad() / torch.inference_mode(), routes with
+    ``inference_routing`` (plain top-K unless asked otherwise); a training forward with autograd
+    on routes with ``routing``."""
+    if inference_routing not in ROUTINGS:
+        raise ValueError(f"leanmoe: argument 'inference_routing': must be one of {ROUTINGS}, got {inference_routing!r}")
+    return routing if training and torch.is_grad_enabled() else inference_routing
+
+
 class MoEOutput(NamedTuple):
     output: torch.Tensor  # [..., d], the dtype of x
     aux_loss: torch.Tensor  # fp32 scalar: E * sum_e f_e * P_e (unscaled)

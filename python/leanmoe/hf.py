@@ -20,7 +20,7 @@ import types
 
 import torch
 
-from .functional import moe
+from .functional import moe, routing_for_call
 
 # block class name -> (router attribute, router convention)
 SUPPORTED_BLOCKS = {
@@ -37,8 +37,9 @@ class _Settings(types.SimpleNamespace):
 def _leanmoe_block_forward(self, hidden_states):
     s = self._leanmoe
     router = getattr(self, s.router_attr)
+    routing = routing_for_call(s.routing, s.inference_routing, self.training)
     out = moe(hidden_states, router.weight, self.experts.gate_up_proj, self.experts.down_proj, router.top_k,
-              router=s.convention, norm_topk_prob=bool(getattr(router, "norm_topk_prob", False)), routing=s.routing,
+              router=s.convention, norm_topk_prob=bool(getattr(router, "norm_topk_prob", False)), routing=routing,
               tile=s.tile, rounding_mode=s.rounding_mode)
     self.leanmoe_aux_loss, self.leanmoe_z_loss = out.aux_loss, out.z_loss
     return out.output
@@ -52,9 +53,13 @@ def _check_swiglu(name, block):
                          f"got {type(act).__name__}")
 
 
-def apply(model: torch.nn.Module, routing="topk", tile=128, rounding_mode="nearest") -> int:
+def apply(model: torch.nn.Module, routing="topk", tile=128, rounding_mode="nearest",
+          inference_routing="topk") -> int:
     """Runs every supported MoE block of `model` through leanmoe. Returns the number of blocks.
-    routing="token_rounding" is for training (SPEC §5); inference uses plain top-K."""
+    routing="token_rounding" is for training (SPEC §5): a block in eval mode, or a forward under
+    torch.no_grad() / torch.inference_mode(), routes with `inference_routing` (plain top-K by
+    default; "token_rounding" to round there too)."""
+    routing_for_call(routing, inference_routing, True)  # validates inference_routing
     count = 0
     for name, block in model.named_modules():
         spec = SUPPORTED_BLOCKS.get(type(block).__name__)
@@ -62,7 +67,7 @@ def apply(model: torch.nn.Module, routing="topk", tile=128, rounding_mode="neare
             continue
         _check_swiglu(name, block)
         block._leanmoe = _Settings(router_attr=spec[0], convention=spec[1], routing=routing, tile=tile,
-                                   rounding_mode=rounding_mode)
+                                   rounding_mode=rounding_mode, inference_routing=inference_routing)
         block.forward = types.MethodType(_leanmoe_block_forward, block)
         count += 1
     if count == 0:

@@ -5,14 +5,16 @@ import torch.nn.functional as F
 
 
 def rounded_count(f, tile, mode, T):
-    q, rem = divmod(f, tile)
+    """docs/DESIGN.md: the targets are the multiples of tile below T and T itself."""
+    below = f // tile * tile
+    if below == f:
+        return f
+    above = min(below + tile, T)
     if mode == "up":
-        r = (q + (rem > 0)) * tile
-    elif mode == "down":
-        r = q * tile
-    else:  # nearest, halves up
-        r = (q + (2 * rem >= tile)) * tile
-    return r if r <= T else (T // tile) * tile
+        return above
+    if mode == "down":
+        return below
+    return above if above - f <= f - below else below  # nearest, a tie goes up
 
 
 def routing(z, K, router="softmax_then_topk", norm_topk_prob=False, routing="topk", tile=128, rounding_mode="nearest"):

@@ -64,14 +64,6 @@ void count_routed(const int32_t* code, int64_t T, int64_t E, int32_t* counts) {
   }
 }
 
-int64_t rounded_count(int64_t f, int64_t tile, RoundingMode mode, int64_t T) {
-  const int64_t below = f / tile * tile, rest = f - below;
-  int64_t r = below;
-  if (rest > 0 && (mode == RoundingMode::up || (mode == RoundingMode::nearest && 2 * rest >= tile))) r += tile;
-  if (r > T) r = T / tile * tile;
-  return r;
-}
-
 void round_tokens(const float* p, const float* sum_chosen, int64_t T, int64_t E, int64_t tile, RoundingMode mode,
                   int32_t* code, int32_t* scratch) {
 #pragma omp parallel for schedule(dynamic, 1)

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "leanmoe/leanmoe.h"
+#include "../token_rounding.h"  // relative: tests include this header by path
 
 namespace leanmoe::cpu {
 
@@ -31,8 +32,8 @@ void mark_topk_pairs(const int32_t* topk_experts, int64_t T, int64_t E, int64_t 
 // Routed pairs of each expert (nonzero codes of column e).
 void count_routed(const int32_t* code, int64_t T, int64_t E, int32_t* counts);
 
-// Token rounding target r_e for a top-K count f (SPEC §5): a multiple of tile, never above T.
-int64_t rounded_count(int64_t f, int64_t tile, RoundingMode mode, int64_t T);
+// Token rounding target r_e for a top-K count f (SPEC §5): a multiple of tile, or T.
+using leanmoe::detail::rounded_count;
 
 // Token rounding (SPEC §5): starting from the plain top-K codes, each expert keeps its r_e
 // highest-priority tokens (priority p/sum_chosen for chosen pairs, p - 1 otherwise; ties -> lower

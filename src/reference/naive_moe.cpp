@@ -98,13 +98,15 @@ Real sigmoid(Real v) {
   return Real(1) / (Real(1) + std::exp(-v));
 }
 
+// Written out independently of src/token_rounding.h: the targets are the tile multiples below T
+// and T itself.
 int64_t round_to_tile(int64_t f, int64_t tile, RoundingMode mode, int64_t T) {
   const int64_t below = f / tile * tile, rem = f - below;
-  int64_t r = below;
-  if (mode == RoundingMode::up && rem > 0) r = below + tile;
-  if (mode == RoundingMode::nearest && 2 * rem >= tile) r = below + tile;  // halves round up
-  if (r > T) r = T / tile * tile;
-  return r;
+  if (rem == 0) return f;
+  const int64_t above = std::min(below + tile, T);
+  if (mode == RoundingMode::up) return above;
+  if (mode == RoundingMode::down) return below;
+  return above - f <= f - below ? above : below;  // nearest, a tie goes up
 }
 
 // Router, top-K, token rounding and the gates (DESIGN.md "Routing").

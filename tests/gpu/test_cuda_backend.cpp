@@ -161,6 +161,33 @@ TEST(CudaBackend, TokenRoundingAllModes) {
   }
 }
 
+// T < tile (issue 14 item 1): the targets are 0 and T; 'up' never lowers a count (every chosen
+// expert takes all T tokens), 'nearest' gives T to an expert chosen by >= T/2 tokens, 'down' 0.
+TEST(CudaBackend, TokenRoundingFewerTokensThanTheTile) {
+  REQUIRE_GPU();
+  MoEConfig c = base_config();
+  c.routing = Routing::token_rounding;
+  c.tile = 128;
+  c.aux_loss_coef = 0.01f;
+  const int64_t T = 100;
+  uint64_t seed = 60;
+  for (RoundingMode mode : {RoundingMode::nearest, RoundingMode::up, RoundingMode::down}) {
+    c.rounding_mode = mode;
+    HostLayerInputs in = reference::random_inputs(c, T, DType::bf16, seed++);
+    steer(in, /*hot=*/1, /*cold=*/4, /*hot_boost=*/2.f);
+    expect_same(in, std::string("T=100 tile 128 ") + rounding_mode_name(mode));
+    const HostLayerOutputs gpu = reference::run_backend(in, Device::cuda);
+    for (int64_t e = 0; e < c.E; ++e) {
+      const int64_t f = gpu.topk_counts[e], r = gpu.expert_counts[e];
+      SCOPED_TRACE(std::string(rounding_mode_name(mode)) + " expert " + std::to_string(e) + " f " + std::to_string(f));
+      if (mode == RoundingMode::up) EXPECT_EQ(r, f > 0 ? T : 0);
+      if (mode == RoundingMode::nearest) EXPECT_EQ(r, 2 * f >= T ? T : 0);
+      if (mode == RoundingMode::down) EXPECT_EQ(r, 0);
+    }
+    EXPECT_EQ(gpu.expert_counts[1], mode == RoundingMode::down ? 0 : T) << "the hot expert";
+  }
+}
+
 TEST(CudaBackend, TokenRoundingWithEmptyExpert) {
   REQUIRE_GPU();
   MoEConfig c = base_config();

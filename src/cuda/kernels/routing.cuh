@@ -9,6 +9,7 @@
 
 #include "cuda/kernels/warp.cuh"
 #include "cuda/launchers.h"
+#include "token_rounding.h"
 
 namespace leanmoe::cuda::kernels {
 
@@ -129,15 +130,6 @@ __global__ void loss_final_kernel(const double* __restrict__ partial_P, const do
   }
 }
 
-// Token rounding target (CPU rounded_count): a multiple of tile, nearest (halves up) / up / down, <= T.
-__device__ __forceinline__ int64_t rounded_count(int64_t f, int64_t tile, RoundingMode mode, int64_t T) {
-  const int64_t below = f / tile * tile, rest = f - below;
-  int64_t r = below;
-  if (rest > 0 && (mode == RoundingMode::up || (mode == RoundingMode::nearest && 2 * rest >= tile))) r += tile;
-  if (r > T) r = T / tile * tile;
-  return r;
-}
-
 // Priority of (t, e) as a 32-bit key, larger = kept first: bit 31 = chosen (every chosen pair
 // outranks every unchosen one, as q in (0,1] vs p-1 in [-1,0)), bits 30..0 = the value (q =
 // p / sum_chosen, or p; non-negative floats order like their bit patterns). Equal keys are
@@ -184,7 +176,7 @@ __global__ void round_tokens_kernel(const uint32_t* __restrict__ keys, const int
   __shared__ unsigned s_rank;
   const int e = blockIdx.x;
   const int64_t f = topk_counts[e];
-  const int64_t r = rounded_count(f, tile, mode, T);
+  const int64_t r = leanmoe::detail::rounded_count(f, tile, mode, T);
   if (r == f) return;
   const uint32_t* column = keys + int64_t(e) * T;
 
