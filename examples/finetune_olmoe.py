@@ -9,7 +9,6 @@ Prints loss per step, tokens/s (after the first step) and peak memory for each m
 """
 import argparse
 import gc
-import resource
 import time
 
 import torch
@@ -17,7 +16,8 @@ import transformers
 
 import leanmoe
 import leanmoe.hf
-from leanmoe.optim import ExpertAdamW, dense_parameters, expert_parameters
+from leanmoe.optim import expert_parameters
+from train_common import MoEOptimizers, peak_memory_gib, reset_peak_memory
 
 SHAPES = {
     "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -42,21 +42,12 @@ def build(shape, dtype, device, seed, grad_ckpt=False):
     return model
 
 
-def peak_memory_gib(device):
-    if device == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (process high-water mark)
-
-
 def train(model, mode, args):
-    in_backward = mode == "in_backward"
-    experts = ExpertAdamW(expert_parameters(model), lr=args.lr, weight_decay=0.1, in_backward=in_backward)
-    dense = torch.optim.AdamW(dense_parameters(model), lr=args.lr, weight_decay=0.1,
-                              fused=args.device == "cuda")
-    schedule = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / 4)) for o in (experts, dense)]
+    # Dense gradients clipped to norm 1, expert gradients unclipped (train_common.py says why).
+    opt = MoEOptimizers(model, args.lr, lambda s: min(1.0, (s + 1) / 4), in_backward=mode == "in_backward",
+                        weight_decay=0.1, clip=1.0, fused=args.device == "cuda")
+    reset_peak_memory(args.device)
     if args.device == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
         print(f"  [{mode}] memory at start {torch.cuda.memory_allocated() / 2**30:.2f} GiB (the model)", flush=True)
     vocab = model.config.vocab_size
     tokens, elapsed = 0, 0.0
@@ -66,13 +57,7 @@ def train(model, mode, args):
         start = time.perf_counter()
         loss = model(input_ids=ids, labels=ids).loss + args.aux_coef * leanmoe.hf.aux_loss(model)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(dense_parameters(model), 1.0)  # dense gradients only
-        experts.step()
-        dense.step()
-        for s in schedule:
-            s.step()
-        experts.zero_grad(set_to_none=True)
-        dense.zero_grad(set_to_none=True)
+        opt.step()
         if args.device == "cuda":
             torch.cuda.synchronize()
         if step > 0:  # the first step pays for allocator warm-up and lazy initialisation
@@ -81,7 +66,7 @@ def train(model, mode, args):
         print(f"  [{mode}] step {step:3d}  loss {loss.item():.4f}", flush=True)
     rate = tokens / elapsed if elapsed > 0 else float("nan")
     print(f"  [{mode}] tokens/s {rate:,.0f}   peak memory {peak_memory_gib(args.device):.2f} GiB", flush=True)
-    experts.release()
+    opt.release()
     return loss.item(), rate
 
 
