@@ -91,7 +91,7 @@ PRESETS = {
     "cpu": dict(layers=2, d=64, heads=4, n=32, experts=8, topk=2, vocab=1024, seq=64, batch=8, tile=16,
                 lr=3e-3, train_mb=1.5, val_mb=0.25, bpe_sample_mb=1.0, val_tokens=8192),
     "h200": dict(layers=8, d=768, heads=12, n=256, experts=64, topk=8, vocab=8192, seq=1024, batch=32, tile=128,
-                 lr=2e-3, train_mb=120.0, val_mb=4.0, bpe_sample_mb=16.0, val_tokens=524288),
+                 lr=1e-3, train_mb=120.0, val_mb=4.0, bpe_sample_mb=8.0, val_tokens=524288),
 }
 
 
@@ -777,43 +777,59 @@ def commit_of(args):
 
 
 def calibrate(args, cfg, data):
-    """Times a few steps and one validation pass of a scratch model; returns the step count that
-    fits all runs and checks into args.time_budget seconds, and the step time."""
+    """Times, on a scratch model, a few steps, a validation pass, the digests and (with
+    --check-resume) a checkpoint round trip; returns the step count that fits all runs and checks
+    into args.time_budget seconds, and the step time."""
     scratch = argparse.Namespace(**vars(args))
     scratch.steps = 1000
     finish_args(scratch)
-    t0 = time.perf_counter()
+    timer = time.perf_counter
+    t0 = timer()
     trainer = Trainer(cfg, RUNS["topk"], scratch, args.device, args.dtype)
-    build_s = time.perf_counter() - t0
+    build_s = timer() - t0
     times = []
     for i in range(13):
         x, y = data.get(i)
         sync(args.device)
-        t = time.perf_counter()
+        t = timer()
         trainer.step(x, y)[0].item()
         sync(args.device)
         if i >= 3:  # the first steps pay for lazy initialisation and allocator growth
-            times.append(time.perf_counter() - t)
-    t = time.perf_counter()
+            times.append(timer() - t)
+    t = timer()
     trainer.evaluate(data.val)
-    eval_s = time.perf_counter() - t
+    eval_s = timer() - t
+    t = timer()
+    digest(trainer.model.parameters()), digest(optimizer_tensors(trainer.opt))
+    digest_s = timer() - t
+    io_s = 0.0
+    if args.check_resume:
+        t = timer()
+        path = checkpoint_path(args, "calibration", 0)
+        save_checkpoint(path, trainer, 0, {}, None, args)
+        trainer.load_state_dict(read_checkpoint(path))
+        os.remove(path)
+        io_s = timer() - t
     trainer.release()
     del trainer
     free_memory(args.device)
     step_s = statistics.median(times)
     runs = len(args.runs)
-    evals = 11 if args.eval_every is None else None  # the default: steps 0, 1/10, ..., the end
-    per_step = runs * step_s + (0 if evals else runs * eval_s / args.eval_every)
-    fixed = (runs * ((evals or 1) * eval_s + build_s + 3.0) + (args.check_inbackward + args.check_resume) * step_s
-             + 10.0)
-    steps = int((args.time_budget * 0.95 - fixed) / per_step) // 10 * 10
+    # --eval-every's default gives 11 validation passes a run; a given --eval-every, one per N steps.
+    evals, eval_per_step = (1, eval_s / args.eval_every) if args.eval_every else (11, 0.0)
+    per_run = build_s + evals * eval_s + digest_s + 2.0
+    fixed = runs * per_run + args.check_inbackward * step_s * 1.05 + 10.0
+    if args.check_resume:
+        fixed += args.check_resume * step_s + per_run + io_s
+    steps = int((args.time_budget * 0.95 - fixed) / (runs * (step_s + eval_per_step))) // 10 * 10
     floor = max(args.check_inbackward, args.check_resume, 20) + 20
     if steps < floor:
         print(f"train_lm: --time-budget {args.time_budget} s allows only {steps} steps at {step_s * 1e3:.1f} ms; "
               f"running {floor}", flush=True)
         steps = floor
-    print(f"calibration: {step_s * 1e3:.1f} ms/step, validation pass {eval_s:.2f} s, model build {build_s:.1f} s "
-          f"-> {steps} steps per run ({steps * args.batch * cfg.seq / 1e6:.1f} M tokens)", flush=True)
+    print(f"calibration: {step_s * 1e3:.1f} ms/step, validation pass {eval_s:.2f} s, model build {build_s:.1f} s, "
+          f"digests {digest_s:.1f} s, checkpoint round trip {io_s:.1f} s -> {steps} steps per run "
+          f"({steps * args.batch * cfg.seq / 1e6:.1f} M tokens)", flush=True)
     return steps, step_s
 
 
