@@ -293,10 +293,10 @@ class Rotary(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x):  # [B, H, S, head_dim], rotated in fp32, halves paired (GPT-NeoX layout)
-        cos, sin = self.cos[:x.shape[-2]], self.sin[:x.shape[-2]]
-        x1, x2 = x.float().chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+    def forward(self, x):  # [B, H, S, head_dim], halves paired (GPT-NeoX layout), in x's dtype (as HF Llama)
+        cos, sin = self.cos[:x.shape[-2]].to(x.dtype), self.sin[:x.shape[-2]].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
 class Attention(nn.Module):
@@ -841,6 +841,7 @@ def parse_args(argv=None):
         p.add_argument("--" + k.replace("_", "-"), type=int, help="overrides the preset")
     for k in ("lr", "train_mb", "val_mb", "bpe_sample_mb"):
         p.add_argument("--" + k.replace("_", "-"), type=float, help="overrides the preset")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="parameters (default: cuda bf16, cpu fp32)")
     p.add_argument("--tokenizer", default="bpe", choices=["bpe", "bytes"])
     p.add_argument("--val-permille", type=int, default=20, help="share of files (by path hash) for validation")
     p.add_argument("--steps", type=int, help="steps per run (default 300, or from --time-budget)")
@@ -878,7 +879,9 @@ def parse_args(argv=None):
     for k, v in preset.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    args.dtype_name = "bfloat16" if args.device == "cuda" else "float32"  # the CUDA backend stores bf16
+    if args.device == "cuda" and args.dtype == "float32":
+        raise SystemExit("train_lm: argument --dtype: the CUDA backend stores bfloat16 only, got float32")
+    args.dtype_name = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     args.runs = [r for r in args.runs.split(",") if r]
     for r in args.runs:
         if r not in RUNS:

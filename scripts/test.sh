@@ -11,7 +11,7 @@ ctest --test-dir "$BUILD_DIR" --output-on-failure -j2 || status=1
 # ---- Python front (python/): torch from PyPI (its wheel runs on CPU-only machines too), the
 # package built against it with the core compiled above linked in, then pytest. pytest's exit code
 # 5 ("no tests collected") is not a failure.
-python3 -m pip install -q torch transformers scikit-build-core pytest
+python3 -m pip install -q torch transformers tokenizers matplotlib scikit-build-core pytest
 python3 -m pip install -q --no-build-isolation ./python \
   -Ccmake.define.LEANMOE_CORE_LIBRARY="$PWD/$BUILD_DIR/libleanmoe.a" || status=1
 rc=0

@@ -2,6 +2,7 @@
 Python files): the validation loss falls, in-backward updates stay bitwise equal to standard
 training after every step, and a run resumed from a checkpoint, in the same process and in a new
 one, ends bitwise equal to the uninterrupted run."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -59,6 +60,12 @@ def test_train_lm_learns_and_its_checks_pass(tmp_path):
     assert resumed["optimizer_digest"] == inb["optimizer_digest"]
     assert resumed["train_loss"] == inb["train_loss"] and resumed["val"] == inb["val"]
 
-    os.remove(os.path.join(out, "results.md"))
+    # The report again from the JSON alone.
+    plot = os.path.join(out, "val_loss.png")
+    assert os.path.exists(plot) == (importlib.util.find_spec("matplotlib") is not None)
+    for f in (os.path.join(out, "results.md"), plot):
+        if os.path.exists(f):
+            os.remove(f)
     subprocess.run([sys.executable, EXAMPLE, "--plot-only", out], check=True, capture_output=True, timeout=300)
     assert open(os.path.join(out, "results.md")).read() == report
+    assert os.path.exists(plot) == (importlib.util.find_spec("matplotlib") is not None)
