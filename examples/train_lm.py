@@ -2,7 +2,7 @@
 token budget: top-K routing, token rounding (nearest, up, down) and in-backward expert updates,
 then a table and a plot of the validation losses.
 
-    python examples/train_lm.py --out /tmp/lm                     # CPU: tiny model, a few minutes
+    python examples/train_lm.py --out /tmp/lm                     # CPU: tiny model, about two minutes
     python examples/train_lm.py --device cuda --time-budget 300 --check-inbackward 250 \\
         --check-resume 50 --out results/                          # one H200 (scripts/device_train.sh)
     python examples/train_lm.py --plot-only results/              # the table and plot again, from the JSON
@@ -16,11 +16,11 @@ order up to --train-mb / --val-mb, a sample spread over all packages.
 
 Tokeniser: a byte-level BPE trained with the `tokenizers` library on the first --bpe-sample-mb of
 the training split (--vocab tokens: 256 bytes, one end-of-file token, the rest merges; no
-pretrained vocabulary). Why not raw bytes (--tokenizer bytes): Python source compresses about
-3.4x under a BPE of 8192 tokens (indentation runs, keywords and common names become single tokens),
-so at the same token budget and sequence length the model reads 3.4x more code and sees 3.4x more
-context per sequence; the embedding and output layer it costs (8192 x d) are small next to the
-experts. Raw bytes remain the fallback that needs no trained tokeniser.
+pretrained vocabulary). Why not raw bytes (--tokenizer bytes): Python source takes about
+3.4 bytes per token under such a BPE of 8192 tokens (indentation runs, keywords and common names
+become single tokens), so at the same token budget and sequence length the model reads 3.4x more
+code and sees 3.4x more context per sequence; the embedding and output layer it costs (8192 x d)
+are small next to the experts. Raw bytes remain the fallback that needs no trained tokeniser.
 
 Model: a decoder-only transformer, pre-norm (RMSNorm), rotary position embeddings, causal
 attention through torch's scaled_dot_product_attention, and a leanmoe.MoE layer (SwiGLU experts,
@@ -676,7 +676,7 @@ def render_table(records):
         f"E {m['experts']}, K {m['topk']}, n {m['n']} (SwiGLU), tile {m['tile']}; vocab {m['vocab']}, tied output; "
         f"{p['total'] / 1e6:.1f} M parameters ({p['experts'] / 1e6:.1f} M in experts, "
         f"{p['active_per_token'] / 1e6:.1f} M active per token); {meta['dtype']} parameters",
-        f"- training: {a['steps']} steps x {a['batch']} x {m['seq']} tokens = {a['tokens'] / 1e6:.1f} M tokens per run; "
+        f"- training: {a['steps']} steps x {a['batch']} x {m['seq']} tokens = {a['tokens'] / 1e6:.2f} M tokens per run; "
         f"AdamW (0.9, 0.95), lr {a['lr']}, warm-up {a['warmup']} steps, cosine to {a['min_lr_ratio']} x, "
         f"weight decay {a['weight_decay']}, dense gradients clipped to {a['clip']} (experts unclipped), "
         f"aux coef {a['aux_coef']}, z coef {a['z_coef']}, seed {a['seed']}"
@@ -770,10 +770,10 @@ def commit_of(args):
         return args.commit
     try:
         here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.check_output(["git", "-C", here, "rev-parse", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        head = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    except OSError:  # no git
+        head = ""
+    return head.strip() or "unknown"
 
 
 def calibrate(args, cfg, data):
@@ -888,6 +888,18 @@ def parse_args(argv=None):
             raise SystemExit(f"train_lm: argument --runs: unknown run '{r}'; valid: {', '.join(RUNS)}")
     if args.check_inbackward and "in-backward" not in args.runs:
         raise SystemExit("train_lm: argument --check-inbackward: needs the in-backward run in --runs")
+    for k in ("layers", "d", "heads", "n", "experts", "topk", "vocab", "seq", "batch", "tile", "val_tokens", "steps",
+              "warmup", "eval_every", "log_every", "lr", "train_mb", "val_mb", "bpe_sample_mb"):
+        if getattr(args, k) is not None and not getattr(args, k) > 0:
+            raise SystemExit(f"train_lm: argument --{k.replace('_', '-')}: must be > 0, got {getattr(args, k)}")
+    for k in ("check_inbackward", "check_resume", "save_every", "time_from"):
+        if getattr(args, k) is not None and getattr(args, k) < 0:
+            raise SystemExit(f"train_lm: argument --{k.replace('_', '-')}: must be >= 0, got {getattr(args, k)}")
+    if not 0 < args.val_permille < 1000:
+        raise SystemExit(f"train_lm: argument --val-permille: must be in 1..999, got {args.val_permille}")
+    if args.tokenizer == "bpe" and args.vocab < 512:
+        raise SystemExit(f"train_lm: argument --vocab: a byte-level BPE needs at least 512 (256 bytes + merges), "
+                         f"got {args.vocab}")
     if args.d % args.heads or (args.d // args.heads) % 2:
         raise SystemExit(f"train_lm: argument --d: must be a multiple of --heads ({args.heads}) with an even "
                          f"quotient, got {args.d}")
