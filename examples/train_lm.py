@@ -671,12 +671,14 @@ def render_table(records):
         f"({d['val_bytes'] / 1e6:.1f} MB; {meta['val_tokens'] / 1e3:.0f} k tokens evaluated), split by path hash; "
         f"{d['packages']} packages",
         f"- tokeniser: {d['tokenizer']}" + (f" (byte-level BPE trained here, {d['vocab']} tokens, "
-                                             f"{d['bytes_per_token']} bytes per token)" if d["tokenizer"] == "bpe" else ""),
+                                             f"{d['bytes_per_token']} bytes per token)" if d["tokenizer"] == "bpe"
+                                            else ""),
         f"- model: {m['layers']} layers, d {m['d']}, {m['heads']} heads, RoPE, RMSNorm; leanmoe.MoE in every layer: "
         f"E {m['experts']}, K {m['topk']}, n {m['n']} (SwiGLU), tile {m['tile']}; vocab {m['vocab']}, tied output; "
         f"{p['total'] / 1e6:.1f} M parameters ({p['experts'] / 1e6:.1f} M in experts, "
         f"{p['active_per_token'] / 1e6:.1f} M active per token); {meta['dtype']} parameters",
-        f"- training: {a['steps']} steps x {a['batch']} x {m['seq']} tokens = {a['tokens'] / 1e6:.2f} M tokens per run; "
+        f"- training: {a['steps']} steps x {a['batch']} x {m['seq']} tokens = {a['tokens'] / 1e6:.2f} M tokens per "
+        f"run; "
         f"AdamW (0.9, 0.95), lr {a['lr']}, warm-up {a['warmup']} steps, cosine to {a['min_lr_ratio']} x, "
         f"weight decay {a['weight_decay']}, dense gradients clipped to {a['clip']} (experts unclipped), "
         f"aux coef {a['aux_coef']}, z coef {a['z_coef']}, seed {a['seed']}"
@@ -992,7 +994,9 @@ def main(argv=None):
                                         start=start, save_at=saves)
         else:
             resume_step = args.steps - args.check_resume if args.check_resume and i == 0 else None
-            trainer, record = train_run(run, args, cfg, data, tok_json, meta, save_at=saves | ({resume_step} if resume_step is not None else set()),
+            if resume_step is not None:
+                saves.add(resume_step)
+            trainer, record = train_run(run, args, cfg, data, tok_json, meta, save_at=saves,
                                         twin_steps=args.check_inbackward if run.in_backward else 0)
         if args.save_every:
             save_checkpoint(checkpoint_path(args, name, args.steps), trainer, args.steps, record, tok_json, args)
