@@ -46,7 +46,7 @@ if [ "${GRID:-1}" = 1 ]; then
 fi
 
 echo "== each expert GEMM on its own"
-timeout 60 $B/leanmoe_bench_gemms --config 7B-n256,120B-n2048,olmoe-1b-7b >"$OUT/gemms.txt" 2>&1; echo "gemms rc=$?"; cat "$OUT/gemms.txt"
+timeout 60 $B/leanmoe_bench_gemms --shape 7B-n256,120B-n2048,olmoe-1b-7b >"$OUT/gemms.txt" 2>&1; echo "gemms rc=$?"; cat "$OUT/gemms.txt"
 
 if [ "${GRID:-1}" = 1 ]; then
   echo "== in-backward stack"; timeout 150 $B/leanmoe_bench_inbackward --device cuda --commit "$commit" --out "$OUT" >"$OUT/inbackward.log" 2>&1

@@ -4,11 +4,15 @@
 // random top-K (each token picks K distinct experts), rows sorted by expert as the backend does;
 // inputs are filled on the device with a hash (no host copy of multi-GB weights).
 //
-//   leanmoe_bench_gemms [--config NAME[,NAME...]] [--gemms up,down,dh,dw2,dx,dw1] [--iters N] [--warmup N]
+//   leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]
+//                       [--gemms up,down,dh,dw2,dx,dw1] [--iters N] [--warmup N]
 //
-// Prints one markdown row per (config, GEMM): median ms over the timed launches and TFLOP/s with
-// 2·M·N·K per GEMM (R = T·K routed rows: up 2·R·2n·d, down 2·R·d·n, dh 2·R·n·d, dx 2·R·d·2n,
-// dw2 2·R·d·n, dw1 2·R·2n·d). Kernel-selection environment variables of expert_gemms.cu apply.
+// --config runs the given kernel configuration (src/cuda/gemm_config.h, e.g.
+// up=gather:coop:128x256:s4:warp:c1:b4) for that GEMM kind on every shape, the heuristic's for the
+// others; band and max_ctas left out come from the heuristic. Prints one markdown row per (shape,
+// GEMM): the configuration that ran, median ms over the timed launches and TFLOP/s with 2·M·N·K per
+// GEMM (R = T·K routed rows: up 2·R·2n·d, down 2·R·d·n, dh 2·R·n·d, dx 2·R·d·2n, dw2 2·R·d·n,
+// dw1 2·R·2n·d).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -17,12 +21,14 @@
 #include <cstdlib>
 #include <functional>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "../src/cuda/expert_gemms.h"
+#include "../src/cuda/gemm_config.h"
 #include "configs.h"
 #include "tool_util.h"
 
@@ -94,7 +100,31 @@ std::vector<std::string> split_commas(const std::string& list) {
   return out;
 }
 
-void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, int iters, int warmup) {
+// Kernel configurations asked for on the command line, per GEMM kind (unset: the heuristic's).
+struct Requested {
+  std::optional<lc::GemmConfig> config[std::size(lc::kGemmKinds)];
+  const lc::GemmConfig* operator[](lc::GemmKind kind) const {
+    const auto& c = config[static_cast<size_t>(kind)];
+    return c ? &*c : nullptr;
+  }
+};
+
+// "up=gather:coop:...,dh=..." -> one configuration per named kind.
+Requested parse_requested(const std::string& list) {
+  Requested r;
+  for (const auto& item : split_commas(list)) {
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos)
+      throw std::runtime_error("--config: '" + item + "' is not KIND=CONFIG (e.g. up=gather:coop:128x256:s4:warp:c1); "
+                               "shapes are chosen with --shape");
+    const lc::GemmKind kind = lc::parse_gemm_kind(item.substr(0, eq));
+    r.config[static_cast<size_t>(kind)] = lc::parse_gemm_config(item.substr(eq + 1));
+  }
+  return r;
+}
+
+void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, const Requested& requested,
+                 int sms, int iters, int warmup) {
   const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
   // Uniform random top-K routing, rows sorted by expert and stable by token (what routing emits).
   std::mt19937 rng(1234);
@@ -130,27 +160,35 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
   const lc::ExpertShape s{T, d, n};
   if (const char* why = lc::expert_gemms_unsupported(s); why[0]) throw std::runtime_error(c.name + ": " + why);
   const double mnk = double(R) * d * n;  // the 2n GEMMs count twice
+  using lc::GemmKind;
   struct Gemm {
-    const char* name;
+    GemmKind kind;
     double flops;
-    std::function<void()> launch;
+    std::function<void(const lc::GemmConfig*)> launch;
   };
   const std::vector<Gemm> gemms = {
-      {"up", 4 * mnk, [&] { lc::up_proj_swiglu(rows, s, x.ptr, w1.ptr, h.ptr, a.ptr, nullptr); }},
-      {"down", 2 * mnk, [&] { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr); }},
-      {"dh", 2 * mnk, [&] { lc::dh_swiglu_bwd(rows, s, d_out.ptr, w2.ptr, h.ptr, dh.ptr, a_prime.ptr, ds_partial.ptr, nullptr); }},
-      {"dw2", 2 * mnk, [&] { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr); }},
-      {"dx", 4 * mnk, [&] { lc::dx_expert(rows, s, dh.ptr, w1.ptr, dx.ptr, nullptr); }},
-      {"dw1", 4 * mnk, [&] { lc::dw1(rows, s, dh.ptr, x.ptr, dw1.ptr, nullptr); }},
+      {GemmKind::Up, 4 * mnk,
+       [&](const lc::GemmConfig* k) { lc::up_proj_swiglu(rows, s, x.ptr, w1.ptr, h.ptr, a.ptr, nullptr, k); }},
+      {GemmKind::Down, 2 * mnk,
+       [&](const lc::GemmConfig* k) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, k); }},
+      {GemmKind::Dh, 2 * mnk,
+       [&](const lc::GemmConfig* k) {
+         lc::dh_swiglu_bwd(rows, s, d_out.ptr, w2.ptr, h.ptr, dh.ptr, a_prime.ptr, ds_partial.ptr, nullptr, k);
+       }},
+      {GemmKind::Dw2, 2 * mnk,
+       [&](const lc::GemmConfig* k) { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr, k); }},
+      {GemmKind::Dx, 4 * mnk,
+       [&](const lc::GemmConfig* k) { lc::dx_expert(rows, s, dh.ptr, w1.ptr, dx.ptr, nullptr, nullptr, k); }},
+      {GemmKind::Dw1, 4 * mnk, [&](const lc::GemmConfig* k) { lc::dw1(rows, s, dh.ptr, x.ptr, dw1.ptr, nullptr, k); }},
   };
-  for (const auto& name : only)
-    if (std::none_of(gemms.begin(), gemms.end(), [&](const Gemm& g) { return name == g.name; }))
-      throw std::runtime_error("--gemms: unknown '" + name + "'; known: up,down,dh,dw2,dx,dw1");
   for (const auto& g : gemms) {
-    if (!only.empty() && std::find(only.begin(), only.end(), g.name) == only.end()) continue;
-    const double ms = median_ms(g.launch, iters, warmup);
-    std::printf("| %s | %lld | %lld | %lld | %lld | %lld | %s | %.3f | %.1f |\n", c.name.c_str(), (long long)T,
-                (long long)d, (long long)n, (long long)E, (long long)K, g.name, ms, g.flops / (ms * 1e9));
+    if (!only.empty() && std::find(only.begin(), only.end(), lc::gemm_kind_name(g.kind)) == only.end()) continue;
+    const lc::GemmConfig* want = requested[g.kind];
+    const std::string ran = lc::to_string(lc::resolve_gemm_config(g.kind, s, E, sms, want));
+    const double ms = median_ms([&] { g.launch(want); }, iters, warmup);
+    std::printf("| %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", c.name.c_str(), (long long)T,
+                (long long)d, (long long)n, (long long)E, (long long)K, lc::gemm_kind_name(g.kind), ran.c_str(), ms,
+                g.flops / (ms * 1e9));
     std::fflush(stdout);
   }
 }
@@ -159,39 +197,53 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
 
 int main(int argc, char** argv) {
   try {
-    std::string configs = "7B-n256,120B-n2048";
+    std::string shape_list = "7B-n256,120B-n2048";
+    Requested requested;
     std::vector<std::string> only;  // GEMMs to time; empty = all six
     int iters = 20, warmup = 3;
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
       if (flag == "--help" || flag == "-h") {
-        std::printf("leanmoe_bench_gemms [--config NAME[,NAME...]|grid] [--gemms up,down,dh,dw2,dx,dw1] [--iters N] "
-                    "[--warmup N]\nconfigs: %s\n",
+        std::printf("leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]\n"
+                    "                    [--gemms up,down,dh,dw2,dx,dw1] [--iters N] [--warmup N]\n"
+                    "shapes: %s\nCONFIG: family:schedule:MxN:stages:epilogue:cluster[:bBAND][:mMAX_CTAS], e.g. "
+                    "gather:coop:128x256:s4:warp:c2:b8 (docs/kernels.md); compiled:\n",
                     leanmoe::tools::shape_names().c_str());
+        for (lc::GemmKind kind : lc::kGemmKinds)
+          for (const auto& k : lc::compiled_gemm_configs(kind))
+            std::printf("  %s=%s\n", lc::gemm_kind_name(kind), lc::to_string(k).c_str());
         return 0;
       }
       const std::string v = leanmoe::tools::flag_value(argc, argv, i);
-      if (flag == "--config") configs = v;
+      if (flag == "--shape") shape_list = v;
+      else if (flag == "--config") requested = parse_requested(v);
       else if (flag == "--gemms") only = split_commas(v);
       else if (flag == "--iters") iters = int(leanmoe::tools::to_int(flag, v));
       else if (flag == "--warmup") warmup = int(leanmoe::tools::to_int(flag, v));
       else throw std::runtime_error("unknown flag " + flag + " (see --help)");
     }
+    for (const auto& name : only) lc::parse_gemm_kind(name);  // refuses an unknown name, listing the known
     std::vector<leanmoe::tools::BenchShape> shapes;
-    if (configs == "grid") {
+    if (shape_list == "grid") {
       shapes = leanmoe::tools::grid_shapes();
     } else {
-      for (const auto& name : split_commas(configs)) {
+      for (const auto& name : split_commas(shape_list)) {
         const auto* shape = leanmoe::tools::find_shape(name);
-        if (!shape) throw std::runtime_error("--config: unknown '" + name + "'; known: " + leanmoe::tools::shape_names());
+        if (!shape) throw std::runtime_error("--shape: unknown '" + name + "'; known: " + leanmoe::tools::shape_names());
         shapes.push_back(*shape);
       }
     }
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-    std::printf("GPU: %s; median of %d launches after %d warm-up\n\n", prop.name, iters, warmup);
-    std::printf("| config | T | d | n | E | K | GEMM | ms | TFLOP/s |\n|---|---|---|---|---|---|---|---|---|\n");
-    for (const auto& s : shapes) bench_shape(s, only, iters, warmup);
+    // Every requested configuration checked on every shape before anything is timed.
+    for (const auto& shape : shapes)
+      for (lc::GemmKind kind : lc::kGemmKinds)
+        if (requested[kind])
+          lc::resolve_gemm_config(kind, {shape.T, shape.d, shape.n}, shape.E, prop.multiProcessorCount, requested[kind]);
+    std::printf("GPU: %s (%d SMs); median of %d launches after %d warm-up\n\n", prop.name, prop.multiProcessorCount,
+                iters, warmup);
+    std::printf("| shape | T | d | n | E | K | GEMM | kernel | ms | TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const auto& s : shapes) bench_shape(s, only, requested, prop.multiProcessorCount, iters, warmup);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_gemms: %s\n", e.what());

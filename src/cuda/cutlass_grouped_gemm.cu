@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -22,10 +20,25 @@ namespace leanmoe::cuda {
 namespace {
 
 namespace k = kernels::cutlass_sm90;
+// The compiled instantiations: down both (the heuristic picks by n), dx cooperative (never worse).
 using DownPingpong = k::GroupedGemm<cutlass::layout::ColumnMajor, k::PingpongConfig>;
 using DownCooperative = k::GroupedGemm<cutlass::layout::ColumnMajor, k::CooperativeConfig>;
-using DxPingpong = k::GroupedGemm<cutlass::layout::RowMajor, k::PingpongConfig>;
 using DxCooperative = k::GroupedGemm<cutlass::layout::RowMajor, k::CooperativeConfig>;
+
+// The GemmConfig G runs (run-time fields 0).
+template <class G>
+GemmConfig config_of() {
+  using Config = typename G::TileConfig;
+  GemmConfig c;
+  c.family = GemmFamily::Cutlass;
+  c.schedule = Config::kPingpong ? GemmSchedule::Pingpong : GemmSchedule::Cooperative;
+  c.tile_m = cute::size<0>(typename Config::Tile{});
+  c.tile_n = cute::size<1>(typename Config::Tile{});
+  c.stages = 0;  // StageCountAutoCarveout
+  c.epilogue = GemmEpilogue::Tma;
+  c.cluster = cute::size<0>(typename Config::Cluster{});
+  return c;
+}
 
 // TMA descriptors in the CUTLASS workspace need 64-byte alignment; every piece is 128-aligned.
 constexpr size_t kAlign = 128;
@@ -154,28 +167,10 @@ void* fallback_workspace(size_t bytes) {
   return ptr;
 }
 
-enum class Config { Pingpong, Cooperative };
-
-// LEANMOE_GEMM_CUTLASS=pingpong|cooperative forces a config; otherwise by GEMM and K. Measured on
-// the H200 (leanmoe_bench_gemms, TFLOP/s pingpong / cooperative, bench/results/2026-12-02-h200-s2/):
-//   down (K = n):  n=256 371 / 392, n=1024 601 / 560, n=2048 604 / 594
-//   dx   (K = 2n): 2n=512 531 / 528, 2n=2048 685 / 699, 2n=4096 568 / 634
-// down with n = 256 has 4 k-blocks per tile; there the 128x256 cooperative tile's halved A reads
-// win, while longer K favours ping-pong's overlap of one tile's epilogue with the next's MMAs. dx
-// writes d-wide rows and reads 2n-deep: the cooperative tile is never worse.
-Config pick_config(bool is_dx, int64_t K) {
-  if (const char* env = std::getenv("LEANMOE_GEMM_CUTLASS")) {
-    if (std::strcmp(env, "pingpong") == 0) return Config::Pingpong;
-    if (std::strcmp(env, "cooperative") == 0) return Config::Cooperative;
-  }
-  if (is_dx) return Config::Cooperative;
-  return K <= 256 ? Config::Cooperative : Config::Pingpong;
-}
-
 // One grouped GEMM: D_e[M_e, N] = A_e[M_e, K] · B_e with A, D row-major, expert-sorted rows.
 template <class G>
 void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void* b, void* d,
-         int64_t b_expert_stride, void* workspace, cudaStream_t stream, const char* what) {
+         int64_t b_expert_stride, void* workspace, const GemmConfig& config, cudaStream_t stream, const char* what) {
   const int E = static_cast<int>(rows.E);
   const int device = current_device();
   const int sms = sm_count(device);
@@ -194,12 +189,11 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
       static_cast<Element*>(d), K, N, b_expert_stride, stride_a, stride_b, stride_d, arrays);
   check_cuda(cudaGetLastError(), what);
 
-  // LEANMOE_GEMM_MAX_CTAS (tests) caps the persistent grid, as for the hand-written kernels, so
-  // that each CTA walks many tiles across experts; at least one 2-CTA cluster.
+  // The persistent grid: one CTA per SM, or config.max_ctas (tests cap it so that each CTA walks many
+  // tiles across experts); at least one 2-CTA cluster.
   cutlass::KernelHardwareInfo hw;
   hw.device_id = device;
-  hw.sm_count = sms;
-  if (const char* cap = std::getenv("LEANMOE_GEMM_MAX_CTAS")) hw.sm_count = std::clamp(std::atoi(cap), 2, sms);
+  hw.sm_count = std::clamp(config.max_ctas, 2, sms);
   hw.max_active_clusters = std::min(max_active_clusters<G>(device), hw.sm_count / 2);
 
   const auto args = make_arguments<G>(E, arrays, hw);
@@ -215,33 +209,31 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
 size_t expert_gemm_workspace_bytes(int64_t E) {
   const int sms = sm_count(current_device());
   const size_t need = std::max({total_bytes<DownPingpong>(E, sms), total_bytes<DownCooperative>(E, sms),
-                                total_bytes<DxPingpong>(E, sms), total_bytes<DxCooperative>(E, sms)});
+                                total_bytes<DxCooperative>(E, sms)});
   return kAlign + need;  // kAlign: slack to align the base
 }
 
-bool cutlass_gemms_enabled() {
-  const char* env = std::getenv("LEANMOE_GEMM_CUTLASS");
-  return !(env && std::strcmp(env, "0") == 0);
+std::vector<GemmConfig> cutlass_gemm_configs(GemmKind kind) {
+  if (kind == GemmKind::Down) return {config_of<DownCooperative>(), config_of<DownPingpong>()};
+  if (kind == GemmKind::Dx) return {config_of<DxCooperative>()};
+  return {};
 }
 
 void cutlass_down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
-                       void* workspace, cudaStream_t stream) {
+                       void* workspace, const GemmConfig& config, cudaStream_t stream) {
   if (rows.E <= 0 || rows.rows_capacity <= 0) return;
   // Per expert: [M_e, K = n] · (W2_e [N = d, K = n])^T.
-  if (pick_config(false, s.n) == Config::Pingpong)
-    run<DownPingpong>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, stream, "down_proj");
+  if (config.same_kernel(config_of<DownPingpong>()))
+    run<DownPingpong>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, config, stream, "down_proj");
   else
-    run<DownCooperative>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, stream, "down_proj");
+    run<DownCooperative>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, config, stream, "down_proj");
 }
 
 void cutlass_dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
-                       void* workspace, cudaStream_t stream) {
+                       void* workspace, const GemmConfig& config, cudaStream_t stream) {
   if (rows.E <= 0 || rows.rows_capacity <= 0) return;
   // Per expert: [M_e, K = 2n] · W1_e [K = 2n, N = d].
-  if (pick_config(true, 2 * s.n) == Config::Pingpong)
-    run<DxPingpong>(rows, s.d, 2 * s.n, dh, w1, dx_exp, 2 * s.n * s.d, workspace, stream, "dx_expert");
-  else
-    run<DxCooperative>(rows, s.d, 2 * s.n, dh, w1, dx_exp, 2 * s.n * s.d, workspace, stream, "dx_expert");
+  run<DxCooperative>(rows, s.d, 2 * s.n, dh, w1, dx_exp, 2 * s.n * s.d, workspace, config, stream, "dx_expert");
 }
 
 }  // namespace leanmoe::cuda

@@ -2,12 +2,17 @@
 // fp32 accumulation. Every launcher is asynchronous on `stream` and never synchronises with the
 // host: the number of rows per expert lives on the device (expert_offsets), so grids are sized
 // from rows_capacity (an upper bound) and tiles past an expert's rows exit early.
+// Which kernel runs: the heuristic's choice for the shape (gemm_heuristics.h), or `config` where the
+// caller passes one (tests, leanmoe_bench_gemms; see resolve_gemm_config).
 // Plain C++ header: no CUTLASS/CuTe here, those stay in the kernels' device-only headers.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
+
+#include "gemm_config.h"
 
 namespace leanmoe::cuda {
 
@@ -28,11 +33,28 @@ struct ExpertShape {
 // Empty when the GEMMs can take this shape, else the rule (e.g. "cfg.d must be a multiple of 64").
 const char* expert_gemms_unsupported(const ExpertShape& s);
 
+// Experts the gather kernel takes: it keeps a per-expert tile table in shared memory.
+constexpr int kMaxGemmExperts = 1024;
+
+// The configurations compiled for `kind` (band and max_ctas 0: any value is a run-time parameter).
+const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind);
+// What a launch of `kind` on this shape runs: `requested`'s kernel with its band and max_ctas, those
+// it leaves at 0 taken from choose_gemm_config(kind, s, sm_count), band clamped to the column tiles;
+// or that heuristic config itself when `requested` is null. Throws leanmoe::Error naming the config
+// when it is not compiled for `kind` (listing those that are) or not valid for the shape (E above
+// kMaxGemmExperts for the gather kernel, a band for a kind without one, max_ctas below the cluster).
+// Host only: needs no device.
+GemmConfig resolve_gemm_config(GemmKind kind, const ExpertShape& s, int64_t E, int sm_count,
+                               const GemmConfig* requested);
+// Column tiles of `config`'s tile over kind's N (up: n / (tile_n/2), its tile pairing tile_n/2 gate
+// with tile_n/2 up columns; dh: n; dw2: n; dw1: d; down, dx: d).
+int64_t gemm_column_tiles(GemmKind kind, const ExpertShape& s, const GemmConfig& config);
+
 // Forward 3: H[r] = X[row_token[r]] · W1_e^T (gather fused into the A-operand load), epilogue
 // stores H = [g, u] (bf16 [R, 2n]) and A = silu(g)·u (bf16 [R, n]) from the fp32 accumulators.
 // w1 is the HF layout [E, 2n, d] (gate rows 0..n-1, up rows n..2n-1).
 void up_proj_swiglu(const RoutedRows& rows, const ExpertShape& s, const void* x, const void* w1, void* h, void* a,
-                    cudaStream_t stream);
+                    cudaStream_t stream, const GemmConfig* config = nullptr);
 
 // Device scratch of down_proj and dx_expert (CUTLASS grouped GEMM: per-expert shape/pointer/stride
 // arrays, 60 bytes per expert, and 4 TMA descriptors of 128 bytes per SM, 68 KB on 132 SMs).
@@ -43,27 +65,27 @@ size_t expert_gemm_workspace_bytes(int64_t E);
 // bytes, used by one launch at a time; nullptr (tests, tools) takes a per-device buffer allocated on
 // first use, which synchronises the device then: the library always passes its planned workspace.
 void down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
-               cudaStream_t stream, void* workspace = nullptr);
+               cudaStream_t stream, void* workspace = nullptr, const GemmConfig* config = nullptr);
 
 // Backward 1 (dH kernel): dA'[r] = dO[row_token[r]] · W2_e (gather of dO fused), epilogue reads H:
 // a = silu(g)·u; ds_partial[r * ds_partials(s) + j] = sum over the j-th column tile of dA'·a;
 // dH = [gate·dA'·u·silu'(g), gate·dA'·silu(g)] (bf16 [R, 2n]); A' = gate·a (bf16 [R, n]).
 int ds_partials(const ExpertShape& s);
 void dh_swiglu_bwd(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* w2, const void* h,
-                   void* dh, void* a_prime, float* ds_partial, cudaStream_t stream);
+                   void* dh, void* a_prime, float* ds_partial, cudaStream_t stream, const GemmConfig* config = nullptr);
 
 // Backward 2: dW2_e = sum_{r in e} dO[row_token[r]]^T ⊗ A'[r]  -> bf16 [E, d, n] (varlen-K, gather along K).
 // Experts with no rows get zeros.
 void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,
-         cudaStream_t stream);
+         cudaStream_t stream, const GemmConfig* config = nullptr);
 
 // Backward 3: dX_exp[r] = dH[r] · W1_e  -> bf16 [R, d]. `workspace` as for down_proj.
 void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
-               cudaStream_t stream, void* workspace = nullptr);
+               cudaStream_t stream, void* workspace = nullptr, const GemmConfig* config = nullptr);
 
 // Backward 4: dW1_e = sum_{r in e} dH[r]^T ⊗ X[row_token[r]]  -> bf16 [E, 2n, d] (varlen-K, gather X).
 // Experts with no rows get zeros.
 void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* x, void* dw1,
-         cudaStream_t stream);
+         cudaStream_t stream, const GemmConfig* config = nullptr);
 
 }  // namespace leanmoe::cuda

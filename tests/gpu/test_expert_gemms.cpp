@@ -2,15 +2,17 @@
 // loops on the same bf16 inputs, on ragged routings: an empty expert, one expert taking every row,
 // row counts that are not multiples of the 128-row tile, T = 1, d and n that are not multiples of
 // the 128-wide tile. Outputs are poisoned with 0xFF bytes (NaN in bf16 and fp32) before each launch
-// so an element the kernel forgot to write fails the comparison.
+// so an element the kernel forgot to write fails the comparison. Each case runs the heuristic's
+// kernels or explicitly requested ones (GemmConfig, src/cuda/gemm_config.h): every compiled
+// configuration, tile bands and capped CTA counts are swept below.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -132,8 +134,24 @@ struct Case {
   bool caller_workspace = true;
 };
 
-void run_case(const Case& c) {
+// The kernel configuration each GEMM kind runs in a case; unset: the heuristic's (the library's).
+struct Kernels {
+  std::optional<lc::GemmConfig> config[std::size(lc::kGemmKinds)];
+  const lc::GemmConfig* operator[](lc::GemmKind kind) const {
+    const auto& c = config[static_cast<size_t>(kind)];
+    return c ? &*c : nullptr;
+  }
+  std::string describe() const {
+    std::string s;
+    for (lc::GemmKind kind : lc::kGemmKinds)
+      if (const lc::GemmConfig* c = (*this)[kind]) s += std::string(" ") + lc::gemm_kind_name(kind) + "=" + lc::to_string(*c);
+    return s.empty() ? " (heuristic)" : s;
+  }
+};
+
+void run_case(const Case& c, const Kernels& k = {}) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  SCOPED_TRACE("kernels:" + k.describe());
   const lc::ExpertShape s{c.T, c.d, c.n};
   ASSERT_STREQ(lc::expert_gemms_unsupported(s), "");
   const Routing rt = make_routing(c.T, c.E, c.K, c.empty_expert, c.all_to_one, 1234u + uint32_t(c.T));
@@ -183,7 +201,7 @@ void run_case(const Case& c) {
     DeviceBuffer<bf16> h(R_max * 2 * n), a(R_max * n);
     h.poison();
     a.poison();
-    lc::up_proj_swiglu(rows, s, x_d.ptr, w1_d.ptr, h.ptr, a.ptr, nullptr);
+    lc::up_proj_swiglu(rows, s, x_d.ptr, w1_d.ptr, h.ptr, a.ptr, nullptr, k[lc::GemmKind::Up]);
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> h_ref(R * 2 * n), a_ref(R * n);
     for (int64_t r = 0; r < R; ++r) {
@@ -202,7 +220,7 @@ void run_case(const Case& c) {
   {  // down_proj: Y = A W2_e^T
     DeviceBuffer<bf16> y(R_max * d);
     y.poison();
-    lc::down_proj(rows, s, a_in_d.ptr, w2_d.ptr, y.ptr, nullptr, gemm_ws_ptr);
+    lc::down_proj(rows, s, a_in_d.ptr, w2_d.ptr, y.ptr, nullptr, gemm_ws_ptr, k[lc::GemmKind::Down]);
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> y_ref(R * d);
     for (int64_t r = 0; r < R; ++r) {
@@ -223,7 +241,7 @@ void run_case(const Case& c) {
     dh.poison();
     ap.poison();
     ds.poison();
-    lc::dh_swiglu_bwd(rows, s, dout_d.ptr, w2_d.ptr, h_in_d.ptr, dh.ptr, ap.ptr, ds.ptr, nullptr);
+    lc::dh_swiglu_bwd(rows, s, dout_d.ptr, w2_d.ptr, h_in_d.ptr, dh.ptr, ap.ptr, ds.ptr, nullptr, k[lc::GemmKind::Dh]);
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> dh_ref(R * 2 * n), ap_ref(R * n), ds_ref(R), ds_abs(R);
     for (int64_t r = 0; r < R; ++r) {
@@ -264,7 +282,7 @@ void run_case(const Case& c) {
   {  // dw2: dW2_e = sum_r dO[tok]^T ⊗ A'[r]
     DeviceBuffer<bf16> dw(E * d * n);
     dw.poison();
-    lc::dw2(rows, s, dout_d.ptr, ap_in_d.ptr, dw.ptr, nullptr);
+    lc::dw2(rows, s, dout_d.ptr, ap_in_d.ptr, dw.ptr, nullptr, k[lc::GemmKind::Dw2]);
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> ref(E * d * n, 0.f);
     for (int64_t r = 0; r < R; ++r) {
@@ -278,7 +296,7 @@ void run_case(const Case& c) {
   {  // dx_expert: dX_exp = dH W1_e
     DeviceBuffer<bf16> dx(R_max * d);
     dx.poison();
-    lc::dx_expert(rows, s, dh_in_d.ptr, w1_d.ptr, dx.ptr, nullptr, gemm_ws_ptr);
+    lc::dx_expert(rows, s, dh_in_d.ptr, w1_d.ptr, dx.ptr, nullptr, gemm_ws_ptr, k[lc::GemmKind::Dx]);
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> ref(R * d, 0.f);
     for (int64_t r = 0; r < R; ++r) {
@@ -293,7 +311,7 @@ void run_case(const Case& c) {
   {  // dw1: dW1_e = sum_r dH[r]^T ⊗ X[tok]
     DeviceBuffer<bf16> dw(E * 2 * n * d);
     dw.poison();
-    lc::dw1(rows, s, dh_in_d.ptr, x_d.ptr, dw.ptr, nullptr);
+    lc::dw1(rows, s, dh_in_d.ptr, x_d.ptr, dw.ptr, nullptr, k[lc::GemmKind::Dw1]);
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> ref(E * 2 * n * d, 0.f);
     for (int64_t r = 0; r < R; ++r) {
@@ -320,222 +338,111 @@ TEST(ExpertGemms, ManyExperts) { run_case({512, 16, 4, 256, 320, -1, false}); }
 // n = 576 > 512 takes the long-K down-projection tiles; n and d = 320 end in partial 256-wide tiles.
 TEST(ExpertGemms, WideExperts) { run_case({64, 4, 2, 320, 576, -1, false}); }
 
-// The wgmma kernels are persistent (one CTA per SM walks many tiles, its loads running ahead
-// across tile boundaries); 5 CTAs make every CTA walk many tiles of several experts on a small case.
-TEST(ExpertGemms, FewPersistentCtas) {
-  setenv("LEANMOE_GEMM_MAX_CTAS", "5", 1);
-  run_case({512, 16, 4, 256, 320, 5, false});
-  unsetenv("LEANMOE_GEMM_MAX_CTAS");
+// Configuration i of every kind (its last where a kind has fewer), run-time fields unset.
+Kernels compiled_configs(size_t i) {
+  Kernels k;
+  for (lc::GemmKind kind : lc::kGemmKinds) {
+    const auto& compiled = lc::compiled_gemm_configs(kind);
+    k.config[static_cast<size_t>(kind)] = compiled[std::min(i, compiled.size() - 1)];
+  }
+  return k;
+}
+size_t max_compiled_configs() {
+  size_t most = 0;
+  for (lc::GemmKind kind : lc::kGemmKinds) most = std::max(most, lc::compiled_gemm_configs(kind).size());
+  return most;
+}
+// At most `ctas` CTAs for every kind (whole clusters: at least one cluster).
+Kernels with_max_ctas(Kernels k, int ctas) {
+  for (auto& c : k.config) c->max_ctas = std::max(ctas, c->cluster);
+  return k;
 }
 
-// Sets an environment variable for one scope and restores the caller's value (the GPU command may
-// set LEANMOE_GEMM_WS for the whole binary).
-struct ScopedEnv {
-  std::string name, old;
-  bool had;
-  ScopedEnv(const char* n, const char* value) : name(n), had(std::getenv(n) != nullptr) {
-    if (had) old = std::getenv(n);
-    setenv(n, value, 1);
-  }
-  ~ScopedEnv() { had ? setenv(name.c_str(), old.c_str(), 1) : unsetenv(name.c_str()); }
-};
+// The kernels are persistent (one CTA per SM walks many tiles, its loads running ahead across tile
+// boundaries); 5 CTAs (2 clusters of 2 where the kernel runs in clusters) make every CTA walk many
+// tiles of several experts on a small case.
+TEST(ExpertGemms, FewPersistentCtas) { run_case({512, 16, 4, 256, 320, 5, false}, with_max_ctas(compiled_configs(0), 5)); }
 
-// The up-projection, dH, dW2 and dW1 run the warp-specialised kernel by default (cooperative: up,
-// dH, dW2 128x256, dW1 256x128; dH in 2x1 clusters), so the cases above test those;
-// LEANMOE_GEMM_WS=2 runs ping-pong (128x128 per consumer: 64+64-column tiles for up, 128-column
-// ones for dH, 128x128 dW tiles) and 0 takes the v1 kernel. Both on the ragged cases (dW: empty
-// experts' tiles store zeros without a k-tile, one expert's 5 k-tiles end in a partial one) and with
-// 5 CTAs walking many tiles (odd tile counts per CTA: the ping-pong hand-over ends on either
-// consumer; dW: empty-expert tiles of 0 k-tiles in the middle of a CTA's stream).
-TEST(ExpertGemms, OtherWsSchedulesAndV1) {
-  for (const char* mode : {"2", "0"}) {
-    SCOPED_TRACE(std::string("LEANMOE_GEMM_WS=") + mode);
-    ScopedEnv ws("LEANMOE_GEMM_WS", mode);
-    run_case({100, 8, 2, 192, 192, 3, false});
-    run_case({1, 4, 2, 128, 64, -1, false});
-    run_case({300, 4, 1, 64, 128, -1, true});
-    ScopedEnv ctas("LEANMOE_GEMM_MAX_CTAS", "5");
-    run_case({512, 16, 4, 256, 320, 5, false});
-  }
-}
-
-// The varlen-M warp-specialised cases under both schedules (LEANMOE_GEMM_WS=1: up cooperative, dH
-// ping-pong; 2: the reverse) and LEANMOE_GEMM_WS_CLUSTER=1 (up and dH in 2x1 clusters multicasting
-// the weight tile, the CTA pair taking m-tiles 2p and 2p + 1 of an expert's 256-row pair p) or 0
-// (neither; unset, dH only, is what the cases above run). The dangerous cases are an odd m-tile
-// count, where rank 1's m-tile lies wholly past the expert's rows yet must take part in every
-// multicast and barrier: one m-tile per expert (RaggedWithEmptyExpert: ~25 rows each; T = 1: 1-row
-// experts and empty ones), three m-tiles of one hot expert (R = 300), a mix of 1 and 2 m-tiles
-// (ManyExperts, n = 320: partial n-tiles), WideExperts (n = 576, d = 320: partial 256-wide tiles),
-// and 5 resp. 2 CTAs (2 clusters resp. 1) walking every tile with many passes over the stages.
-void run_ws_schedules_and_clusters() {
-  for (const char* clusters : {"1", "0"}) {
-    for (const char* mode : {"1", "2"}) {
-      SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_CLUSTER=") + clusters + " LEANMOE_GEMM_WS=" + mode);
-      ScopedEnv cluster("LEANMOE_GEMM_WS_CLUSTER", clusters);
-      ScopedEnv ws("LEANMOE_GEMM_WS", mode);
-      run_case({100, 8, 2, 192, 192, 3, false});
-      run_case({1, 4, 2, 128, 64, -1, false});
-      run_case({300, 4, 1, 64, 128, -1, true});
-      run_case({512, 16, 4, 256, 320, -1, false});
-      run_case({64, 4, 2, 320, 576, -1, false});
-      for (const char* ctas : {"5", "2"}) {
-        SCOPED_TRACE(std::string("LEANMOE_GEMM_MAX_CTAS=") + ctas);
-        ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", ctas);
-        run_case({512, 16, 4, 256, 320, 5, false});
-        run_case({300, 4, 1, 64, 128, -1, true});
-      }
+// Every compiled configuration of every kind (down: CUTLASS cooperative 128x256 and ping-pong 128x128;
+// the others one each) on the ragged cases: one m-tile per expert and an empty one (~25 rows each), T = 1
+// (1-row experts and empty ones; the launchers' own CUTLASS workspace), three m-tiles of one hot expert
+// (R = 300), a mix of 1 and 2 m-tiles (ManyExperts, n = 320: partial n-tiles), WideExperts (n = 576,
+// d = 320: partial 256-wide tiles); and with 5, 2 and 1 CTAs (at least one cluster) walking every tile
+// with many passes over the stages. The cluster kernels (dH, dW2, dW1, CUTLASS) meet their dangerous
+// cases here: an odd m-tile count, where rank 1's m-tile lies wholly past the expert's rows yet must
+// take part in every multicast and barrier (dH); odd n- or m-tile counts leaving rank 1 a tile past
+// the edge (d = 320: 3 n-tiles of dW1 at 256x128, 3 m-tiles of dW2 at 128x256); partial last k-tiles
+// loaded by each CTA alone; empty experts storing zeros in both CTAs (dW).
+TEST(ExpertGemms, EveryCompiledConfig) {
+  for (size_t i = 0; i < max_compiled_configs(); ++i) {
+    const Kernels k = compiled_configs(i);
+    run_case({100, 8, 2, 192, 192, 3, false}, k);
+    run_case({1, 4, 2, 128, 64, -1, false, false}, k);
+    run_case({300, 4, 1, 64, 128, -1, true}, k);
+    run_case({512, 16, 4, 256, 320, -1, false}, k);
+    run_case({64, 4, 2, 320, 576, -1, false}, k);
+    for (int ctas : {5, 2, 1}) {
+      const Kernels capped = with_max_ctas(k, ctas);
+      run_case({512, 16, 4, 256, 320, 5, false}, capped);
+      run_case({300, 4, 1, 64, 128, -1, true}, capped);
+      run_case({64, 4, 2, 320, 576, -1, false}, capped);
     }
   }
 }
 
-TEST(ExpertGemms, WsClusterMulticast) { run_ws_schedules_and_clusters(); }
-
-// The two epilogues of the up-projection and dH (staged by default) forced each way:
-// LEANMOE_GEMM_WS_EPI=smem stages dH's 64-row slices in shared memory and copies whole rows out
-// (store_dh_rows64_staged, one pipeline stage fewer), and up's 16 rows per warp 32 columns at a
-// time (store_up_rows_warp_staged: n = 192 and 320 end in 32-column chunks past n);
-// warp stages dH per warp too (store_dh_rows_warp_staged: H in per 32-column chunk, chunks past n
-// skipped); reg stores from the accumulators (store_rows64). The same cases as WsClusterMulticast, with
-// either schedule (up: 64+64 or 128+128 gate/up columns per tile; dH: 64- or 128-column halves,
-// n = 320 and 576 ending in a partial half or a wholly idle one) and clusters on and off (a rank-1
-// m-tile past the expert's rows still takes part in every warpgroup barrier of the epilogue and
-// stores nothing).
-TEST(ExpertGemms, WsEpilogues) {
-  for (const char* epi : {"smem", "warp", "reg"}) {
-    SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_EPI=") + epi);
-    ScopedEnv e("LEANMOE_GEMM_WS_EPI", epi);
-    run_ws_schedules_and_clusters();
+// The varlen-M tile order (up, dH) walks bands of `band` column tiles (the heuristic's min(n_tiles, 8)
+// makes every band whole in the cases above). 1 walks one column tile at a time; 2 leaves a narrower
+// last band where the column tile count is odd (ManyExperts, n = 320: up 3 tiles, dH 2; WideExperts,
+// n = 576: up 5, dH 3), with dH's cluster pairs (both CTAs must map one tile index to the same band
+// and column tile) and with 5 CTAs.
+TEST(ExpertGemms, TileBands) {
+  for (int band : {1, 2}) {
+    Kernels k = compiled_configs(0);
+    for (lc::GemmKind kind : {lc::GemmKind::Up, lc::GemmKind::Dh}) k.config[static_cast<size_t>(kind)]->band = band;
+    run_case({100, 8, 2, 192, 192, 3, false}, k);
+    run_case({512, 16, 4, 256, 320, -1, false}, k);
+    run_case({64, 4, 2, 320, 576, -1, false}, k);
+    run_case({512, 16, 4, 256, 320, 5, false}, with_max_ctas(k, 5));
   }
 }
 
-// The varlen-M tile order walks bands of LEANMOE_GEMM_WS_BAND column tiles (default min(n_tiles, 8),
-// which the cases above take: every band whole). 1 is v1's order; 2 leaves a narrower last band
-// where the column tile count is odd (ManyExperts, n = 320: up 3 resp. 5 tiles, dH 2 resp. 3;
-// WideExperts, n = 576: up 5 resp. 9, dH 3 resp. 5), with either schedule, clusters on and off
-// (a cluster's two CTAs must map one tile index to the same band and column tile) and 5 CTAs.
-TEST(ExpertGemms, WsTileBands) {
-  for (const char* band : {"1", "2"}) {
-    for (const char* clusters : {"1", "0"}) {
-      for (const char* mode : {"1", "2"}) {
-        SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_BAND=") + band + " LEANMOE_GEMM_WS_CLUSTER=" + clusters +
-                     " LEANMOE_GEMM_WS=" + mode);
-        ScopedEnv b("LEANMOE_GEMM_WS_BAND", band);
-        ScopedEnv cluster("LEANMOE_GEMM_WS_CLUSTER", clusters);
-        ScopedEnv ws("LEANMOE_GEMM_WS", mode);
-        run_case({100, 8, 2, 192, 192, 3, false});
-        run_case({512, 16, 4, 256, 320, -1, false});
-        run_case({64, 4, 2, 320, 576, -1, false});
-        ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", "5");
-        run_case({512, 16, 4, 256, 320, 5, false});
-      }
-    }
-  }
-}
-
-// dW1's cooperative tile is 256x128 by default (the cases above: dH's 256 columns by TMA, a partial
-// last k-tile of an expert by cp.async); LEANMOE_GEMM_WS_DW1_TILE=128x256 takes the other, on the
-// ragged cases (partial last k-tiles, empty experts, n = 192 and 320: partial 256- and 128-wide
-// tiles) and with 5 CTAs walking many tiles.
-TEST(ExpertGemms, WsDw1Tiles) {
-  SCOPED_TRACE("LEANMOE_GEMM_WS_DW1_TILE=128x256");
-  ScopedEnv tile("LEANMOE_GEMM_WS_DW1_TILE", "128x256");
-  ScopedEnv ws("LEANMOE_GEMM_WS", "1");
-  run_case({100, 8, 2, 192, 192, 3, false});
-  run_case({300, 4, 1, 64, 128, -1, true});
-  run_case({512, 16, 4, 256, 320, -1, false});
-  ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", "5");
-  run_case({512, 16, 4, 256, 320, 5, false});
-}
-
-// dW1 / dW2 stored from the registers (LEANMOE_GEMM_WS_DW_EPI=reg) and staged per warp (warp, the
-// default the cases above take), with both dW1 tiles and clusters on and off, on the ragged cases
-// (n = 192 and 320: column tiles ending past N, whole idle 32-column chunks; empty experts) and
-// with 5 CTAs walking many tiles.
-TEST(ExpertGemms, WsDwEpilogues) {
-  ScopedEnv ws("LEANMOE_GEMM_WS", "1");
-  for (const char* epi : {"reg", "warp"}) {
-    for (const char* tile : {"256x128", "128x256"}) {
-      for (const char* clusters : {"1", "0"}) {
-        SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_DW_EPI=") + epi + " LEANMOE_GEMM_WS_DW1_TILE=" + tile +
-                     " LEANMOE_GEMM_WS_CLUSTER_DW=" + clusters);
-        ScopedEnv e("LEANMOE_GEMM_WS_DW_EPI", epi);
-        ScopedEnv t("LEANMOE_GEMM_WS_DW1_TILE", tile);
-        ScopedEnv c("LEANMOE_GEMM_WS_CLUSTER_DW", clusters);
-        run_case({100, 8, 2, 192, 192, 3, false});
-        run_case({300, 4, 1, 64, 128, -1, true});
-        run_case({512, 16, 4, 256, 320, -1, false});
-        ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", "5");
-        run_case({512, 16, 4, 256, 320, 5, false});
-      }
-    }
-  }
-}
-
-// dW1 and dW2 run in 2x1 clusters multicasting their row-range operand by default (dW1: dH, CTA
-// pairs on n-tiles; dW2: A', pairs on m-tiles); here forced on and off
-// (LEANMOE_GEMM_WS_CLUSTER_DW=1 / 0) with both dW1 tiles and ping-pong. Odd tile counts leave rank 1
-// a tile past the edge (d = 320: 3 n-tiles of dW1 at 256x128, 3 m-tiles of dW2 at 128x256); partial
-// last k-tiles (every ragged case) are loaded by each CTA alone; empty experts store zeros in both
-// CTAs; 5 CTAs = 2 clusters walk many tiles.
-TEST(ExpertGemms, WsDwClusters) {
-  for (const char* clusters : {"1", "0"}) {
-    for (const char* mode : {"1", "2"}) {
-      for (const char* tile : {"256x128", "128x256"}) {
-        if (mode[0] == '2' && tile[0] == '1') continue;  // ping-pong has one dW tile
-        SCOPED_TRACE(std::string("LEANMOE_GEMM_WS_CLUSTER_DW=") + clusters + " LEANMOE_GEMM_WS=" + mode +
-                     " LEANMOE_GEMM_WS_DW1_TILE=" + tile);
-        ScopedEnv dw("LEANMOE_GEMM_WS_CLUSTER_DW", clusters);
-        ScopedEnv ws("LEANMOE_GEMM_WS", mode);
-        ScopedEnv t("LEANMOE_GEMM_WS_DW1_TILE", tile);
-        run_case({100, 8, 2, 192, 192, 3, false});
-        run_case({1, 4, 2, 128, 64, -1, false});
-        run_case({300, 4, 1, 64, 128, -1, true});
-        run_case({64, 4, 2, 320, 576, -1, false});
-        ScopedEnv cap("LEANMOE_GEMM_MAX_CTAS", "5");
-        run_case({512, 16, 4, 256, 320, 5, false});
-        run_case({64, 4, 2, 320, 576, -1, false});
-      }
-    }
-  }
-}
-
-// Any other LEANMOE_GEMM_WS_EPI value is refused by name before a launch (of the ws kernels, which
-// read it).
-TEST(ExpertGemms, WsEpilogueValueIsChecked) {
+// A configuration that is not compiled, or not valid for the kind, is refused by name before any
+// launch, listing the compiled ones (resolve_gemm_config's rules are tested without a GPU in
+// test_gemm_config.cpp; here through each launcher).
+TEST(ExpertGemms, LaunchersRefuseConfigsByName) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  if (const char* v0 = std::getenv("LEANMOE_GEMM_V0"); v0 && v0[0] == '1') GTEST_SKIP() << "v0 kernels selected";
-  ScopedEnv epi("LEANMOE_GEMM_WS_EPI", "shared");
-  ScopedEnv ws("LEANMOE_GEMM_WS", "1");
   const Routing rt = make_routing(4, 2, 1, -1, false, 7u);
   DeviceBuffer<int32_t> offsets_d(rt.expert_offsets), token_d(rt.row_token);
   DeviceBuffer<float> gate_d(rt.row_gate);
-  DeviceBuffer<bf16> x(4 * 64), w1(2 * 2 * 64 * 64), h(4 * 2 * 64), a(4 * 64);
+  DeviceBuffer<bf16> x(4 * 64), w1(2 * 2 * 64 * 64), w2(2 * 64 * 64), h(4 * 2 * 64), a(4 * 64), y(4 * 64);
+  DeviceBuffer<float> ds(4);
   const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, rt.R, rt.E};
-  try {
-    lc::up_proj_swiglu(rows, {4, 64, 64}, x.ptr, w1.ptr, h.ptr, a.ptr, nullptr);
-    ADD_FAILURE() << "LEANMOE_GEMM_WS_EPI=shared was accepted";
-  } catch (const leanmoe::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("LEANMOE_GEMM_WS_EPI"), std::string::npos) << e.what();
-  }
-}
-
-// down_proj and dx_expert run CUTLASS's grouped GEMM by default: down cooperative 128x256 for
-// n <= 256 and ping-pong 128x128 above, dx cooperative (RaggedWithEmptyExpert, n = 192: down
-// cooperative; ManyExperts and WideExperts: down ping-pong). Here each config is forced on every
-// GEMM shape of the ragged cases (empty experts, T = 1, one hot expert, 5 persistent CTAs = 2
-// clusters walking all experts' tiles, the launchers' own workspace), and LEANMOE_GEMM_CUTLASS=0
-// takes the hand kernels.
-TEST(ExpertGemms, CutlassConfigsAndHandKernels) {
-  for (const char* mode : {"pingpong", "cooperative", "0"}) {
-    SCOPED_TRACE(std::string("LEANMOE_GEMM_CUTLASS=") + mode);
-    ScopedEnv cutlass("LEANMOE_GEMM_CUTLASS", mode);
-    run_case({100, 8, 2, 192, 192, 3, false});
-    run_case({1, 4, 2, 128, 64, -1, false, false});
-    run_case({300, 4, 1, 64, 128, -1, true});
-    ScopedEnv ctas("LEANMOE_GEMM_MAX_CTAS", "5");
-    run_case({512, 16, 4, 256, 320, 5, false});
-  }
+  const lc::ExpertShape s{4, 64, 64};
+  auto expect_refused = [](const char* what, const std::string& config, const char* rule, auto&& launch) {
+    SCOPED_TRACE(std::string(what) + " " + config);
+    const lc::GemmConfig c = lc::parse_gemm_config(config);
+    try {
+      launch(&c);
+      ADD_FAILURE() << "accepted";
+    } catch (const leanmoe::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(config), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(rule), std::string::npos) << e.what();
+    }
+  };
+  expect_refused("up", "gather:pingpong:128x128:s6:warp:c1", "compiled for up: gather:coop:128x256:s4:warp:c1",
+                 [&](const lc::GemmConfig* c) { lc::up_proj_swiglu(rows, s, x.ptr, w1.ptr, h.ptr, a.ptr, nullptr, c); });
+  expect_refused("dh", "gather:coop:128x256:s4:warp:c1", "not compiled", [&](const lc::GemmConfig* c) {
+    lc::dh_swiglu_bwd(rows, s, x.ptr, w2.ptr, h.ptr, h.ptr, a.ptr, ds.ptr, nullptr, c);
+  });
+  expect_refused("dw1", "gather:coop:256x128:s4:warp:c2:b2", "band",
+                 [&](const lc::GemmConfig* c) { lc::dw1(rows, s, h.ptr, x.ptr, w1.ptr, nullptr, c); });
+  expect_refused("dw2", "gather:coop:128x256:s4:warp:c2:m1", "cluster size",
+                 [&](const lc::GemmConfig* c) { lc::dw2(rows, s, x.ptr, a.ptr, w2.ptr, nullptr, c); });
+  expect_refused("down", "gather:coop:128x256:s4:warp:c1", "compiled for down: cutlass:coop:128x256:auto:tma:c2",
+                 [&](const lc::GemmConfig* c) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, c); });
+  expect_refused("dx", "cutlass:pingpong:128x128:auto:tma:c2", "compiled for dx: cutlass:coop:128x256:auto:tma:c2",
+                 [&](const lc::GemmConfig* c) { lc::dx_expert(rows, s, h.ptr, w1.ptr, y.ptr, nullptr, nullptr, c); });
+  CUDA_OK(cudaDeviceSynchronize());
 }
 
 TEST(ExpertGemms, UnsupportedShapesAreNamed) {

@@ -24,21 +24,23 @@ namespace leanmoe::cuda::kernels::cutlass_sm90 {
 
 using namespace cute;
 
-// Two configurations (x two B layouts = the four instantiations; each costs minutes of nvcc):
+// Two configurations, instantiated as down: both, dx: cooperative (each costs minutes of nvcc;
+// which runs where: gemm_heuristics.cpp):
 // - Pingpong 128x128x64: two consumer warpgroups on alternate tiles, so one's epilogue (a 32 KB
-//   bf16 store) overlaps the other's MMAs. For short K (down at n = 256: 4 k-blocks per tile) the
-//   epilogue is as long as the mainloop and this overlap is the whole gain.
-// - Cooperative 128x256x64: both warpgroups on one tile, twice the MMA work per byte of A loaded;
-//   for long K, where the mainloop dominates.
+//   bf16 store) overlaps the other's MMAs: down from n = 512 on.
+// - Cooperative 128x256x64: both warpgroups on one tile, twice the MMA work per byte of A loaded:
+//   down at n <= 256 (4 k-blocks per tile, where halving A's reads wins) and dx.
 // Both use 2x1 clusters: the two CTAs of a cluster take adjacent m-tiles of the same expert and
 // n-tile, so each weight tile is read from L2 once and multicast to both (halves B's L2 traffic).
 struct PingpongConfig {
+  static constexpr bool kPingpong = true;
   using Tile = Shape<_128, _128, _64>;
   using Cluster = Shape<_2, _1, _1>;
   using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
 };
 struct CooperativeConfig {
+  static constexpr bool kPingpong = false;
   using Tile = Shape<_128, _256, _64>;
   using Cluster = Shape<_2, _1, _1>;
   using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
@@ -49,6 +51,7 @@ struct CooperativeConfig {
 // RowMajor = N contiguous (dx: W1_e [2n, d]). A and D are row-major (K resp. N contiguous).
 template <class LayoutB, class Config>
 struct GroupedGemm {
+  using TileConfig = Config;
   using Element = cutlass::bfloat16_t;
   static constexpr int kAlignment = 8;  // 16-byte TMA rows: K, N multiples of 8 (ours: of 64)
   using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M_e, N, K) per group

@@ -1,10 +1,27 @@
-// sm_90a pieces shared by the wgmma grouped-GEMM kernels (sm90_grouped_gemm.cuh: every thread loads
-// and computes; sm90_ws_grouped_gemm.cuh: warp-specialised): wgmma wrappers, 128B-swizzled shared
-// memory descriptors and layouts, the varlen-M tile table and the per-kind epilogues.
+// sm_90a instructions the gather kernel (sm90_grouped_gemm_gather.cuh) and its epilogues use, as
+// small inline-PTX wrappers: wgmma and its fences, the 128B-swizzled shared-memory descriptors and
+// layouts it reads, cp.async, TMA (plain and cluster multicast), the cluster barrier, and 32/128-bit
+// shared-memory accesses. Device-only header.
 #pragma once
-#include "grouped_gemm_common.cuh"
+#include <cuda.h>  // CUtensorMap
+#include <cuda_bf16.h>
+
+#include <cstdint>
 
 namespace leanmoe::cuda::kernels::sm90 {
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; src_bytes = 0 zero-fills the destination.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
 
 template <int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
@@ -66,120 +83,51 @@ __device__ __forceinline__ uint32_t mn_major_offset(int k_row, int chunk) {
   return uint32_t((chunk >> 3) * kMNBlockBytes + k_row * 128 + (((chunk & 7) ^ (k_row & 7)) << 4));
 }
 
-
-// ---- varlen-M tile table: the m-tiles of expert 0, then expert 1, ... are "slots" 0, 1, ...;
-//      prefix[e] = first slot of expert e, prefix[E] = number of slots. Built once per CTA by one
-//      warp (a 32-wide scan per chunk of experts), then each tile maps to its expert by binary
-//      search instead of a scan over all experts per tile. ----
-__device__ __forceinline__ void build_m_tile_prefix(const int32_t* expert_offsets, int E, int tile_m, int* prefix) {
-  const int lane = threadIdx.x & 31;
-  int running = 0;
-  for (int base = 0; base < E; base += 32) {
-    const MTileScan scan = warp_scan_m_tiles(expert_offsets, E, tile_m, base);
-    if (base + lane < E) prefix[base + lane + 1] = running + scan.inclusive;
-    running += __shfl_sync(0xffffffffu, scan.inclusive, 31);
-  }
-  if (lane == 0) prefix[0] = 0;
+// TMA 2D tile load global -> shared, completion counted in bytes on `bar`. Coordinates are
+// (column, row) of the tensor map, in elements; boxes partly or wholly out of bounds are zero-filled
+// and still count their full size.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint64_t* bar, int col, int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(col), "r"(row)
+      : "memory");
 }
-// The expert owning m-tile slot `slot` (< prefix[E]): the last e with prefix[e] <= slot.
-__device__ __forceinline__ int expert_of_slot(const int* prefix, int E, int slot) {
-  int lo = 0, hi = E;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (prefix[mid] <= slot) lo = mid;
-    else hi = mid;
-  }
-  return lo;
+// The same box, written to the same shared offset of every CTA of the cluster in cta_mask, and
+// completing its bytes on the mbarrier at the same offset in each of them.
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, uint64_t* bar, int col,
+                                                      int row, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%4, %5}], [%2], %3;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "h"(cta_mask), "r"(col), "r"(row)
+      : "memory");
+}
+// barrier.cluster arrive + wait of every thread of both CTAs (release / acquire at cluster scope);
+// the non-.aligned form, so that it is also safe after divergent code.
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive;\nbarrier.cluster.wait;\n" ::: "memory");
 }
 
-// ---- epilogues: one warpgroup's 64 x kTileN fp32 accumulators to global memory. The 64 rows start
-//      at m0 (varlen-M: routed rows, those >= row_end skipped; varlen-K: rows of the expert's dW);
-//      columns are those of column tile n_tile. acc[4b + v] holds row warp_in_wg*16 + lane/4 +
-//      8*(v/2), column 8b + 2*(lane%4) + v%2: one lane quad holds whole rows. All 128 threads of the
-//      warpgroup must call it (the dH row sums shuffle within lane quads). ----
-template <GemmKind kKind, int kTileN>
-__device__ __forceinline__ void store_rows64(const GemmArgs& args, const ProblemDims& dims, const float (&acc)[kTileN / 2],
-                                             int64_t m0, int row_end, int n_tile, int expert) {
-  const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
-  const int64_t n = args.n;
-  const int64_t n0 = int64_t(n_tile) * kTileN;
-  const int64_t j0 = int64_t(n_tile) * (kTileN / 2);  // up-proj: first gate column of this tile
-  const int row_base = warp_in_wg * 16 + (lane >> 2);
-  const int col_base = (lane & 3) * 2;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row_in_tile = row_base + half * 8;
-    if constexpr (kKind == GemmKind::UpProjSwiglu) {
-      const int64_t r = m0 + row_in_tile;
-      if (r >= row_end) continue;
-#pragma unroll
-      for (int b = 0; b < kTileN / 16; ++b) {  // gate block b pairs with up block b + kTileN/16
-        const int64_t j = j0 + b * 8 + col_base;
-        if (j >= n) continue;
-        const float g0 = acc[4 * b + 2 * half], g1 = acc[4 * b + 2 * half + 1];
-        const float u0 = acc[4 * (b + kTileN / 16) + 2 * half], u1 = acc[4 * (b + kTileN / 16) + 2 * half + 1];
-        store_bf16x2(args.out + r * 2 * n + j, g0, g1);
-        store_bf16x2(args.out + r * 2 * n + n + j, u0, u1);
-        store_bf16x2(args.out2 + r * n + j, silu(g0) * u0, silu(g1) * u1);
-      }
-    } else if constexpr (kKind == GemmKind::DownProj || kKind == GemmKind::DxExpert) {
-      const int64_t r = m0 + row_in_tile;
-      if (r >= row_end) continue;
-#pragma unroll
-      for (int b = 0; b < kTileN / 8; ++b) {
-        const int64_t col = n0 + b * 8 + col_base;
-        if (col < dims.N) store_bf16x2(args.out + r * dims.N + col, acc[4 * b + 2 * half], acc[4 * b + 2 * half + 1]);
-      }
-    } else if constexpr (kKind == GemmKind::DhSwigluBwd) {
-      // ds partial sums per 128 columns (ds_partials(s) = ceil(n/128) whatever kTileN is).
-      constexpr int kParts = kTileN / 128;
-      const int64_t r = m0 + row_in_tile;
-      float ds[kParts] = {};
-      if (r < row_end) {
-        const float gate = args.row_gate[r];
-#pragma unroll
-        for (int b = 0; b < kTileN / 8; ++b) {
-          const int64_t j = n0 + b * 8 + col_base;
-          if (j >= n) continue;
-          const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(args.h + r * 2 * n + j));
-          const float2 u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(args.h + r * 2 * n + n + j));
-          const float gs[2] = {g.x, g.y}, us[2] = {u.x, u.y};
-          float dg[2], du[2], ap[2];
-#pragma unroll
-          for (int v = 0; v < 2; ++v) {
-            const float da = acc[4 * b + 2 * half + v];
-            const float sig = sigmoid(gs[v]);
-            const float silu_g = gs[v] * sig;
-            const float a = silu_g * us[v];
-            dg[v] = gate * da * us[v] * (sig * (1.f + gs[v] * (1.f - sig)));
-            du[v] = gate * da * silu_g;
-            ap[v] = gate * a;
-            ds[b / 16] += da * a;
-          }
-          store_bf16x2(args.out + r * 2 * n + j, dg[0], dg[1]);
-          store_bf16x2(args.out + r * 2 * n + n + j, du[0], du[1]);
-          store_bf16x2(args.out2 + r * n + j, ap[0], ap[1]);
-        }
-      }
-      // The lane quad holds the row's whole tile: a fixed-order shuffle sum, no atomics.
-#pragma unroll
-      for (int p = 0; p < kParts; ++p) {
-        ds[p] += __shfl_xor_sync(0xffffffffu, ds[p], 1);
-        ds[p] += __shfl_xor_sync(0xffffffffu, ds[p], 2);
-        const int part = n_tile * kParts + p;
-        if ((lane & 3) == 0 && r < row_end && part < args.ds_tiles) args.ds_partial[r * args.ds_tiles + part] = ds[p];
-      }
-    } else {  // dW1 / dW2
-      bf16* out = args.out + int64_t(expert) * dims.out_expert_stride;
-      const int64_t row = m0 + row_in_tile;
-      if (row >= dims.M) continue;
-#pragma unroll
-      for (int b = 0; b < kTileN / 8; ++b) {
-        const int64_t col = n0 + b * 8 + col_base;
-        if (col < dims.N) store_bf16x2(out + row * dims.N + col, acc[4 * b + 2 * half], acc[4 * b + 2 * half + 1]);
-      }
-    }
-  }
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
 }
 
 }  // namespace leanmoe::cuda::kernels::sm90

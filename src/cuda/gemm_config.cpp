@@ -1,0 +1,117 @@
+// GemmConfig's text form (gemm_config.h).
+#include "gemm_config.h"
+
+#include <algorithm>
+#include <charconv>
+#include <string>
+#include <vector>
+
+#include "leanmoe/leanmoe.h"
+
+namespace leanmoe::cuda {
+namespace {
+
+constexpr const char* kGrammar =
+    "family:schedule:MxN:stages:epilogue:cluster[:band][:max_ctas], e.g. gather:coop:128x256:s4:warp:c2:b8:m132 "
+    "(family gather|cutlass, schedule coop|pingpong, stages sK|auto, epilogue warp|tma, cluster cK, band bK, "
+    "max_ctas mK)";
+
+[[noreturn]] void bad(std::string_view text, const std::string& rule) {
+  throw Error("GemmConfig '" + std::string(text) + "': " + rule + "; expected " + kGrammar);
+}
+
+// A positive decimal integer filling all of `digits`, or -1.
+int positive(std::string_view digits) {
+  int value = 0;
+  const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+  return err == std::errc() && end == digits.data() + digits.size() && value > 0 ? value : -1;
+}
+
+// Field `field` = prefix followed by a positive integer (e.g. "s4"), or -1.
+int prefixed(std::string_view field, char prefix) {
+  return field.size() >= 2 && field[0] == prefix ? positive(field.substr(1)) : -1;
+}
+
+}  // namespace
+
+const char* gemm_kind_name(GemmKind kind) {
+  switch (kind) {
+    case GemmKind::Up: return "up";
+    case GemmKind::Down: return "down";
+    case GemmKind::Dh: return "dh";
+    case GemmKind::Dw2: return "dw2";
+    case GemmKind::Dx: return "dx";
+    case GemmKind::Dw1: return "dw1";
+  }
+  return "?";
+}
+
+GemmKind parse_gemm_kind(std::string_view name) {
+  std::string known;
+  for (GemmKind kind : kGemmKinds) {
+    if (name == gemm_kind_name(kind)) return kind;
+    known += std::string(known.empty() ? "" : ", ") + gemm_kind_name(kind);
+  }
+  throw Error("GEMM kind '" + std::string(name) + "': unknown; known: " + known);
+}
+
+bool GemmConfig::same_kernel(const GemmConfig& o) const {
+  return family == o.family && schedule == o.schedule && tile_m == o.tile_m && tile_n == o.tile_n &&
+         stages == o.stages && epilogue == o.epilogue && cluster == o.cluster;
+}
+
+std::string to_string(const GemmConfig& c) {
+  // Appended piece by piece (GCC 12 warns falsely about "literal" + std::to_string temporaries).
+  std::string s = c.family == GemmFamily::Gather ? "gather" : "cutlass";
+  auto field = [&s](const char* prefix, int value) {
+    s += prefix;
+    s += std::to_string(value);
+  };
+  s += c.schedule == GemmSchedule::Cooperative ? ":coop" : ":pingpong";
+  field(":", c.tile_m);
+  field("x", c.tile_n);
+  if (c.stages > 0) field(":s", c.stages);
+  else s += ":auto";
+  s += c.epilogue == GemmEpilogue::Warp ? ":warp" : ":tma";
+  field(":c", c.cluster);
+  if (c.band > 0) field(":b", c.band);
+  if (c.max_ctas > 0) field(":m", c.max_ctas);
+  return s;
+}
+
+GemmConfig parse_gemm_config(std::string_view text) {
+  std::vector<std::string_view> f;
+  for (size_t b = 0; b <= text.size();) {
+    const size_t e = std::min(text.find(':', b), text.size());
+    f.push_back(text.substr(b, e - b));
+    b = e + 1;
+  }
+  if (f.size() < 6 || f.size() > 8) bad(text, std::to_string(f.size()) + " fields");
+  GemmConfig c;
+  if (f[0] == "gather") c.family = GemmFamily::Gather;
+  else if (f[0] == "cutlass") c.family = GemmFamily::Cutlass;
+  else bad(text, "family '" + std::string(f[0]) + "'");
+  if (f[1] == "coop") c.schedule = GemmSchedule::Cooperative;
+  else if (f[1] == "pingpong") c.schedule = GemmSchedule::Pingpong;
+  else bad(text, "schedule '" + std::string(f[1]) + "'");
+  const size_t x = f[2].find('x');
+  c.tile_m = x == std::string_view::npos ? -1 : positive(f[2].substr(0, x));
+  c.tile_n = x == std::string_view::npos ? -1 : positive(f[2].substr(x + 1));
+  if (c.tile_m < 0 || c.tile_n < 0) bad(text, "tile '" + std::string(f[2]) + "' is not MxN");
+  if (f[3] != "auto" && (c.stages = prefixed(f[3], 's')) < 0) bad(text, "stages '" + std::string(f[3]) + "'");
+  if (f[3] == "auto") c.stages = 0;
+  if (f[4] == "warp") c.epilogue = GemmEpilogue::Warp;
+  else if (f[4] == "tma") c.epilogue = GemmEpilogue::Tma;
+  else bad(text, "epilogue '" + std::string(f[4]) + "'");
+  if ((c.cluster = prefixed(f[5], 'c')) < 0) bad(text, "cluster '" + std::string(f[5]) + "'");
+  for (size_t i = 6; i < f.size(); ++i) {
+    const char key = f[i].empty() ? '?' : f[i][0];
+    int& field = key == 'b' ? c.band : c.max_ctas;
+    const bool in_order = (key == 'b' && i == 6) || (key == 'm' && c.max_ctas == 0);
+    if (!in_order || (field = prefixed(f[i], key)) < 0)
+      bad(text, "field '" + std::string(f[i]) + "' (band bK, then max_ctas mK, K >= 1)");
+  }
+  return c;
+}
+
+}  // namespace leanmoe::cuda

@@ -1,0 +1,61 @@
+// Kernel choice of an expert grouped GEMM as data: which compiled kernel runs a GEMM kind, and with
+// which run-time parameters. One heuristic per kind picks it (gemm_heuristics.h, the only place
+// defaults live); the launchers (expert_gemms.h) take an explicit one too, which tests and
+// leanmoe_bench_gemms use. The config space, the heuristics and the measurements behind them:
+// docs/kernels.md. Plain C++: no CUDA here.
+//
+// What the GEMM computes (the activation of up/dH, the operand dtype) belongs to the layer, not to
+// this type: a config says how, never what, so that choosing one cannot change a result beyond
+// fp32 summation order.
+#pragma once
+#include <string>
+#include <string_view>
+
+namespace leanmoe::cuda {
+
+// The six expert GEMMs (SPEC §3-§4), named as in leanmoe_bench_gemms:
+//   up  = X[tok]·W1_eᵀ with the activation epilogue   down = A·W2_eᵀ
+//   dh  = dO[tok]·W2_e with the activation backward   dw2  = dO[tok]ᵀ·A'
+//   dx  = dH·W1_e                                     dw1  = dHᵀ·X[tok]
+enum class GemmKind { Up, Down, Dh, Dw2, Dx, Dw1 };
+inline constexpr GemmKind kGemmKinds[] = {GemmKind::Up, GemmKind::Down, GemmKind::Dh,
+                                          GemmKind::Dw2, GemmKind::Dx, GemmKind::Dw1};
+const char* gemm_kind_name(GemmKind kind);  // "up", "down", "dh", "dw2", "dx", "dw1"
+// The kind named `name`; throws leanmoe::Error listing the names otherwise.
+GemmKind parse_gemm_kind(std::string_view name);
+
+// gather: the hand-written warp-specialised kernel whose operand loads gather token rows through
+// row_token (kernels/sm90_grouped_gemm_gather.cuh): up, dh, dw2, dw1. cutlass: CUTLASS's ptr-array
+// grouped GEMM (kernels/sm90_cutlass_grouped_gemm.cuh): down, dx, which gather nothing.
+enum class GemmFamily { Gather, Cutlass };
+// cooperative: both consumer warpgroups share one tile; pingpong: each owns alternate tiles, so
+// one's epilogue runs under the other's MMAs.
+enum class GemmSchedule { Cooperative, Pingpong };
+// warp: each warp stages its rows of the tile through shared memory and stores 16-byte row pieces
+// (the gather kernel); tma: CUTLASS's TMA-store epilogue.
+enum class GemmEpilogue { Warp, Tma };
+
+struct GemmConfig {
+  // ---- which kernel (a compiled instantiation; compiled_gemm_configs lists them per kind) ----
+  GemmFamily family = GemmFamily::Gather;
+  GemmSchedule schedule = GemmSchedule::Cooperative;
+  int tile_m = 0, tile_n = 0;  // CTA tile of the per-expert C[M, N] (problem table: grouped_gemm_problem.cuh)
+  int stages = 0;              // pipeline stages; 0 = as many as fit (CUTLASS's StageCountAutoCarveout)
+  GemmEpilogue epilogue = GemmEpilogue::Warp;
+  int cluster = 1;  // CTAs per cluster along M (2: the operand loaded with TMA is multicast to both)
+  // ---- run-time parameters of that kernel (0 = not given: resolve_gemm_config takes the heuristic's) ----
+  int band = 0;      // gather up/dh: column tiles per band of the tile order (>= 1); other kinds: 0
+  int max_ctas = 0;  // at most this many CTAs, rounded down to whole clusters (>= cluster)
+
+  bool operator==(const GemmConfig&) const = default;
+  // Same compiled kernel (every field but band and max_ctas).
+  bool same_kernel(const GemmConfig& other) const;
+};
+
+// "gather:coop:128x256:s4:warp:c2:b8:m132" (family : schedule : tile : stages : epilogue : cluster
+// [: band] [: max_ctas]; stages "auto" for 0; band and max_ctas left out when 0).
+std::string to_string(const GemmConfig& config);
+// The inverse of to_string; throws leanmoe::Error quoting the text and the rule it broke.
+GemmConfig parse_gemm_config(std::string_view text);
+
+}  // namespace leanmoe::cuda

@@ -1,0 +1,109 @@
+// The problem the gather kernel (sm90_grouped_gemm_gather.cuh) solves for each of its four GEMM
+// kinds: operand layouts, the launch arguments and the varlen-M tile table over (expert, m-tile).
+// Device-only header.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "../expert_gemms.h"  // GemmKind, kMaxGemmExperts
+
+namespace leanmoe::cuda::kernels {
+
+using bf16 = __nv_bfloat16;
+
+// Up and dH are "varlen-M": the rows of an expert are the M dimension (A operand row-major with K
+// contiguous). dW2 and dW1 are "varlen-K": the rows of an expert are the reduction dimension (both
+// operands have M resp. N contiguous). (Down and dx, the other two, run on CUTLASS.)
+constexpr bool is_varlen_k(GemmKind k) { return k == GemmKind::Dw2 || k == GemmKind::Dw1; }
+// Operand A is a token-indexed tensor (X or dO) read through row_token.
+constexpr bool gathers_a(GemmKind k) { return k == GemmKind::Up || k == GemmKind::Dh || k == GemmKind::Dw2; }
+constexpr bool gathers_b(GemmKind k) { return k == GemmKind::Dw1; }
+// B stored [N, K] (K contiguous): the up-projection's weights; every other B is [K, N].
+constexpr bool b_is_k_major(GemmKind k) { return k == GemmKind::Up; }
+
+struct GemmArgs {
+  const int32_t* expert_offsets;  // [E+1]
+  const int32_t* row_token;       // [R_max]
+  const float* row_gate;          // [R_max]
+  int E;
+  int64_t d, n;
+  const bf16* a;       // operand A (see the table in problem_dims)
+  const bf16* b;       // operand B
+  const bf16* h;       // H [R, 2n], read by the dH epilogue
+  bf16* out;           // H, dH, dW2, dW1
+  bf16* out2;          // A (up-proj) or A' (dH)
+  float* ds_partial;   // [R, ds_tiles] (dH)
+  int ds_tiles;
+  int n_tiles, m_tiles;  // column tiles; row tiles of dW (varlen-K)
+  int n_band;            // varlen-M: column tiles walked together (tile order, >= 1)
+};
+
+// Per-expert problem: C[M, N] = sum_k A[m, k] B[k, n].
+//   kind     M     N    K     A (layout, row stride)        B (layout, row stride)
+//   up       rows  2n   d     X[tok]   [M,K] ld d           W1_e [N,K] ld d
+//   dh       rows  n    d     dO[tok]  [M,K] ld d           W2_e [K,N] ld n
+//   dw2      d     n    rows  dO[tok]  [K,M] ld d           A'   [K,N] ld n
+//   dw1      2n    d    rows  dH       [K,M] ld 2n          X[tok] [K,N] ld d
+struct ProblemDims {
+  int64_t M, N, K;  // the varlen one is 0
+  int64_t lda, ldb;
+  int64_t b_expert_stride;    // elements between two experts' weights (varlen-M), 0 for varlen-K
+  int64_t out_expert_stride;  // elements between two experts' dW (varlen-K)
+};
+
+template <GemmKind kKind>
+__host__ __device__ constexpr ProblemDims problem_dims(int64_t d, int64_t n) {
+  static_assert(kKind == GemmKind::Up || kKind == GemmKind::Dh || is_varlen_k(kKind), "a gather-kernel kind");
+  switch (kKind) {
+    case GemmKind::Up: return {0, 2 * n, d, d, d, 2 * n * d, 0};
+    case GemmKind::Dh: return {0, n, d, d, n, d * n, 0};
+    case GemmKind::Dw2: return {d, n, 0, d, n, 0, d * n};
+    case GemmKind::Dw1: return {2 * n, d, 0, 2 * n, d, 0, 2 * n * d};
+    default: return {};
+  }
+}
+
+// ---- varlen-M tile table: the m-tiles of expert 0, then expert 1, ... are "slots" 0, 1, ...;
+//      prefix[e] = first slot of expert e, prefix[E] = number of slots. Built once per CTA by one
+//      warp (a 32-wide scan per chunk of experts), then each tile maps to its expert by binary
+//      search instead of a scan over all experts per tile. ----
+
+// The m-tile counts of experts base .. base + 31 (ceil(rows / tile_m), 0 past E), one per lane, and
+// their inclusive prefix sum across the warp. Run by one whole warp.
+struct MTileScan {
+  int count, inclusive;
+};
+__device__ __forceinline__ MTileScan warp_scan_m_tiles(const int32_t* expert_offsets, int E, int tile_m, int base) {
+  const int lane = threadIdx.x & 31, e = base + lane;
+  const int count = e < E ? (expert_offsets[e + 1] - expert_offsets[e] + tile_m - 1) / tile_m : 0;
+  int inclusive = count;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int v = __shfl_up_sync(0xffffffffu, inclusive, o);
+    if (lane >= o) inclusive += v;
+  }
+  return {count, inclusive};
+}
+__device__ __forceinline__ void build_m_tile_prefix(const int32_t* expert_offsets, int E, int tile_m, int* prefix) {
+  const int lane = threadIdx.x & 31;
+  int running = 0;
+  for (int base = 0; base < E; base += 32) {
+    const MTileScan scan = warp_scan_m_tiles(expert_offsets, E, tile_m, base);
+    if (base + lane < E) prefix[base + lane + 1] = running + scan.inclusive;
+    running += __shfl_sync(0xffffffffu, scan.inclusive, 31);
+  }
+  if (lane == 0) prefix[0] = 0;
+}
+// The expert owning m-tile slot `slot` (< prefix[E]): the last e with prefix[e] <= slot.
+__device__ __forceinline__ int expert_of_slot(const int* prefix, int E, int slot) {
+  int lo = 0, hi = E;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (prefix[mid] <= slot) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+}  // namespace leanmoe::cuda::kernels

@@ -1,0 +1,449 @@
+// The gather kernel: the warp-specialised persistent grouped GEMM (sm_90a) of the four expert GEMMs
+// with a token-gathered operand, fused into its loads through row_token: the two varlen-M ones,
+// up (X[tok] · W1_eᵀ, activation epilogue) and dH (dO[tok] · W2_e, activation-backward epilogue),
+// and the two varlen-K ones, dW2_e = dO[tok]ᵀ · A' and dW1_e = dHᵀ · X[tok] (the expert's rows are
+// the reduction). (Down and dx gather nothing and run on CUTLASS: sm90_cutlass_grouped_gemm.cuh.)
+//   - warpgroup 0, the producer (setmaxnreg down to 40 registers). Varlen-M: thread 0 loads the
+//     weight tile with TMA (one 2D tensor map over all experts' weights, 128B swizzle: the layout
+//     the wgmma descriptors read), and all 128 threads gather the 128 A rows (X or dO through
+//     row_token) with 16-byte cp.async into the same swizzled layout. Varlen-K: a k-tile is 64 of
+//     the expert's rows of both operands (one row-gathered, the other a row range), in MN-major
+//     tiles: thread 0 loads the row-range operand with TMA, all 128 threads copy the gathered one
+//     with cp.async (and, in an expert's partial last k-tile, the other one too, zero-filling the
+//     rows past the expert's). A stage is full when each producer thread's copies have completed
+//     (cp.async.mbarrier.arrive.noinc) and the TMA bytes have landed (thread 0's expect-tx):
+//     128 + 1 arrivals on its "full" mbarrier.
+//   - warpgroups 1 and 2, the consumers (setmaxnreg up to 232): wgmma from the stage, then release
+//     it on its "empty" mbarrier (lane 0 of each warp, after the warp's wgmmas reading it retired).
+// Cooperative schedule: both consumers share each kTileM x kTileN tile (kTileM/2 rows each: 64, or
+// 128 for the 256-row varlen-K tiles); the epilogue is not overlapped with MMAs, but the producer
+// keeps loading the next tile meanwhile. Both sides walk one stream of k-tiles per CTA (all k-tiles
+// of its tile t = blockIdx.x, then of t + gridDim.x, ...); item i of the stream uses stage
+// i % kStages. Varlen-K tiles have a varying number of k-tiles (ceil(rows_e / 64), 0 for an empty
+// expert: no item, the epilogue stores zeros).
+//
+// Cluster mode (kCluster: dH, dW2, dW1; up runs without): 2x1 clusters share the operand loaded
+// with TMA. dH: the weight tile. Without clusters each CTA pulls its whole B tile from L2 per k-tile
+// (128x256x64: 32 KB of B + 16 KB of A = 48 KB; 132 CTAs at 600 TFLOP/s would need ~9 TB/s); with
+// them each CTA loads half of B with TMA .multicast::cluster into both CTAs (16 KB + 16 KB of A per
+// CTA, 2/3 of the traffic). The two CTAs must therefore work on the same (expert, n-tile) in
+// lock step: the schedule walks "cluster tiles" of 256 rows (two 128-row m-tiles of one expert;
+// CTA rank r takes m-tile 2p + r of pair p). A rank-1 m-tile past the expert's rows (odd m-tile
+// count) is still loaded (A zero-filled), multiplied and its stores skipped, because its CTA must
+// take part in every stage's multicast and barriers. Varlen-K (dW1, dW2): the row-range operand of
+// a k-tile (see tile_at for the pairing); as for dH, with that operand in place of the weights and a
+// pair of n-tiles (dW1) or m-tiles (dW2) in place of the m-tile pair; an expert's partial last
+// k-tile is loaded by each CTA alone with cp.async (both know it: same expert), expecting no TMA
+// bytes. The protocol per stage s, item i:
+//   full[s] (per CTA, 128 + 1 arrivals as above): the local thread 0 expects the FULL kBBytes; the
+//     two halves complete_tx on it from its own TMA and from the peer's (which may land before the
+//     expect: the tx count goes negative while the local arrivals are still pending, no completion).
+//   empty[s] (per CTA, 2 x kReleases arrivals): every releasing consumer warp arrives on empty[s] of
+//     BOTH CTAs (mapa remote arrive), because the stage of CTA r is written by both CTAs' TMAs: a
+//     producer may overwrite its half of stage s in both CTAs only after both CTAs' consumers left it.
+// Both CTAs walk identical item streams (same tiles, K constant), so stage and parity agree.
+// A cluster barrier after the mbarrier init (before any remote arrive or multicast) and at exit,
+// plus a producer tail that waits until every stage has been released by both CTAs, keep a CTA from
+// exiting while its peer may still arrive on its barriers.
+//
+// Which tile, stage count and cluster each kind runs: gemm_heuristics.cpp; the instantiations:
+// expert_gemms.cu. Device-only header.
+#pragma once
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include <type_traits>
+
+#include "grouped_gemm_problem.cuh"
+#include "sm90_grouped_gemm_gather_epilogue.cuh"
+#include "sm90_ptx.cuh"
+
+namespace leanmoe::cuda::kernels::sm90 {
+
+// CTA tile kTileM x kTileN x 64 in kStages pipeline stages, the per-warp staging tiles of the
+// epilogue after them.
+template <int kTileM_, int kTileN_, int kStages_>
+struct GatherTile {
+  static constexpr int kTileM = kTileM_, kTileN = kTileN_, kStages = kStages_, kTileK = 64;
+  static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+  static constexpr int kABytes = kTileM * kTileK * 2, kBBytes = kTileN * kTileK * 2;
+  static constexpr int kStageBytes = kABytes + kBBytes;
+  // Per consumer warpgroup: three [16 rows][32 columns] bf16 tiles (1 KB each) for each of its 4 warps.
+  static constexpr int kStagingBytes = 4 * kWarpStagingBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStagingBytes + 1024;  // + alignment slack to 1024 B
+  // 64-row slices per consumer warpgroup (its half of the tile's rows), each kTileN/2 fp32
+  // accumulators per thread; slice s of consumer warpgroup cwg is 64-row slice slice_row(cwg, s).
+  static constexpr int kSlices = kTileM / 128;
+  static constexpr __host__ __device__ int slice_row(int cwg, int s) { return cwg * kSlices + s; }
+  static_assert(kTileM == 128 || kTileM == 256);
+  static_assert(kSlices * kTileN / 2 <= 128, "accumulators must leave room for the epilogue in 232 registers");
+  // + the static tile table (4 KB) and the mbarriers, within the 227 KB an SM gives one CTA.
+  static_assert(kSmemBytes + (kMaxGemmExperts + 1) * 4 + kStages * 16 <= 227 * 1024);
+};
+// 4 x 48 KB stages + 2 x 12 KB staging + 1 KB = 222208 B; 128 accumulators per consumer thread.
+using GatherTile128x256 = GatherTile<128, 256, 4>;
+// The same bytes as 256 x 128, each consumer 128 x 128 (two slices). For dW1, whose contiguous
+// operand (dH, loaded with TMA) is the M side: 32 KB by TMA and 16 KB of gathered X rows by
+// cp.async per k-tile, instead of 16 KB and 32 KB at 128 x 256.
+using GatherTile256x128 = GatherTile<256, 128, 4>;
+
+// Varlen-K producer copy of one operand's k-tile: [64 k-rows][kExtent columns] of a row-major
+// source (row stride ld) into the MN-major layout (sm90_ptx.cuh). k-row ρ is routed row
+// first_row + ρ; rows >= row_end (past the expert's rows) are zero-filled, never read: the next
+// expert's rows or the padding may hold NaN, and 0 · NaN = NaN. Its source row is the routed row
+// itself, or (kGather) row_token of it, which lane ρ % 32 of the warp holds in gathered[ρ / 32]
+// (-1 past row_end). Columns >= cols are zero-filled. kExtent / 8 consecutive lanes copy one
+// k-row's 16-byte chunks, so a warp instruction covers whole 256-byte (kExtent = 128) or 512-byte
+// (256) row segments; each thread issues 64 · kExtent / 8 / 128 = 8 or 16 copies per k-tile.
+//
+// Lean on purpose: 128 threads issue 32-48 KB per stage within 40 registers. Per copy: a shuffle
+// (gathered only), one 32x32->64-bit multiply-add for the address (an invalid row is clamped to row
+// 0: a valid address, not read) and the cp.async, whose swizzled destination is one of kPeriod
+// bases plus an immediate (row % 8 repeats every kPeriod passes, 1024 B per 8 rows). The shuffles go
+// in batches of 4 so that their latencies overlap instead of adding up copy after copy.
+template <int kExtent, bool kGather>
+__device__ __forceinline__ void copy_k_rows(uint32_t dst, const bf16* src, int64_t ld, int64_t col0, int64_t cols,
+                                            int first_row, int row_end, const int (&gathered)[2]) {
+  constexpr int kChunks = kExtent / 8, kRowsPerPass = 128 / kChunks, kPeriod = 8 / kRowsPerPass;
+  constexpr int kPasses = 64 / kRowsPerPass, kBatch = 4;
+  const int ptid = threadIdx.x & 127, chunk = ptid % kChunks, row0 = ptid / kChunks;
+  const int64_t col = col0 + chunk * 8;
+  const bool col_ok = col < cols;
+  const char* src_col = reinterpret_cast<const char*>(src + (col_ok ? col : 0));
+  const uint32_t row_bytes = uint32_t(ld) * 2;
+  uint32_t dst_base[kPeriod];
+#pragma unroll
+  for (int j = 0; j < kPeriod; ++j) dst_base[j] = dst + mn_major_offset(row0 + kRowsPerPass * j, chunk);
+#pragma unroll
+  for (int i0 = 0; i0 < kPasses; i0 += kBatch) {
+    int src_row[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = i0 + j, row = row0 + kRowsPerPass * i;  // row < 32 exactly when kRowsPerPass * i < 32
+      if constexpr (kGather) {
+        src_row[j] = __shfl_sync(0xffffffffu, gathered[kRowsPerPass * i < 32 ? 0 : 1], row & 31);
+      } else {
+        src_row[j] = first_row + row < row_end ? first_row + row : -1;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int i = i0 + j;
+      const char* p = src_col + uint64_t(uint32_t(max(src_row[j], 0))) * row_bytes;
+      cp_async_16(dst_base[i % kPeriod] + (i / kPeriod) * 1024, p, col_ok && src_row[j] >= 0);
+    }
+  }
+}
+
+// One output tile: expert, column tile, first row (varlen-M: routed row; varlen-K: row of dW), the
+// expert's routed rows and the number of 64-deep k-tiles.
+struct OutputTile {
+  int expert, n_tile, row_begin, row_end, num_k;
+  int64_t m0;
+};
+
+// tma_operand, the tensor map of the operand loaded with TMA: varlen-M, the weights: up: W1 as
+// [E·2n rows, d cols], box {64, kTileN/2} (the gate half, then the up half of the tile, K-major);
+// dH: W2 as [E·d rows, n cols], box {64, 64} (one 64-wide N block of a 64-deep k-tile, MN-major).
+// Varlen-K, the operand that is a plain row range (not gathered): dW1: dH as [R rows, 2n cols],
+// dW2: A' as [R rows, n cols], box {64, 64} (MN-major as dH's W2). Encoded on the host per launch
+// (expert_gemms.cu). kCluster: launched with 2x1 clusters (see the top). Act: the activation of
+// up's and dH's epilogues (activation.cuh); void for dW1, dW2.
+template <GemmKind kKind, class Tile, bool kCluster, class Act>
+__global__ void __launch_bounds__(Tile::kThreads, 1)
+    gather_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap tma_operand) {
+  static_assert(kKind == GemmKind::Up || kKind == GemmKind::Dh || is_varlen_k(kKind));
+  static_assert(Tile::kTileM == 128 || is_varlen_k(kKind), "varlen-M tiles are 128 rows (the A gather, the tile table)");
+  // What is compiled (docs/kernels.md): up without clusters, dH, dW2 and dW1 with them; the other
+  // branch of each is not written.
+  static_assert(kCluster == (kKind != GemmKind::Up), "up runs without clusters, dH, dW2, dW1 in 2x1 clusters");
+  static_assert(std::is_void_v<Act> == is_varlen_k(kKind), "up and dH apply an activation, dW1 and dW2 none");
+  constexpr int kTileM = Tile::kTileM, kTileN = Tile::kTileN, kTileK = Tile::kTileK, kStages = Tile::kStages;
+  constexpr bool kVarlenK = is_varlen_k(kKind);
+  constexpr bool kBKMajor = b_is_k_major(kKind);
+  constexpr int kProducerThreads = 128;
+  // Releases per stage: lane 0 of each consumer warp, of both CTAs in cluster mode.
+  constexpr int kReleases = 8 * (kCluster ? 2 : 1);
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ int s_tile_prefix[kMaxGemmExperts + 1];  // varlen-M: first m-tile slot of each expert
+  __shared__ uint64_t full_bar[kStages], empty_bar[kStages];
+  const uint32_t smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;
+
+  const int tid = threadIdx.x, warp = tid >> 5, wg = warp >> 2, lane = tid & 31;
+  const ProblemDims dims = problem_dims<kKind>(args.d, args.n);
+  const int E = args.E;
+  // Cluster mode: slots are 256-row m-tile pairs; this CTA (rank 0 or 1) takes m-tile 2p + rank of
+  // pair p. Each CTA (cluster) walks tiles first_tile, first_tile + tile_stride, ...
+  // (Read where used, as the special registers they are: keeps the non-cluster code as it was.)
+  auto cta_rank = [] { return kCluster ? int(cute::block_rank_in_cluster()) : 0; };
+  auto first_tile = [] { return kCluster ? cute::cluster_id_in_grid().x : blockIdx.x; };  // unsigned, as blockIdx.x
+  auto tile_stride = [] { return kCluster ? cute::cluster_grid_dims().x : gridDim.x; };
+  if (!kVarlenK && warp == 0) build_m_tile_prefix(args.expert_offsets, E, kTileM * (kCluster ? 2 : 1), s_tile_prefix);
+  if (tid == 32) {
+    for (int s = 0; s < kStages; ++s) {
+      Barrier::init(&full_bar[s], kProducerThreads + 1);  // + thread 0's arrive with the TMA bytes
+      Barrier::init(&empty_bar[s], kReleases);
+    }
+    cutlass::arch::fence_barrier_init();
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tma_operand)) : "memory");
+  }
+  __syncthreads();
+  // The peer's barriers must be initialised before our first remote arrive or multicast into it.
+  if constexpr (kCluster) cluster_sync_all();
+  // Varlen-M tiles: bands of args.n_band column tiles; within a band (m-tile slot, n-tile), n
+  // fastest. With n_band = 1 the slots run fastest, one column tile at a time: the 132
+  // CTAs running together then share a weight column slice but read 132 different A row tiles, and
+  // every A row is read again for each column tile (120B-n2048 up: 16 x 1.07 GB of gathered X from
+  // DRAM). With n_band = B, ~132 / B m-tiles x B column tiles run together: each A tile is read
+  // once per band, and an expert's weight columns of the band are shared by its m-tiles.
+  // Varlen-K tiles: (expert, m-tile, n-tile), n fastest. In cluster mode the units of the
+  // side that is not multicast are pairs: dW1 (dH by TMA, the M side) pairs n-tiles, dW2 (A', the N
+  // side) pairs m-tiles; CTA rank r takes tile 2p + r of pair p (past the last tile: loads the
+  // shared half and zeros, stores nothing).
+  constexpr bool kPairN = kCluster && kVarlenK && !gathers_a(kKind), kPairM = kCluster && kVarlenK && gathers_a(kKind);
+  const int m_units = kPairM ? (args.m_tiles + 1) / 2 : args.m_tiles;
+  const int n_units = kPairN ? (args.n_tiles + 1) / 2 : args.n_tiles;
+  const int total_slots = kVarlenK ? 0 : s_tile_prefix[E];
+  const int total_tiles = kVarlenK ? E * m_units * n_units : total_slots * args.n_tiles;
+  // The k-tiles of tile t (consumers need only these before the mainloop and resolve the rest of the
+  // tile after it, keeping their registers for the accumulators).
+  auto num_k_of = [&](int t) {
+    if constexpr (kVarlenK) {
+      const int e = t / (m_units * n_units);
+      return (args.expert_offsets[e + 1] - args.expert_offsets[e] + kTileK - 1) / kTileK;
+    } else {
+      return int(dims.K / kTileK);
+    }
+  };
+  auto tile_at = [&](int t) {
+    OutputTile c;
+    int m_tile;
+    if constexpr (kVarlenK) {
+      c.expert = t / (m_units * n_units);
+      m_tile = (t / n_units) % m_units;
+      c.n_tile = t % n_units;
+      if constexpr (kPairM) m_tile = 2 * m_tile + cta_rank();
+      if constexpr (kPairN) c.n_tile = 2 * c.n_tile + cta_rank();
+    } else {
+      const int band = t / (total_slots * args.n_band);
+      const int width = min(args.n_band, args.n_tiles - band * args.n_band);  // the last band may be narrower
+      const int r = t - band * total_slots * args.n_band;
+      const int slot = r / width;
+      c.n_tile = band * args.n_band + r % width;
+      c.expert = expert_of_slot(s_tile_prefix, E, slot);
+      m_tile = (slot - s_tile_prefix[c.expert]) * (kCluster ? 2 : 1) + cta_rank();
+    }
+    c.row_begin = args.expert_offsets[c.expert];
+    c.row_end = args.expert_offsets[c.expert + 1];
+    c.m0 = (kVarlenK ? 0 : int64_t(c.row_begin)) + int64_t(m_tile) * kTileM;
+    c.num_k = num_k_of(t);
+    return c;
+  };
+
+  if (wg == 0) {
+    // ---------------- producer ----------------
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    int item = 0;
+    if constexpr (!kVarlenK) {
+      // Thread tid copies 16-byte chunk tid%8 (8 k-values) of the tile's A rows tid/8 + 16i.
+      // Per tile it resolves its 8 source rows once, as 32-bit offsets in 128-byte units (a row of
+      // X or dO is lda = d elements, a multiple of 64: 128·(d/64) bytes; 2^32 units are 512 GiB,
+      // beyond any GPU's memory, so T·d/64 always fits) plus a validity mask, so
+      // that a copy costs one IMAD.WIDE for its address. Computing token · lda + k0 in 64 bits per
+      // copy and k-tile (with lda and the base pointer re-read from the constant bank: the producer
+      // has 40 registers) took ~150 instructions per k-tile; ncu at 120B-n2048 (up) showed the
+      // producer warps issuing 80% of the time and the consumers waiting on full stages 54%.
+      // TMA is no faster here: one 128-byte box {64 k, 1 row} per row and k-tile through a map over
+      // X / dO lands correctly in the swizzled tile (the swizzle follows the shared address), but
+      // measured 26-29% slower (up 61.4 vs 47.6 ms summed over 5 shapes, docs/kernels.md): 128 tiny
+      // boxes per k-tile cost the TMA unit more than 8 cp.async per thread cost the producer warps.
+      constexpr int kARows = kTileM / 16;
+      const int chunk = tid & 7;
+      const uint32_t row_units = uint32_t(dims.lda / 64);
+      const char* const a_chunk = reinterpret_cast<const char*>(args.a) + chunk * 16;
+      for (int t = first_tile(); t < total_tiles; t += tile_stride()) {
+        const OutputTile tile = tile_at(t);
+        uint32_t src_unit[kARows], valid = 0;  // row offset in 128 B units; bit i: row i is the expert's
+#pragma unroll
+        for (int i = 0; i < kARows; ++i) {
+          const int64_t r = tile.m0 + tid / 8 + 16 * i;
+          const int token = r < tile.row_end ? args.row_token[r] : -1;
+          src_unit[i] = token >= 0 ? uint32_t(token) * row_units : 0u;
+          valid |= uint32_t(token >= 0) << i;
+        }
+        for (int kt = 0; kt < tile.num_k; ++kt, ++item) {
+          const int stage = item % kStages;
+          Barrier::wait(&empty_bar[stage], ((item / kStages) & 1) ^ 1);  // first pass: free at once
+          const uint32_t a_smem = smem_base + stage * Tile::kStageBytes;
+          const uint32_t b_smem = a_smem + Tile::kABytes;
+          const int k0 = kt * kTileK;
+          if (tid == 0) {
+            TxBarrier::arrive_and_expect_tx(&full_bar[stage], Tile::kBBytes);
+            if constexpr (kCluster) {
+              // dH: k-rows e·d + k0.. of W2, kBoxes 64-column blocks; CTA rank r loads boxes
+              // [r·kBoxes/2, (r+1)·kBoxes/2) into both CTAs.
+              constexpr int kBoxes = kTileN / 64, kMyBoxes = kBoxes / 2;
+#pragma unroll
+              for (int j = 0; j < kMyBoxes; ++j) {
+                const int box = cta_rank() * kMyBoxes + j;
+                tma_load_2d_multicast(b_smem + box * kMNBlockBytes, &tma_operand, &full_bar[stage],
+                                      tile.n_tile * kTileN + 64 * box, tile.expert * int(args.d) + k0, 0b11);
+              }
+            } else {  // up: rows e·2n + j0.. (gate), e·2n + n + j0.. (up) of W1
+              const int row0 = tile.expert * int(2 * args.n) + tile.n_tile * (kTileN / 2);
+              tma_load_2d(b_smem, &tma_operand, &full_bar[stage], k0, row0);
+              tma_load_2d(b_smem + (kTileN / 2) * 128, &tma_operand, &full_bar[stage], k0, row0 + int(args.n));
+            }
+          }
+          const char* const a_k = a_chunk + k0 * 2;
+#pragma unroll
+          for (int i = 0; i < kARows; ++i)
+            cp_async_16(a_smem + k_major_offset(tid / 8 + 16 * i, chunk), a_k + uint64_t(src_unit[i]) * 128u,
+                        (valid >> i) & 1u);
+          cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
+          if constexpr (kKind == GemmKind::Dh)
+            if (kt == tile.num_k - 1) prefetch_h_row_l2<kTileN>(args, tile.m0 + tid, tile.row_end, tile.n_tile);
+        }
+      }
+    } else {
+      // Each warp resolves the 64 gathered source rows of a k-tile once (lane l: rows l and 32 + l)
+      // and shuffles them to the copying lanes, one k-tile ahead, so that the row_token load's
+      // latency hides behind the empty-stage wait and the copies.
+      auto gathered_rows = [&](const OutputTile& tile, int kt, int (&rows)[2]) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = tile.row_begin + kt * kTileK + 32 * h + lane;
+          rows[h] = r < tile.row_end ? args.row_token[r] : -1;
+        }
+      };
+      for (int t = first_tile(); t < total_tiles; t += tile_stride()) {
+        const OutputTile tile = tile_at(t);
+        const int64_t n0 = int64_t(tile.n_tile) * kTileN;
+        int next[2];
+        gathered_rows(tile, 0, next);
+        for (int kt = 0; kt < tile.num_k; ++kt, ++item) {
+          const int gathered[2] = {next[0], next[1]};
+          if (kt + 1 < tile.num_k) gathered_rows(tile, kt + 1, next);
+          const int first_row = tile.row_begin + kt * kTileK;
+          const int stage = item % kStages;
+          Barrier::wait(&empty_bar[stage], ((item / kStages) & 1) ^ 1);
+          const uint32_t a_smem = smem_base + stage * Tile::kStageBytes, b_smem = a_smem + Tile::kABytes;
+          // The contiguous operand (dW1: dH, A side; dW2: A', B side) of a whole k-tile comes by TMA
+          // (tma_operand maps it, see the kernel's comment), 64-column boxes; a partial last k-tile by
+          // cp.async like the gathered one, which zero-fills the rows past the expert's: TMA would
+          // read them (the next expert's rows, or unwritten rows past the routed ones, maybe NaN).
+          const bool tma = first_row + kTileK <= tile.row_end;
+          constexpr int kTmaExtent = gathers_a(kKind) ? kTileN : kTileM;
+          if (tid == 0) {
+            TxBarrier::arrive_and_expect_tx(&full_bar[stage], tma ? kTmaExtent * kTileK * 2 : 0);
+            if (tma) {
+              const uint32_t dst = gathers_a(kKind) ? b_smem : a_smem;
+              const int col0 = int(gathers_a(kKind) ? n0 : tile.m0);
+              // This CTA's half of the boxes, into both CTAs (see the top).
+              constexpr int kMyBoxes = kTmaExtent / 128;
+#pragma unroll
+              for (int j = 0; j < kMyBoxes; ++j) {
+                const int blk = cta_rank() * kMyBoxes + j;
+                tma_load_2d_multicast(dst + blk * kMNBlockBytes, &tma_operand, &full_bar[stage], col0 + 64 * blk,
+                                      first_row, 0b11);
+              }
+            }
+          }
+          if (gathers_a(kKind) || !tma)
+            copy_k_rows<kTileM, gathers_a(kKind)>(a_smem, args.a, dims.lda, tile.m0, dims.M, first_row, tile.row_end,
+                                                  gathered);
+          if (gathers_b(kKind) || !tma)
+            copy_k_rows<kTileN, gathers_b(kKind)>(b_smem, args.b, dims.ldb, n0, dims.N, first_row, tile.row_end,
+                                                  gathered);
+          cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
+        }
+      }
+    }
+    // Producer tail (cluster): wait until the consumers of both CTAs have released every stage
+    // (the next pass's empty phases), so that no remote arrive on our barriers is still in flight.
+    if constexpr (kCluster) {
+      for (int j = 0; j < kStages; ++j, ++item) Barrier::wait(&empty_bar[item % kStages], ((item / kStages) & 1) ^ 1);
+    }
+    cp_async_wait<0>();
+  } else {
+    // ---------------- consumers ----------------
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    const int cwg = wg - 1;
+    // Frees a stage for the producers: of this CTA, and in cluster mode of both (mapa + remote arrive).
+    auto release = [&](int stage) {
+      if constexpr (kCluster) {
+        Barrier::arrive(&empty_bar[stage], 0u, 1u);
+        Barrier::arrive(&empty_bar[stage], 1u, 1u);
+      } else {
+        Barrier::arrive(&empty_bar[stage]);
+      }
+    };
+    float acc[Tile::kSlices][kTileN / 2];
+    int item = 0;  // stream position of tile i's first k-tile
+    for (int i = 0; first_tile() + i * tile_stride() < total_tiles; ++i) {
+      const int t = first_tile() + i * tile_stride();
+      const int num_k = num_k_of(t);
+      if constexpr (!kVarlenK) item = i * num_k;  // the same; keeps `item` dead across the epilogue
+#pragma unroll
+      for (int s = 0; s < Tile::kSlices; ++s)
+#pragma unroll
+        for (int j = 0; j < kTileN / 2; ++j) acc[s][j] = 0.f;
+      for (int kt = 0; kt < num_k; ++kt, ++item) {
+        const int stage = item % kStages;
+        Barrier::wait(&full_bar[stage], (item / kStages) & 1);
+        // The cp.async rows arrived through the generic proxy; wgmma reads through the async proxy.
+        fence_proxy_async_smem();
+        const uint32_t a_smem = smem_base + stage * Tile::kStageBytes;
+        const uint32_t b_smem = a_smem + Tile::kABytes;
+#pragma unroll
+        for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kTileK / 16; ++kk) {
+          // A k16 step is 32 B along a K-major row or 16 k-rows (2048 B) of an MN-major tile.
+          const uint64_t desc_b = kBKMajor ? smem_desc(b_smem + kk * 32, 16, 1024)
+                                           : smem_desc(b_smem + kk * 2048, kMNBlockBytes, 1024);
+#pragma unroll
+          for (int s = 0; s < Tile::kSlices; ++s) {
+            // 64-row slice of the A tile: 64 K-major rows or one 64-wide MN block, 8 KB either way.
+            const uint32_t a_slice = a_smem + Tile::slice_row(cwg, s) * kMNBlockBytes;
+            const uint64_t desc_a = kVarlenK ? smem_desc(a_slice + kk * 2048, kMNBlockBytes, 1024)
+                                             : smem_desc(a_slice + kk * 32, 16, 1024);
+            wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(acc[s], desc_a, desc_b);
+          }
+        }
+        wgmma_commit();
+        // Keep one k-tile of wgmmas in flight; the one before it has retired: release its stage.
+        wgmma_wait<1>();
+#pragma unroll
+        for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+        if (kt > 0 && lane == 0) release((item - 1) % kStages);
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+      if (num_k > 0 && lane == 0) release((item - 1) % kStages);
+
+      // Varlen-K: an empty expert's tile had no k-tile and stores its zero accumulators.
+      const OutputTile tile = tile_at(t);
+#pragma unroll
+      for (int s = 0; s < Tile::kSlices; ++s) {
+        const int64_t m0 = tile.m0 + Tile::slice_row(cwg, s) * 64;
+        const uint32_t staging = smem_base + kStages * Tile::kStageBytes + cwg * Tile::kStagingBytes;
+        if constexpr (kVarlenK)
+          store_dw_rows_warp_staged<kTileN>(args, dims, acc[s], m0, tile.n_tile, tile.expert, staging);
+        else if constexpr (kKind == GemmKind::Up)
+          store_up_rows_warp_staged<Act, kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile, staging);
+        else
+          store_dh_rows_warp_staged<Act, kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile, staging);
+      }
+    }
+  }
+  // No CTA leaves while its peer may still multicast into it or arrive on its barriers.
+  if constexpr (kCluster) cluster_sync_all();
+}
+
+}  // namespace leanmoe::cuda::kernels::sm90

@@ -1,0 +1,177 @@
+// Kernel choice as data (src/cuda/gemm_config.h, gemm_heuristics.h, resolve_gemm_config in
+// expert_gemms.h): the text form, the defaults the heuristics pick on the benchmark shapes, and the
+// rules an explicit configuration must follow. Host code only: runs without a GPU.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "../../src/cuda/expert_gemms.h"
+#include "../../src/cuda/gemm_config.h"
+#include "../../src/cuda/gemm_heuristics.h"
+#include "leanmoe/leanmoe.h"
+
+namespace {
+
+namespace lc = leanmoe::cuda;
+using lc::GemmKind;
+
+constexpr int kH200Sms = 132;
+
+// Runs `f`, which must throw leanmoe::Error with every piece of `needles` in its message.
+template <class F>
+void expect_error(F&& f, const std::vector<std::string>& needles) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; wanted one mentioning '" << needles.front() << "'";
+  } catch (const leanmoe::Error& e) {
+    for (const auto& needle : needles)
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "'" << needle << "' not in: " << e.what();
+  }
+}
+
+TEST(GemmConfig, KindNames) {
+  for (GemmKind kind : lc::kGemmKinds) EXPECT_EQ(lc::parse_gemm_kind(lc::gemm_kind_name(kind)), kind);
+  expect_error([] { lc::parse_gemm_kind("dW1"); }, {"'dW1'", "up, down, dh, dw2, dx, dw1"});
+}
+
+// Every compiled configuration, bare and with its run-time fields, reads back as itself.
+TEST(GemmConfig, TextRoundTrip) {
+  for (GemmKind kind : lc::kGemmKinds) {
+    ASSERT_FALSE(lc::compiled_gemm_configs(kind).empty()) << lc::gemm_kind_name(kind);
+    for (lc::GemmConfig c : lc::compiled_gemm_configs(kind)) {
+      EXPECT_EQ(c.band, 0);
+      EXPECT_EQ(c.max_ctas, 0);
+      for (auto [band, ctas] : {std::pair{0, 0}, {3, 0}, {0, 7}, {8, 132}}) {
+        c.band = band;
+        c.max_ctas = ctas;
+        const std::string text = lc::to_string(c);
+        EXPECT_EQ(lc::parse_gemm_config(text), c) << text;
+        EXPECT_EQ(lc::to_string(lc::parse_gemm_config(text)), text);
+      }
+    }
+  }
+  const lc::GemmConfig c = lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:b8:m132");
+  EXPECT_EQ(c.family, lc::GemmFamily::Gather);
+  EXPECT_EQ(c.schedule, lc::GemmSchedule::Cooperative);
+  EXPECT_EQ(c.tile_m, 128);
+  EXPECT_EQ(c.tile_n, 256);
+  EXPECT_EQ(c.stages, 4);
+  EXPECT_EQ(c.epilogue, lc::GemmEpilogue::Warp);
+  EXPECT_EQ(c.cluster, 2);
+  EXPECT_EQ(c.band, 8);
+  EXPECT_EQ(c.max_ctas, 132);
+  EXPECT_EQ(lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:m5").max_ctas, 5);
+}
+
+TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"", "1 fields"},
+      {"gather:coop:128x256:s4:warp", "5 fields"},
+      {"ws:coop:128x256:s4:warp:c1", "family 'ws'"},
+      {"gather:coop2:128x256:s4:warp:c1", "schedule 'coop2'"},
+      {"gather:coop:128:s4:warp:c1", "tile '128'"},
+      {"gather:coop:128x0:s4:warp:c1", "tile '128x0'"},
+      {"gather:coop:128x256:4:warp:c1", "stages '4'"},
+      {"gather:coop:128x256:s0:warp:c1", "stages 's0'"},
+      {"gather:coop:128x256:s4:reg:c1", "epilogue 'reg'"},
+      {"gather:coop:128x256:s4:warp:2", "cluster '2'"},
+      {"gather:coop:128x256:s4:warp:c1:b0", "field 'b0'"},
+      {"gather:coop:128x256:s4:warp:c1:m4:b8", "field 'b8'"},
+      {"gather:coop:128x256:s4:warp:c1:b8:b8", "field 'b8'"},
+      {"gather:coop:128x256:s4:warp:c1:x3", "field 'x3'"},
+      {"gather:coop:128x256:s4:warp:c1:b8:m5:m5", "9 fields"},
+  };
+  for (const auto& [text, rule] : bad) {
+    SCOPED_TRACE(text);
+    expect_error([&] { lc::parse_gemm_config(text); }, {"GemmConfig '" + text + "'", rule, "expected"});
+  }
+}
+
+// The defaults on the BENCHMARKS grid shapes the per-GEMM benchmark times (docs/kernels.md gives the
+// measurements behind each): a change of heuristic shows up here and must be documented there.
+TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
+  struct Row {
+    const char* shape;
+    int64_t d, n;
+    const char *up, *down, *dh, *dw2, *dx, *dw1;
+  };
+  const char* const kDw2 = "gather:coop:128x256:s4:warp:c2:m132";
+  const char* const kDw1 = "gather:coop:256x128:s4:warp:c2:m132";
+  const char* const kCoop = "cutlass:coop:128x256:auto:tma:c2:m132";
+  const char* const kPingpong = "cutlass:pingpong:128x128:auto:tma:c2:m132";
+  const Row rows[] = {
+      {"7B-n256", 1536, 256, "gather:coop:128x256:s4:warp:c1:b2:m132", kCoop, "gather:coop:128x256:s4:warp:c2:b1:m132",
+       kDw2, kCoop, kDw1},
+      {"olmoe-1b-7b", 2048, 1024, "gather:coop:128x256:s4:warp:c1:b8:m132", kPingpong,
+       "gather:coop:128x256:s4:warp:c2:b4:m132", kDw2, kCoop, kDw1},
+      {"120B-n2048", 4096, 2048, "gather:coop:128x256:s4:warp:c1:b8:m132", kPingpong,
+       "gather:coop:128x256:s4:warp:c2:b8:m132", kDw2, kCoop, kDw1},
+      {"gpt-oss-20b", 2880, 2880, "gather:coop:128x256:s4:warp:c1:b8:m132", kPingpong,
+       "gather:coop:128x256:s4:warp:c2:b8:m132", kDw2, kCoop, kDw1},
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(r.shape);
+    const lc::ExpertShape s{32768, r.d, r.n};
+    const char* want[] = {r.up, r.down, r.dh, r.dw2, r.dx, r.dw1};  // kGemmKinds order
+    for (GemmKind kind : lc::kGemmKinds) {
+      const lc::GemmConfig chosen = lc::choose_gemm_config(kind, s, kH200Sms);
+      EXPECT_EQ(lc::to_string(chosen), want[static_cast<size_t>(kind)]) << lc::gemm_kind_name(kind);
+      // The heuristic's choice is compiled and resolves to itself.
+      EXPECT_EQ(lc::resolve_gemm_config(kind, s, 64, kH200Sms, nullptr), chosen);
+    }
+  }
+}
+
+// An explicit configuration keeps its kernel and run-time fields; those it leaves at 0 come from
+// the heuristic; a band past the column tiles is clamped to them.
+TEST(GemmHeuristics, ResolveFillsAndClampsRunTimeFields) {
+  const lc::ExpertShape s{4096, 2048, 1024};  // up: 8 column tiles, dh: 4
+  lc::GemmConfig up = lc::compiled_gemm_configs(GemmKind::Up).front();
+  EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Up, s, 64, kH200Sms, &up),
+            lc::choose_gemm_config(GemmKind::Up, s, kH200Sms));
+  up.band = 3;
+  up.max_ctas = 5;
+  const lc::GemmConfig got = lc::resolve_gemm_config(GemmKind::Up, s, 64, kH200Sms, &up);
+  EXPECT_EQ(got.band, 3);
+  EXPECT_EQ(got.max_ctas, 5);
+  lc::GemmConfig dh = lc::compiled_gemm_configs(GemmKind::Dh).front();
+  dh.band = 100;
+  EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dh, s, 64, kH200Sms, &dh).band, 4);
+  EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dh, s, 64, 100, &dh).max_ctas, 100);  // the SM count it was given
+}
+
+TEST(GemmHeuristics, ResolveRefusesByName) {
+  const lc::ExpertShape s{64, 128, 128};
+  auto resolve = [&](GemmKind kind, const std::string& text, int64_t E = 8) {
+    const lc::GemmConfig c = lc::parse_gemm_config(text);
+    return [=] { lc::resolve_gemm_config(kind, s, E, kH200Sms, &c); };
+  };
+  // Not compiled: named, and the compiled ones listed.
+  expect_error(resolve(GemmKind::Up, "gather:pingpong:128x128:s6:warp:c1"),
+               {"up GEMM config 'gather:pingpong:128x128:s6:warp:c1'", "not compiled",
+                "compiled for up: gather:coop:128x256:s4:warp:c1"});
+  expect_error(resolve(GemmKind::Up, "gather:coop:128x256:s4:warp:c2"), {"not compiled"});
+  expect_error(resolve(GemmKind::Dw1, "gather:coop:128x256:s4:warp:c2"),
+               {"compiled for dw1: gather:coop:256x128:s4:warp:c2"});
+  expect_error(resolve(GemmKind::Down, "gather:coop:128x256:s4:warp:c1"),
+               {"compiled for down: cutlass:coop:128x256:auto:tma:c2, cutlass:pingpong:128x128:auto:tma:c2"});
+  expect_error(resolve(GemmKind::Dx, "cutlass:pingpong:128x128:auto:tma:c2"),
+               {"compiled for dx: cutlass:coop:128x256:auto:tma:c2"});
+  // Not valid for the kind or the shape.
+  expect_error(resolve(GemmKind::Dw2, "gather:coop:128x256:s4:warp:c2:b4"), {"band (bK) applies to up and dh only"});
+  expect_error(resolve(GemmKind::Down, "cutlass:coop:128x256:auto:tma:c2:b4"), {"band"});
+  expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2:m1"), {"max_ctas must be at least the cluster size 2"});
+  expect_error(resolve(GemmKind::Dx, "cutlass:coop:128x256:auto:tma:c2:m1"), {"cluster size 2"});
+  expect_error(resolve(GemmKind::Up, "gather:coop:128x256:s4:warp:c1", 2000), {"E = 2000", "at most 1024"});
+  expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2", 1025), {"E = 1025"});
+  // The varlen-K kinds and CUTLASS keep no per-expert table: any E.
+  EXPECT_NO_THROW(resolve(GemmKind::Dw1, "gather:coop:256x128:s4:warp:c2", 4096)());
+  EXPECT_NO_THROW(resolve(GemmKind::Down, "cutlass:coop:128x256:auto:tma:c2", 4096)());
+  // Fields set directly rather than parsed.
+  lc::GemmConfig c = lc::compiled_gemm_configs(GemmKind::Up).front();
+  c.band = -1;
+  expect_error([&] { lc::resolve_gemm_config(GemmKind::Up, s, 8, kH200Sms, &c); }, {">= 0"});
+}
+
+}  // namespace
