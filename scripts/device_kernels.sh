@@ -36,11 +36,13 @@ echo "racecheck rc=$?"; tail -2 "$W/racecheck.log"
 
 SHAPES=7B-n256,olmoe-1b-7b,120B-n2048,gpt-oss-20b
 echo "== each expert GEMM on its own, heuristic configurations (t=${SECONDS}s)"
-timeout 90 "$B/leanmoe_bench_gemms" --shape $SHAPES --iters 20 >"$W/gemms.txt" 2>&1; echo "gemms rc=$?"; cat "$W/gemms.txt"
+timeout 90 "$B/leanmoe_bench_gemms" --shape $SHAPES --iters 20 >"$W/gemms.txt" 2>&1
+echo "gemms rc=$?"; cat "$W/gemms.txt"
 
 echo "== explicit --config (t=${SECONDS}s)"
-timeout 60 "$B/leanmoe_bench_gemms" --shape 120B-n2048,7B-n256 --gemms up,dh,down --iters 20 \
-  --config up=gather:coop:128x256:s4:warp:c1:b4,dh=gather:coop:128x256:s4:warp:c2:b4,down=cutlass:coop:128x256:auto:tma:c2 \
+explicit=up=gather:coop:128x256:s4:warp:c1:b4,dh=gather:coop:128x256:s4:warp:c2:b4
+explicit=$explicit,down=cutlass:coop:128x256:auto:tma:c2
+timeout 60 "$B/leanmoe_bench_gemms" --shape 120B-n2048,7B-n256 --gemms up,dh,down --iters 20 --config "$explicit" \
   >"$W/gemms_explicit.txt" 2>&1; echo "explicit rc=$?"; cat "$W/gemms_explicit.txt"
 
 if [ -x "$B/leanmoe_bench_gemms_base" ]; then

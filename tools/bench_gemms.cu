@@ -229,7 +229,8 @@ int main(int argc, char** argv) {
     } else {
       for (const auto& name : split_commas(shape_list)) {
         const auto* shape = leanmoe::tools::find_shape(name);
-        if (!shape) throw std::runtime_error("--shape: unknown '" + name + "'; known: " + leanmoe::tools::shape_names());
+        if (!shape)
+          throw std::runtime_error("--shape: unknown '" + name + "'; known: " + leanmoe::tools::shape_names());
         shapes.push_back(*shape);
       }
     }
@@ -239,10 +240,12 @@ int main(int argc, char** argv) {
     for (const auto& shape : shapes)
       for (lc::GemmKind kind : lc::kGemmKinds)
         if (requested[kind])
-          lc::resolve_gemm_config(kind, {shape.T, shape.d, shape.n}, shape.E, prop.multiProcessorCount, requested[kind]);
+          lc::resolve_gemm_config(kind, {shape.T, shape.d, shape.n}, shape.E, prop.multiProcessorCount,
+                                  requested[kind]);
     std::printf("GPU: %s (%d SMs); median of %d launches after %d warm-up\n\n", prop.name, prop.multiProcessorCount,
                 iters, warmup);
-    std::printf("| shape | T | d | n | E | K | GEMM | kernel | ms | TFLOP/s |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| shape | T | d | n | E | K | GEMM | kernel | ms | TFLOP/s |\n"
+                "|---|---|---|---|---|---|---|---|---|---|\n");
     for (const auto& s : shapes) bench_shape(s, only, requested, prop.multiProcessorCount, iters, warmup);
     return 0;
   } catch (const std::exception& e) {

@@ -191,8 +191,7 @@ GatherKernel gather_kernel() {
   return {c, &launch_gather<kKind, Tile, kCluster, Act>};
 }
 
-// The gather kernel's instantiations: per kind the one that won the measurements (docs/kernels.md);
-// each costs about half a minute of nvcc.
+// The gather kernel's instantiations: per kind the one that won the measurements (docs/kernels.md).
 const std::vector<GatherKernel>& gather_kernels(GemmKind kind) {
   static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, sm90::GatherTile128x256, false>()};
   static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, sm90::GatherTile128x256, true>()};

@@ -144,7 +144,8 @@ struct Kernels {
   std::string describe() const {
     std::string s;
     for (lc::GemmKind kind : lc::kGemmKinds)
-      if (const lc::GemmConfig* c = (*this)[kind]) s += std::string(" ") + lc::gemm_kind_name(kind) + "=" + lc::to_string(*c);
+      if (const lc::GemmConfig* c = (*this)[kind])
+        s += std::string(" ") + lc::gemm_kind_name(kind) + "=" + lc::to_string(*c);
     return s.empty() ? " (heuristic)" : s;
   }
 };
@@ -361,7 +362,9 @@ Kernels with_max_ctas(Kernels k, int ctas) {
 // The kernels are persistent (one CTA per SM walks many tiles, its loads running ahead across tile
 // boundaries); 5 CTAs (2 clusters of 2 where the kernel runs in clusters) make every CTA walk many
 // tiles of several experts on a small case.
-TEST(ExpertGemms, FewPersistentCtas) { run_case({512, 16, 4, 256, 320, 5, false}, with_max_ctas(compiled_configs(0), 5)); }
+TEST(ExpertGemms, FewPersistentCtas) {
+  run_case({512, 16, 4, 256, 320, 5, false}, with_max_ctas(compiled_configs(0), 5));
+}
 
 // Every compiled configuration of every kind (down: CUTLASS cooperative 128x256 and ping-pong 128x128;
 // the others one each) on the ragged cases: one m-tile per expert and an empty one (~25 rows each), T = 1
@@ -430,7 +433,9 @@ TEST(ExpertGemms, LaunchersRefuseConfigsByName) {
     }
   };
   expect_refused("up", "gather:pingpong:128x128:s6:warp:c1", "compiled for up: gather:coop:128x256:s4:warp:c1",
-                 [&](const lc::GemmConfig* c) { lc::up_proj_swiglu(rows, s, x.ptr, w1.ptr, h.ptr, a.ptr, nullptr, c); });
+                 [&](const lc::GemmConfig* c) {
+                   lc::up_proj_swiglu(rows, s, x.ptr, w1.ptr, h.ptr, a.ptr, nullptr, c);
+                 });
   expect_refused("dh", "gather:coop:128x256:s4:warp:c1", "not compiled", [&](const lc::GemmConfig* c) {
     lc::dh_swiglu_bwd(rows, s, x.ptr, w2.ptr, h.ptr, h.ptr, a.ptr, ds.ptr, nullptr, c);
   });

@@ -161,7 +161,8 @@ TEST(GemmHeuristics, ResolveRefusesByName) {
   // Not valid for the kind or the shape.
   expect_error(resolve(GemmKind::Dw2, "gather:coop:128x256:s4:warp:c2:b4"), {"band (bK) applies to up and dh only"});
   expect_error(resolve(GemmKind::Down, "cutlass:coop:128x256:auto:tma:c2:b4"), {"band"});
-  expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2:m1"), {"max_ctas must be at least the cluster size 2"});
+  expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2:m1"),
+               {"max_ctas must be at least the cluster size 2"});
   expect_error(resolve(GemmKind::Dx, "cutlass:coop:128x256:auto:tma:c2:m1"), {"cluster size 2"});
   expect_error(resolve(GemmKind::Up, "gather:coop:128x256:s4:warp:c1", 2000), {"E = 2000", "at most 1024"});
   expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2", 1025), {"E = 1025"});

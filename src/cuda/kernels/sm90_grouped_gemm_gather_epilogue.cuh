@@ -178,8 +178,8 @@ __device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, 
       for (int bl = 0; bl < 4; ++bl) {
         const int b = 4 * c + bl;  // 8-column block of the tile
         if (row0 + lane / 4 + 8 * h >= row_end || n0 + 8 * b >= n) continue;  // no ds term
-        activation_backward_pair<Act>(gate[h], g2[h][bl], u2[h][bl], acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1], dg2[h][bl],
-                                      du2[h][bl], ds[h][b / 16]);
+        activation_backward_pair<Act>(gate[h], g2[h][bl], u2[h][bl], acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1],
+                                      dg2[h][bl], du2[h][bl], ds[h][b / 16]);
       }
     // dg, du, A' through the third tile, each with the fragment layout of up's epilogue.
 #pragma unroll
