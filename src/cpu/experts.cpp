@@ -1,6 +1,7 @@
 #include "cpu/experts.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +15,7 @@ const void* advance(const void* p, DType dtype, int64_t elems) {
 void* advance(void* p, DType dtype, int64_t elems) { return static_cast<char*>(p) + elems * int64_t(dtype_size(dtype)); }
 
 void to_float(const void* src, DType dtype, int64_t count, float* dst) {
+  if (count == 0) return;  // an empty tensor may have no memory (memcpy wants valid pointers)
   if (dtype == DType::f32) {
     std::memcpy(dst, src, size_t(count) * 4);
     return;
@@ -24,6 +26,7 @@ void to_float(const void* src, DType dtype, int64_t count, float* dst) {
 }
 
 void store(const float* src, int64_t count, DType dtype, void* dst) {
+  if (count == 0) return;
   if (dtype == DType::f32) {
     std::memcpy(dst, src, size_t(count) * 4);
     return;
@@ -53,14 +56,60 @@ void gather_rows(const void* src, DType dtype, int64_t width, const int32_t* row
   }
 }
 
+namespace {
+
+// One level of parallelism (issue 14): OpenMP threads split each GEMM and every piece runs
+// single-threaded OpenBLAS. A pthreads OpenBLAS left at its default keeps a second pool whose
+// threads spin against OpenMP's: on 2 cores forward ran 4-8x slower than with one BLAS thread.
+// So a pthreads OpenBLAS is held at one thread, for the whole process: lowering and raising its
+// count around each call stops and restarts its threads (0.3.21: a test of a few tiny layers took
+// 1.6 s instead of under 1 ms). An
+// OpenMP-built OpenBLAS already runs serially inside our parallel regions; a serial one is serial.
+void keep_blas_single_threaded() {
+  static const bool pthreads_blas = openblas_get_parallel() == 1;
+  if (pthreads_blas && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+}
+
+// Below this many multiply-adds one thread does the whole GEMM: an OpenMP fork/join costs a few
+// microseconds, a 64^3 GEMM about 20.
+constexpr int64_t kParallelGemmWork = int64_t(1) << 18;
+// Each thread's slice keeps at least this many rows (or columns): the micro-kernels' tile height.
+constexpr int64_t kMinSliceExtent = 16;
+
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+           int64_t ldb, float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N),
+              int(K), 1.f, A, int(lda), B, int(ldb), 0.f, C, int(ldc));
+}
+
+}  // namespace
+
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // BLAS may leave C untouched for an empty sum
     std::fill(C, C + M * N, 0.f);
     return;
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, int(M), int(N),
-              int(K), 1.f, A, int(trans_a ? M : K), B, int(trans_b ? K : N), 0.f, C, int(N));
+  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  keep_blas_single_threaded();
+  // Slices of the larger of M and N, one per thread: each C element is still one sgemm's dot
+  // product over all of K, and a fixed thread count gives a fixed split (run-to-run identical).
+  const bool split_rows = M >= N;
+  const int64_t extent = split_rows ? M : N;
+  int64_t parts = std::min<int64_t>(omp_get_max_threads(), extent / kMinSliceExtent);
+  if (M * N * K < kParallelGemmWork || omp_in_parallel()) parts = 1;
+  if (parts <= 1) {
+    sgemm(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, N);
+    return;
+  }
+#pragma omp parallel for schedule(static) num_threads(int(parts))
+  for (int64_t i = 0; i < parts; ++i) {
+    const int64_t begin = extent * i / parts, size = extent * (i + 1) / parts - begin;
+    if (split_rows)  // rows of op(A) and C
+      sgemm(trans_a, trans_b, size, N, K, trans_a ? A + begin : A + begin * lda, lda, B, ldb, C + begin * N, N);
+    else  // columns of op(B) and C
+      sgemm(trans_a, trans_b, M, size, K, A, lda, trans_b ? B + begin * ldb : B + begin, ldb, C + begin, N);
+  }
 }
 
 void gather_sum_rows(const float* v, const float* row_scale, const float* add, const int32_t* token_offsets,
