@@ -48,7 +48,9 @@ void check_shape(const char* fn, const std::string& arg, const Tensor& t, const 
 // Layout and pointer rules every tensor argument shares (after shape, dtype and device).
 void check_storage(const char* fn, const std::string& arg, const Tensor& t) {
   if (!t.is_contiguous()) fail(fn, arg, "must be contiguous (row-major)", t.describe());
-  if (t.data == nullptr) fail(fn, arg, "must not have a null data pointer", t.describe() + " with data = null");
+  // An empty tensor (e.g. T = 0 tokens) may have no memory behind it.
+  if (t.data == nullptr && t.numel() > 0)
+    fail(fn, arg, "must not have a null data pointer", t.describe() + " with data = null");
 }
 
 void check_device(const char* fn, const std::string& arg, const Tensor& t, const Tensor& ref, const char* ref_name) {
@@ -78,7 +80,7 @@ void check_activation(const char* fn, const char* arg, const Tensor& t, int64_t 
                       const char* T_rule) {
   if (!t.defined()) fail(fn, arg, "must be given (2-D [T, d])", t.describe());
   if (t.ndim != 2) fail(fn, arg, "must be 2-D [T, d] with d = cfg.d = " + std::to_string(cfg.d), t.describe());
-  if (t.shape[0] <= 0) fail(fn, arg, "must have T = shape[0] > 0 tokens", t.describe());
+  if (t.shape[0] < 0) fail(fn, arg, "must have T = shape[0] >= 0 tokens", t.describe());
   if (T_expected >= 0 && t.shape[0] != T_expected)
     fail(fn, arg, std::string("must have T = ") + T_rule + " = " + std::to_string(T_expected) + " rows", t.describe());
   if (t.shape[1] != cfg.d)
@@ -137,6 +139,60 @@ void check_finite(const char* fn, const char* arg, const Tensor& t, Backend& be)
     fail(fn, arg, "must hold only finite values (cfg.check_finite is on)", "NaN or Inf in " + t.describe());
 }
 
+// Aliasing: every tensor a call writes must share no byte with any tensor it reads, with another
+// tensor it writes, or with the workspace (in-place use would read half-written data; forward's
+// saved.x is a reference to x, so an out over x would also corrupt backward).
+struct Range {
+  const char* name;
+  uintptr_t begin = 0, end = 0;  // [begin, end) bytes; empty for an undefined or empty tensor
+};
+Range range_of(const char* name, const Tensor& t) {
+  Range r{name};
+  if (!t.defined() || t.numel() == 0 || t.data == nullptr) return r;
+  r.begin = reinterpret_cast<uintptr_t>(t.data);
+  r.end = r.begin + t.nbytes();
+  return r;
+}
+Range range_of(Workspace ws) {
+  Range r{"ws"};
+  if (ws.data == nullptr || ws.bytes == 0) return r;
+  r.begin = reinterpret_cast<uintptr_t>(ws.data);
+  r.end = r.begin + ws.bytes;
+  return r;
+}
+bool overlap(const Range& a, const Range& b) { return a.begin < b.end && b.begin < a.end; }
+
+// `written` must be pairwise disjoint (except the pair `allowed`, may be null) and disjoint from `read`.
+void check_no_aliasing(const char* fn, const std::vector<Range>& written, const std::vector<Range>& read,
+                       const char* allowed_a = nullptr, const char* allowed_b = nullptr) {
+  for (size_t i = 0; i < written.size(); ++i) {
+    for (size_t j = i + 1; j < written.size(); ++j) {
+      const bool allowed = allowed_a && ((std::string(written[i].name) == allowed_a &&
+                                          std::string(written[j].name) == allowed_b) ||
+                                         (std::string(written[i].name) == allowed_b &&
+                                          std::string(written[j].name) == allowed_a));
+      if (!allowed && overlap(written[i], written[j]))
+        fail(fn, written[i].name, std::string("must not overlap ") + written[j].name + " (both are written)",
+             "overlapping memory");
+    }
+    for (const Range& r : read)
+      if (overlap(written[i], r))
+        fail(fn, written[i].name, std::string("must not overlap ") + r.name + " (written while " + r.name +
+                                      " is read; no in-place use)",
+             "overlapping memory");
+  }
+}
+
+std::vector<Range> saved_ranges(const SavedState& s) {
+  return {range_of("saved.h", s.h),
+          range_of("saved.row_gate", s.row_gate),
+          range_of("saved.row_token", s.row_token),
+          range_of("saved.token_rows", s.token_rows),
+          range_of("saved.token_offsets", s.token_offsets),
+          range_of("saved.expert_offsets", s.expert_offsets),
+          range_of("saved.topk_experts", s.topk_experts)};
+}
+
 }  // namespace
 
 void validate_config(const MoEConfig& cfg, const char* fn) {
@@ -162,7 +218,8 @@ void validate_config(const MoEConfig& cfg, const char* fn) {
 
 void validate_tokens(const MoEConfig& cfg, int64_t T, const char* fn) {
   constexpr int64_t kMaxI32 = std::numeric_limits<int32_t>::max();
-  if (T <= 0) fail(fn, "T", "must be > 0", std::to_string(T));
+  // T = 0 is a layer call with no tokens (an expert-parallel rank or a packed batch with none).
+  if (T < 0) fail(fn, "T", "must be >= 0", std::to_string(T));
   // Row indices and offsets are i32 (SavedState, kernels): R_max = T*K for top-K must fit, e.g.
   // T = 2^28 tokens with K = 8 would wrap every offset past row 2^31 - 1.
   if (T > kMaxI32) fail(fn, "T", "must be <= 2^31 - 1 (routing metadata is i32)", std::to_string(T));
@@ -185,6 +242,13 @@ void validate_forward(const ForwardArgs& a, Backend& be) {
   check_loss_pair(fn, "losses", a.losses, a.x, "x");
   check_saved(fn, cfg, a.saved, T, a.x, "x");
   check_workspace(fn, a.ws, be.forward_workspace_bytes(cfg, T, a.x.dtype), "forward_workspace_bytes");
+  std::vector<Range> written = saved_ranges(a.saved);
+  written.push_back(range_of("out", a.out));
+  written.push_back(range_of("losses", a.losses));
+  written.push_back(range_of(a.ws));
+  check_no_aliasing(fn, written,
+                    {range_of("x", a.x), range_of("w.router", a.w.router), range_of("w.gate_up_proj", a.w.gate_up_proj),
+                     range_of("w.down_proj", a.w.down_proj)});
   if (cfg.check_finite) {
     check_finite(fn, "x", a.x, be);
     check_finite(fn, "w.router", a.w.router, be);
@@ -221,6 +285,19 @@ void validate_backward(const BackwardArgs& a, Backend& be) {
     check_tensor(fn, "grads.d_down_proj", g.d_down_proj, {{"E", cfg.E}, {"d", cfg.d}, {"n", cfg.n}}, dtype, why,
                  a.d_out, "d_out");
   check_workspace(fn, a.ws, be.backward_workspace_bytes(cfg, T, dtype), "backward_workspace_bytes");
+  std::vector<Range> read = saved_ranges(s);
+  for (const Range& r : {range_of("saved.x", s.x), range_of("d_out", a.d_out), range_of("d_losses", a.d_losses),
+                         range_of("w.router", a.w.router), range_of("w.gate_up_proj", a.w.gate_up_proj),
+                         range_of("w.down_proj", a.w.down_proj)})
+    read.push_back(r);
+  // With a callback dW2 is handed over (and consumed) before dW1 is written, so the two may share
+  // one buffer (in-backward updates keep one layer's expert gradients in 2/3 of dW1 + dW2).
+  const bool callback = bool(a.on_expert_grad);
+  check_no_aliasing(fn,
+                    {range_of("grads.dx", g.dx), range_of("grads.d_router", g.d_router),
+                     range_of("grads.d_gate_up_proj", g.d_gate_up_proj), range_of("grads.d_down_proj", g.d_down_proj),
+                     range_of(a.ws)},
+                    read, callback ? "grads.d_gate_up_proj" : nullptr, callback ? "grads.d_down_proj" : nullptr);
   if (cfg.check_finite) check_finite(fn, "d_out", a.d_out, be);
 }
 

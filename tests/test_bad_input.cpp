@@ -101,10 +101,11 @@ TEST(BadInput, XMustBeGiven) {
   expect_error([&] { a.fwd(); }, {"argument 'x'", "must be given"});
 }
 
-TEST(BadInput, ZeroTokens) {
+// T = 0 is a valid call (tests/test_training_loop.cpp); a negative row count is not.
+TEST(BadInput, NegativeTokens) {
   Args a;
-  a.x = with_shape(a.x, {0, 16});
-  expect_error([&] { a.fwd(); }, {"argument 'x'", "T = shape[0] > 0"});
+  a.x.shape[0] = -1;
+  expect_error([&] { a.fwd(); }, {"argument 'x'", "T = shape[0] >= 0"});
 }
 
 TEST(BadInput, XMustBe2DWithWidthD) {

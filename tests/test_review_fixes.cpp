@@ -60,8 +60,9 @@ TEST(ReviewFixes, PlanLayerRefusesRowsBeyondInt32) {
 TEST(ReviewFixes, MakeSavedStateChecksTokens) {
   const MoEConfig c = small_config();
   std::vector<char> buffer(1 << 16);
-  expect_error([&] { make_saved_state(c, 0, DType::f32, Device::cpu, buffer.data(), buffer.size()); },
-               {"make_saved_state", "argument 'T'", "must be > 0"});
+  expect_error([&] { make_saved_state(c, -1, DType::f32, Device::cpu, buffer.data(), buffer.size()); },
+               {"make_saved_state", "argument 'T'", "must be >= 0"});
+  EXPECT_NO_THROW(make_saved_state(c, 0, DType::f32, Device::cpu, buffer.data(), buffer.size()));  // no tokens
   expect_error([&] { make_saved_state(k8_config(), kTooManyTokens, DType::f32, Device::cpu, buffer.data(),
                                       buffer.size()); },
                {"make_saved_state", "argument 'T'", "2^31 - 1"});
@@ -92,7 +93,7 @@ TEST(ReviewFixes, MoEStackValidatesConfigBeforeAllocating) {
   c.E = -1;  // used to size the router buffer (E*d) first: std::length_error, not leanmoe::Error
   expect_error([&] { optim::MoEStack({c}, 8, DType::f32, Device::cpu, optim::StackOptions{}, 1); },
                {"MoEStack", "argument 'cfg'", "cfg.E must be > 0"});
-  expect_error([&] { optim::MoEStack({small_config()}, 0, DType::f32, Device::cpu, optim::StackOptions{}, 1); },
+  expect_error([&] { optim::MoEStack({small_config()}, -1, DType::f32, Device::cpu, optim::StackOptions{}, 1); },
                {"MoEStack", "argument 'T'"});
 }
 

@@ -144,6 +144,10 @@ void topk_counts(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, i
 
 void router_losses(const float* p, const float* lse, const int32_t* counts, int64_t T, int64_t E, int64_t K,
                    float* aux, float* zloss) {
+  if (T == 0) {  // no tokens: nothing to balance, no logits (0, where a mean over no tokens is NaN)
+    *aux = *zloss = 0.f;
+    return;
+  }
   double aux_sum = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : aux_sum)
   for (int64_t e = 0; e < E; ++e) {

@@ -61,7 +61,8 @@ void row_experts(const int32_t* expert_offsets, int64_t E, int32_t* row_expert);
 // Top-K counts per expert (before any rounding), from topk_experts.
 void topk_counts(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, int32_t* counts);
 
-// aux = E * sum_e f_e * P_e (f_e = topk count / (T*K), P_e = mean_t p); zloss = mean_t lse^2.
+// aux = E * sum_e f_e * P_e (f_e = topk count / (T*K), P_e = mean_t p); zloss = mean_t lse^2;
+// both 0 when T = 0.
 void router_losses(const float* p, const float* lse, const int32_t* counts, int64_t T, int64_t E, int64_t K,
                    float* aux, float* zloss);
 

@@ -190,9 +190,15 @@ class CudaBackend final : public Backend {
     require_aligned_workspace("forward", a.ws);
     const int64_t T = a.x.shape[0], E = cfg.E, K = cfg.K;
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+    SavedState& s = a.saved;
+    if (T == 0) {  // no tokens (no grid may be empty): no rows, losses 0 as on the CPU
+      zero_async(s.expert_offsets, stream);
+      zero_async(s.token_offsets, stream);
+      zero_async(a.losses, stream);
+      return;
+    }
     Carver carver(a.ws.data);
     ForwardWorkspace w(carver, cfg, T);
-    SavedState& s = a.saved;
 
     const cuda::RoutingScratch& r = w.routing;
     router_logits(a.x.data, a.w.router.data, T, cfg, w.cublas, r.zp, stream);
@@ -225,6 +231,18 @@ class CudaBackend final : public Backend {
     require_aligned_workspace("backward", a.ws);
     const int64_t T = s.T, E = cfg.E, K = cfg.K;
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+    if (T == 0) {  // no tokens: every weight gradient is 0 (handed over in the usual order), dx is empty
+      if (g.d_down_proj.defined()) {
+        zero_async(g.d_down_proj, stream);
+        if (a.on_expert_grad) a.on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
+      }
+      if (g.d_gate_up_proj.defined()) {
+        zero_async(g.d_gate_up_proj, stream);
+        if (a.on_expert_grad) a.on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
+      }
+      zero_async(g.d_router, stream);
+      return;
+    }
     Carver carver(a.ws.data);
     BackwardWorkspace w(carver, cfg, T);
     const cuda::RoutedRows rows = routed_rows(s, E);
@@ -286,6 +304,10 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  static void zero_async(const Tensor& t, cudaStream_t stream) {  // +0.0 is all-zero bits in bf16 and f32
+    if (t.defined() && t.nbytes() > 0) LEANMOE_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream));
+  }
+
   static cuda::RoutedRows routed_rows(const SavedState& s, int64_t E) {
     return {s.expert_offsets.ptr<int32_t>(), s.row_token.ptr<int32_t>(), s.row_gate.ptr<float>(), s.rows_capacity,
             E};
