@@ -59,7 +59,7 @@ def _moe_backward_adamw_fake(d_out, d_losses, x, router_weight, *rest):
 
 
 @torch.library.register_fake("leanmoe::adamw_step_")
-def _adamw_step_fake(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, weight_decay, eps):
+def _adamw_step_fake(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, weight_decay, eps, master=None):
     return None
 
 
@@ -77,9 +77,32 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, d_out, d_losses, *unused):
     x, router_weight, gate_up_proj, down_proj, *saved = ctx.saved_tensors
     d_out, d_losses = _incoming_grads(x, d_out, d_losses)
-    dx, d_router, d_gate_up, d_down = ops.moe_backward(d_out, d_losses, x, router_weight, gate_up_proj, down_proj,
-                                                       *saved, *ctx.config)
-    return (dx, d_router, d_gate_up, d_down) + (None,) * len(ctx.config)
+    with torch.no_grad():  # moe_backward has no derivative of its own (see _once_differentiable)
+        grads = ops.moe_backward(d_out, d_losses, x, router_weight, gate_up_proj, down_proj, *saved, *ctx.config)
+    return _once_differentiable(tuple(grads), ctx.needs_input_grad[:4]) + (None,) * len(ctx.config)
+
+
+_NO_DOUBLE_BACKWARD = (b"leanmoe: the MoE layer has no second derivative (double backward is not implemented): a "
+                       b"gradient taken through it with create_graph=True cannot be differentiated again")
+
+
+def _once_differentiable(grads, needs_input_grad):
+    """What torch.autograd.function.once_differentiable does, with leanmoe's message: under
+    backward(create_graph=True) the gradients come out first-order correct but raise when they are
+    differentiated again (without this, second-order gradients through the layer were silently 0).
+    Under torch.compile, AOTAutograd refuses double backward itself."""
+    if not torch.is_grad_enabled() or not any(needs_input_grad) or torch.compiler.is_compiling():
+        return grads
+    err = torch._C._functions.DelayedError(_NO_DOUBLE_BACKWARD, len(grads))
+
+    def fake_requires_grad(g):
+        if g is not None:
+            g = g.detach()
+            g.requires_grad = True
+        return g
+
+    out = err(*[fake_requires_grad(g) for g in grads])
+    return out if isinstance(out, tuple) else (out,)
 
 
 def _incoming_grads(x, d_out, d_losses):

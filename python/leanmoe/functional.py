@@ -6,12 +6,18 @@ Two backward paths:
 - in-backward (eager only): when both expert weights belong to a ``leanmoe.optim.ExpertAdamW``
   with ``in_backward=True``, backward updates each expert weight inside the C++ backward, the
   moment its gradient is complete, and the expert gradients never reach ``.grad``.
+Neither has a second derivative: a gradient taken with ``create_graph=True`` raises when it is
+differentiated again (``_once_differentiable``).
+
+Under ``torch.autocast`` the layer follows autocast as ``F.linear`` does: x and the weights are cast
+to the autocast dtype (bfloat16; float32 is a no-op) for the call, the output has that dtype.
 """
-from typing import NamedTuple
+import warnings
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from ._ops import _incoming_grads, ops
+from ._ops import _incoming_grads, _once_differentiable, ops
 
 ROUTERS = ("softmax_then_topk", "topk_then_softmax")
 ROUTINGS = ("topk", "token_rounding")
@@ -28,22 +34,101 @@ def routing_for_call(routing, inference_routing, training) -> str:
     return routing if training and torch.is_grad_enabled() else inference_routing
 
 
+STORAGE_DTYPES = (torch.bfloat16, torch.float32)
+_WHY_NOT_F64 = ("float64 is not offered: every backend computes in fp32 (python/README.md, 'Gradient checks', "
+                "says how to check gradients)")
+
+
 class MoEOutput(NamedTuple):
     output: torch.Tensor  # [..., d], the dtype of x
-    aux_loss: torch.Tensor  # fp32 scalar: E * sum_e f_e * P_e (unscaled)
-    z_loss: torch.Tensor  # fp32 scalar: mean_t logsumexp(z_t)^2 (unscaled)
+    aux_loss: torch.Tensor  # fp32 scalar: E * sum_e f_e * P_e (unscaled); 0 for T = 0
+    z_loss: torch.Tensor  # fp32 scalar: mean_t logsumexp(z_t)^2 (unscaled); 0 for T = 0
+
+
+class RouterStats(NamedTuple):
+    """What routing did in one call, as device tensors (computing them never synchronises with the
+    host; .item() or .tolist() on them does). f_e = the plain top-K count, r_e = the rows routed."""
+    tokens: int  # T
+    expert_rows: torch.Tensor  # [E] int32: r_e, rows each expert computed (token rounding included)
+    topk_counts: torch.Tensor  # [E] int32: f_e, tokens whose top-K chose the expert
+    dropped_pairs: torch.Tensor  # int32 scalar: top-K pairs token rounding dropped, sum_e max(f_e - r_e, 0)
+    added_pairs: torch.Tensor  # int32 scalar: pairs token rounding added, sum_e max(r_e - f_e, 0)
+    tokens_without_expert: torch.Tensor  # int32 scalar: tokens routed to no expert (their output is 0)
+
+
+class MoEOutputWithStats(NamedTuple):
+    output: torch.Tensor
+    aux_loss: torch.Tensor
+    z_loss: torch.Tensor
+    stats: RouterStats
+
+
+def router_stats(T, expert_offsets, token_offsets, topk_experts) -> RouterStats:
+    """RouterStats from the routing arrays of ``leanmoe::moe_forward`` (a few [E]-sized device ops).
+    Token rounding keeps each expert's highest-priority tokens and every chosen pair outranks every
+    unchosen one, so an expert either only drops (r_e < f_e) or only adds (r_e > f_e) pairs."""
+    E = expert_offsets.shape[0] - 1
+    rows = expert_offsets[1:] - expert_offsets[:-1]
+    topk = torch.zeros(E, dtype=torch.int32, device=rows.device)
+    topk.scatter_add_(0, topk_experts.reshape(-1).long(), torch.ones_like(topk_experts.reshape(-1)))
+    moved = rows - topk
+    empty = (token_offsets[1:] == token_offsets[:-1]).sum(dtype=torch.int32)
+    return RouterStats(T, rows, topk, (-moved).clamp_min(0).sum(dtype=torch.int32),
+                       moved.clamp_min(0).sum(dtype=torch.int32), empty)
+
+
+def _check_tensors(fn, x, router_weight, gate_up_proj, down_proj, top_k):
+    """The argument rules a Python caller can break before the operator runs, named like the C++ API's."""
+    for name, t in (("x", x), ("router_weight", router_weight), ("gate_up_proj", gate_up_proj),
+                    ("down_proj", down_proj)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{fn}: argument '{name}': must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in STORAGE_DTYPES:
+            why = f" ({_WHY_NOT_F64})" if t.dtype == torch.float64 else ""
+            raise ValueError(f"{fn}: argument '{name}': dtype must be torch.bfloat16 or torch.float32{why}, "
+                             f"got {t.dtype}")
+    if gate_up_proj.dim() != 3:
+        raise ValueError(f"{fn}: argument 'gate_up_proj': must be 3-D [E, 2n, d], got shape {tuple(gate_up_proj.shape)}")
+    E = gate_up_proj.shape[0]
+    if isinstance(top_k, bool) or not isinstance(top_k, (int, torch.SymInt)) or not 1 <= top_k <= E:
+        raise ValueError(f"{fn}: argument 'top_k': must be an int in 1..E = {E}, got {top_k!r}")
+
+
+def _autocast(x, weights):
+    """Follows torch.autocast as F.linear does: floating operands other than float64 are cast to the
+    autocast dtype."""
+    device_type = x.device.type if isinstance(x, torch.Tensor) else "cpu"
+    if not torch.is_autocast_enabled(device_type):
+        return x, weights
+    dtype = torch.get_autocast_dtype(device_type)
+    if dtype not in STORAGE_DTYPES:
+        raise ValueError(f"leanmoe.moe: torch.autocast dtype must be torch.bfloat16 (leanmoe stores bfloat16 or "
+                         f"float32), got {dtype}: use torch.autocast('{device_type}', dtype=torch.bfloat16)")
+
+    def cast(t):
+        eligible = isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+        return t.to(dtype) if eligible else t
+
+    return cast(x), tuple(cast(w) for w in weights)
 
 
 def moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_then_topk", norm_topk_prob=False,
-        routing="topk", tile=128, rounding_mode="nearest") -> MoEOutput:
+        routing="topk", tile=128, rounding_mode="nearest", return_stats=False):
     """x [..., d]; router_weight [E, d]; gate_up_proj [E, 2n, d]; down_proj [E, d, n] (HF v5 layout).
-    All of one dtype (bfloat16 or float32) and device."""
+    All of one dtype (bfloat16 or float32) and device; x may have no tokens (then the output is empty,
+    the losses 0 and the weight gradients 0). Returns MoEOutput, or MoEOutputWithStats with
+    ``return_stats=True`` (RouterStats: device tensors, no host synchronisation)."""
     if router not in ROUTERS:
         raise ValueError(f"leanmoe.moe: argument 'router': must be one of {ROUTERS}, got {router!r}")
     if routing not in ROUTINGS:
         raise ValueError(f"leanmoe.moe: argument 'routing': must be one of {ROUTINGS}, got {routing!r}")
     if rounding_mode not in ROUNDING_MODES:
         raise ValueError(f"leanmoe.moe: argument 'rounding_mode': must be one of {ROUNDING_MODES}, got {rounding_mode!r}")
+    if isinstance(tile, bool) or not isinstance(tile, (int, torch.SymInt)) or tile <= 0:
+        raise ValueError(f"leanmoe.moe: argument 'tile': must be an int > 0, got {tile!r}")
+    params = (gate_up_proj, down_proj)
+    x, (router_weight, gate_up_proj, down_proj) = _autocast(x, (router_weight, gate_up_proj, down_proj))
+    _check_tensors("leanmoe.moe", x, router_weight, gate_up_proj, down_proj, top_k)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     config = (int(top_k), router, bool(norm_topk_prob), routing, int(tile), rounding_mode)
@@ -51,13 +136,36 @@ def moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_the
 
     # Traced by torch.compile: always the standard path (the expert gradients then reach .grad and
     # ExpertAdamW.step() applies them; same update, after backward).
-    optimizer = None if torch.compiler.is_compiling() else _in_backward_optimizer(gate_up_proj, down_proj)
+    optimizer = None if torch.compiler.is_compiling() else _in_backward_optimizer(*params)
+    if optimizer is not None and torch.is_grad_enabled() and gate_up_proj is not params[0]:
+        _warn_autocast_in_backward()
+        optimizer = None
     if optimizer is not None and torch.is_grad_enabled():
         optimizer._check_not_updated(gate_up_proj, down_proj, "forward")
-        out, losses = _InBackwardMoE.apply(x2, router_weight, gate_up_proj, down_proj, config, optimizer)
+        optimizer._check_no_stale_grad(gate_up_proj, down_proj)
+        out, losses, *routing_arrays = _InBackwardMoE.apply(x2, router_weight, gate_up_proj, down_proj, config,
+                                                            optimizer)
     else:
-        out, losses, *_ = ops.moe_forward(x2, router_weight, gate_up_proj, down_proj, *config)
+        out, losses, _, _, _, _, token_offsets, expert_offsets, topk_experts = ops.moe_forward(
+            x2, router_weight, gate_up_proj, down_proj, *config)
+        routing_arrays = (expert_offsets, token_offsets, topk_experts)
+    if return_stats:
+        return MoEOutputWithStats(out.view(shape), losses[0], losses[1], router_stats(x2.shape[0], *routing_arrays))
     return MoEOutput(out.view(shape), losses[0], losses[1])
+
+
+_warned_autocast_in_backward = False
+
+
+def _warn_autocast_in_backward():
+    global _warned_autocast_in_backward
+    if not _warned_autocast_in_backward:
+        _warned_autocast_in_backward = True
+        warnings.warn("leanmoe: torch.autocast casts the expert weights to another dtype for the layer, so their "
+                      "in-backward updates cannot run in place: their gradients go to .grad and ExpertAdamW.step() "
+                      "applies them (the standard path, same update). For in-backward updates keep the expert "
+                      "weights in the autocast dtype (bfloat16, with ExpertAdamW(..., master_weights=True)).",
+                      stacklevel=3)
 
 
 class _InBackwardMoE(torch.autograd.Function):
@@ -69,14 +177,18 @@ class _InBackwardMoE(torch.autograd.Function):
         ctx.experts = (gate_up_proj, down_proj)
         ctx.config, ctx.optimizer = config, optimizer
         ctx.set_materialize_grads(False)
-        return out, losses
+        token_offsets, expert_offsets, topk_experts = saved[4], saved[5], saved[6]
+        ctx.mark_non_differentiable(expert_offsets, token_offsets, topk_experts)
+        return out, losses, expert_offsets, token_offsets, topk_experts
 
     @staticmethod
-    def backward(ctx, d_out, d_losses):
+    def backward(ctx, d_out, d_losses, *unused):
         x, router_weight, *saved = ctx.saved_tensors
         gate_up_proj, down_proj = ctx.experts
         d_out, d_losses = _incoming_grads(x, d_out, d_losses)
-        dx, d_router = ctx.optimizer._backward_with_update(d_out, d_losses, x, router_weight, gate_up_proj,
-                                                           down_proj, saved, ctx.config)
+        with torch.no_grad():
+            dx, d_router = ctx.optimizer._backward_with_update(d_out, d_losses, x, router_weight, gate_up_proj,
+                                                               down_proj, saved, ctx.config)
         # The expert weights were updated in place: no gradient reaches .grad.
+        dx, d_router = _once_differentiable((dx, d_router), ctx.needs_input_grad[:2])
         return dx, d_router, None, None, None, None
