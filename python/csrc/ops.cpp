@@ -19,8 +19,10 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
+#include <algorithm>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "leanmoe/leanmoe.h"
 #include "torch_bridge.h"
@@ -113,7 +115,14 @@ moe_forward(const at::Tensor& x, const at::Tensor& router_weight, const at::Tens
     const leanmoe::MoEConfig cfg =
         make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode);
     TORCH_CHECK(x.dim() == 2, "leanmoe::moe_forward: argument 'x': must be 2-D [T, d], got ", x.sizes());
+    for (auto [name, t] : {std::pair{"x", &x}, {"router_weight", &router_weight}, {"gate_up_proj", &gate_up_proj},
+                           {"down_proj", &down_proj}})
+      TORCH_CHECK_VALUE(t->scalar_type() == at::kBFloat16 || t->scalar_type() == at::kFloat,
+                        "leanmoe::moe_forward: argument '", name, "': dtype must be bfloat16 or float32, got ",
+                        t->scalar_type());
     const int64_t T = x.size(0);
+    // Checks cfg (e.g. top_k in 1..E) and T before any tensor is sized from them.
+    const leanmoe::LayerPlan plan = leanmoe::plan_layer(cfg, T, storage_dtype(x), leanmoe_device(x));
     const int64_t R = leanmoe::max_routed_rows(cfg, T);
     const auto f32 = x.options().dtype(at::kFloat);
     const auto i32 = x.options().dtype(at::kInt);
@@ -131,7 +140,6 @@ moe_forward(const at::Tensor& x, const at::Tensor& router_weight, const at::Tens
     at::Tensor topk_experts = at::empty({T, cfg.K}, i32);
     leanmoe::SavedState saved =
         saved_state(cfg, x, h, row_gate, row_token, token_rows, token_offsets, expert_offsets, topk_experts);
-    const leanmoe::LayerPlan plan = leanmoe::plan_layer(cfg, T, storage_dtype(x), leanmoe_device(x));
     at::Tensor ws = workspace(plan.forward_workspace_bytes, x);
     leanmoe::forward(cfg, view_of(x, "x"), weights(router_weight, gate_up_proj, down_proj), view_of(out, "out"),
                      view_of(losses, "losses"), saved, {ws.data_ptr(), plan.forward_workspace_bytes},
@@ -190,20 +198,46 @@ struct AdamWHyper {
   double lr, beta1, beta2, weight_decay, eps;
 };
 
+// Elements per fp32 copy of the gradient in a master-weight step: bounds that transient copy
+// (64 MiB) whatever the tensor's size.
+constexpr int64_t kMasterChunk = int64_t(1) << 24;
+
 // One AdamW step of one tensor: exactly what torch.optim.AdamW(fused=True) does per parameter
 // (step += 1, then the fused kernel), so both training modes and plain torch agree bit for bit.
+// With an fp32 master copy (bf16 parameters, ExpertAdamW(master_weights=True)): the same step on
+// the master, with the gradient upcast to fp32 chunk by chunk (the kernel is element-wise, so the
+// chunks change no bit) and fp32 moments, then the parameter receives bf16(master): what
+// torch.optim.AdamW(fused=True) over fp32 copies of the parameters computes, rounded to bf16.
 void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
-                  const at::Tensor& exp_avg_sq, const at::Tensor& step, const AdamWHyper& hp) {
+                  const at::Tensor& exp_avg_sq, const at::Tensor& step, const AdamWHyper& hp,
+                  const c10::optional<at::Tensor>& master = c10::nullopt) {
   step.add_(1);
-  at::_fused_adamw_({param}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {step}, hp.lr, hp.beta1, hp.beta2,
-                    hp.weight_decay, hp.eps, /*amsgrad=*/false, /*maximize=*/false);
+  if (!master.has_value() || !master->defined()) {
+    at::_fused_adamw_({param}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {step}, hp.lr, hp.beta1, hp.beta2,
+                      hp.weight_decay, hp.eps, /*amsgrad=*/false, /*maximize=*/false);
+    return;
+  }
+  TORCH_CHECK_VALUE(master->scalar_type() == at::kFloat && master->numel() == param.numel() &&
+                        master->is_contiguous() && exp_avg.scalar_type() == at::kFloat &&
+                        exp_avg_sq.scalar_type() == at::kFloat,
+                    "leanmoe::adamw_step_: argument 'master': must be a contiguous float32 tensor of the "
+                    "parameter's numel, with float32 moments");
+  const at::Tensor m = master->view({-1}), g = grad.contiguous().view({-1});
+  const at::Tensor ea = exp_avg.view({-1}), eas = exp_avg_sq.view({-1});
+  for (int64_t begin = 0; begin < m.numel(); begin += kMasterChunk) {
+    const int64_t len = std::min(kMasterChunk, m.numel() - begin);
+    at::_fused_adamw_({m.narrow(0, begin, len)}, {g.narrow(0, begin, len).to(at::kFloat)},
+                      {ea.narrow(0, begin, len)}, {eas.narrow(0, begin, len)}, {}, {step}, hp.lr, hp.beta1,
+                      hp.beta2, hp.weight_decay, hp.eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
+  param.copy_(master->view(param.sizes()));
 }
 
 void adamw_step_(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                  const at::Tensor& exp_avg_sq, const at::Tensor& step, double lr, double beta1, double beta2,
-                 double weight_decay, double eps) {
+                 double weight_decay, double eps, const c10::optional<at::Tensor>& master) {
   c10::DeviceGuard guard(param.device());
-  adamw_update(param, grad, exp_avg, exp_avg_sq, step, {lr, beta1, beta2, weight_decay, eps});
+  adamw_update(param, grad, exp_avg, exp_avg_sq, step, {lr, beta1, beta2, weight_decay, eps}, master);
 }
 
 std::tuple<at::Tensor, at::Tensor> moe_backward_adamw_(
@@ -214,7 +248,8 @@ std::tuple<at::Tensor, at::Tensor> moe_backward_adamw_(
     bool norm_topk_prob, c10::string_view routing, int64_t tile, c10::string_view rounding_mode,
     const at::Tensor& gate_up_exp_avg, const at::Tensor& gate_up_exp_avg_sq, const at::Tensor& gate_up_step,
     const at::Tensor& down_exp_avg, const at::Tensor& down_exp_avg_sq, const at::Tensor& down_step, double lr,
-    double beta1, double beta2, double weight_decay, double eps) {
+    double beta1, double beta2, double weight_decay, double eps, const c10::optional<at::Tensor>& gate_up_master,
+    const c10::optional<at::Tensor>& down_master) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
@@ -232,10 +267,10 @@ std::tuple<at::Tensor, at::Tensor> moe_backward_adamw_(
     bool updated_down = false, updated_gate_up = false;
     auto on_expert_grad = [&](leanmoe::ExpertWeight which, const leanmoe::Tensor&) {
       if (which == leanmoe::ExpertWeight::down_proj) {
-        adamw_update(down_proj, d_down, down_exp_avg, down_exp_avg_sq, down_step, hp);
+        adamw_update(down_proj, d_down, down_exp_avg, down_exp_avg_sq, down_step, hp, down_master);
         updated_down = true;
       } else {
-        adamw_update(gate_up_proj, d_gate_up, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, hp);
+        adamw_update(gate_up_proj, d_gate_up, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, hp, gate_up_master);
         updated_gate_up = true;
       }
     };
@@ -266,9 +301,10 @@ TORCH_LIBRARY(leanmoe, m) {
         "Tensor(a!) gate_up_proj, Tensor(b!) down_proj, " + saved + ", " + config +
         ", Tensor(c!) gate_up_exp_avg, Tensor(d!) gate_up_exp_avg_sq, Tensor(e!) gate_up_step, "
         "Tensor(f!) down_exp_avg, Tensor(g!) down_exp_avg_sq, Tensor(h!) down_step, "
-        "float lr, float beta1, float beta2, float weight_decay, float eps) -> (Tensor dx, Tensor d_router)").c_str());
+        "float lr, float beta1, float beta2, float weight_decay, float eps, Tensor(i!)? gate_up_master=None, "
+        "Tensor(j!)? down_master=None) -> (Tensor dx, Tensor d_router)").c_str());
   m.def("adamw_step_(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
-        "float lr, float beta1, float beta2, float weight_decay, float eps) -> ()");
+        "float lr, float beta1, float beta2, float weight_decay, float eps, Tensor(e!)? master=None) -> ()");
   m.def("cuda_available() -> bool", [] { return leanmoe::backend_available(leanmoe::Device::cuda); });
 }
 

@@ -1,7 +1,8 @@
 """Expert optimizer with in-backward updates (SPEC §6, Sonar-MoE).
 
-ExpertAdamW(expert_params, lr, betas, eps, weight_decay, in_backward=True) is a torch Optimizer over
-the batched expert tensors ([E, 2n, d] gate_up_proj and [E, d, n] down_proj of each layer):
+ExpertAdamW(expert_params, lr, betas, eps, weight_decay, in_backward=True, master_weights=False) is a
+torch Optimizer over the batched expert tensors ([E, 2n, d] gate_up_proj and [E, d, n] down_proj of
+each layer):
 
 - in_backward=True: each expert tensor is updated inside the layer's C++ backward, the moment its
   gradient is complete (down_proj after the last read of W2, then gate_up_proj after the last read
@@ -14,18 +15,33 @@ Both modes run the same update (torch's fused AdamW kernel, one tensor at a time
 expert gradients the weights and the optimizer state are bitwise equal between the two modes, and
 equal to torch.optim.AdamW(fused=True) over the same tensors.
 
+master_weights=True (bfloat16 parameters): the optimizer keeps an fp32 master copy of each bf16
+tensor (``state["master"]``) with fp32 moments, steps the master with the gradient upcast to fp32
+and stores bf16(master) into the parameter, so updates smaller than a bf16 ulp accumulate instead
+of rounding away (the C++ ExpertOptimizer's fp32_master). Both modes stay bitwise equal, and equal
+to torch.optim.AdamW(fused=True) over fp32 copies of the parameters fed the upcast gradients.
+
+Lifetime: the optimizer holds its parameters, not the reverse. The in-backward registry refers to
+the optimizer weakly, so a deleted optimizer stops updating in backward; a new in-backward
+ExpertAdamW over the same tensors takes them over from an older one (resuming from a checkpoint:
+build a new optimizer, ``load_state_dict``), and the older one no longer updates them in backward.
+
 The dense (non-expert) parameters are handled by any torch optimizer; clip them with
 ``torch.nn.utils.clip_grad_norm_(leanmoe.optim.dense_parameters(model), max_norm)``. Expert
 gradients are never clipped (a global norm is unknown until backward ends): a change of semantics
-versus clipping every gradient. The state dict has torch AdamW's format; LR schedulers work on
-``param_groups`` as usual.
+versus clipping every gradient. The state dict has torch AdamW's format (plus ``master`` with
+master_weights); LR schedulers work on ``param_groups`` as usual.
 """
+import weakref
+
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ._ops import ops
 
-_IN_BACKWARD = WeakIdKeyDictionary()  # expert parameter -> the in-backward ExpertAdamW owning it
+# expert parameter -> weakref to the in-backward ExpertAdamW owning it (weak both ways: neither
+# the parameter nor the optimizer is kept alive by this registry)
+_IN_BACKWARD = WeakIdKeyDictionary()
 
 EXPERT_PARAMETER_NAMES = ("gate_up_proj", "down_proj")
 
@@ -42,52 +58,89 @@ def dense_parameters(model: torch.nn.Module):
     return [p for p in model.parameters() if id(p) not in experts]
 
 
+def _owner(p):
+    ref = _IN_BACKWARD.get(p)
+    opt = ref() if ref is not None else None
+    return opt if opt is not None and opt.in_backward else None
+
+
 def _in_backward_optimizer(gate_up_proj, down_proj):
-    opt = _IN_BACKWARD.get(gate_up_proj)
-    if _IN_BACKWARD.get(down_proj) is not opt:
+    opt = _owner(gate_up_proj)
+    if _owner(down_proj) is not opt:
         raise ValueError("leanmoe: arguments 'gate_up_proj' and 'down_proj': must both belong to the same in-backward "
                          "ExpertAdamW, or neither")
     return opt
 
 
+def _check_hyper(lr, betas, eps, weight_decay):
+    """torch.optim.AdamW's argument rules, with messages naming the argument."""
+    fn = "leanmoe.optim.ExpertAdamW"
+    if isinstance(lr, torch.Tensor) and lr.numel() != 1:
+        raise ValueError(f"{fn}: argument 'lr': a tensor lr must have one element, got shape {tuple(lr.shape)}")
+    if not 0.0 <= float(lr):
+        raise ValueError(f"{fn}: argument 'lr': must be >= 0, got {lr}")
+    if not 0.0 <= float(eps):
+        raise ValueError(f"{fn}: argument 'eps': must be >= 0, got {eps}")
+    betas = tuple(betas)
+    if len(betas) != 2 or not all(0.0 <= float(b) < 1.0 for b in betas):
+        raise ValueError(f"{fn}: argument 'betas': must be two values in [0, 1), got {betas}")
+    if not 0.0 <= float(weight_decay):
+        raise ValueError(f"{fn}: argument 'weight_decay': must be >= 0, got {weight_decay}")
+
+
 class ExpertAdamW(torch.optim.Optimizer):
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, in_backward=True):
-        if not lr >= 0:
-            raise ValueError(f"leanmoe.optim.ExpertAdamW: argument 'lr': must be >= 0, got {lr}")
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, in_backward=True,
+                 master_weights=False):
+        _check_hyper(lr, betas, eps, weight_decay)
+        self.in_backward = bool(in_backward)
+        self.master_weights = bool(master_weights)
+        self._updated = set()  # ids of the tensors updated in backward since the last step()
         # fused=True: load_state_dict then puts 'step' on the parameter's device, as the fused kernel needs.
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=True)
         super().__init__(params, defaults)
-        self.in_backward = bool(in_backward)
-        self._updated = set()  # ids of the tensors updated in backward since the last step()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.dtype not in (torch.float32, torch.bfloat16):
-                    raise ValueError(f"leanmoe.optim.ExpertAdamW: argument 'params': dtype must be float32 or "
-                                     f"bfloat16, got {p.dtype}")
-                if self.in_backward:
-                    owner = _IN_BACKWARD.get(p)
-                    if owner is not None and owner is not self:
-                        raise ValueError("leanmoe.optim.ExpertAdamW: argument 'params': a tensor already belongs to "
-                                         "another in-backward optimizer")
-                    _IN_BACKWARD[p] = self
+        # torch's load_state_dict casts every state tensor to its parameter's dtype: keep the fp32 masters.
+        self.register_load_state_dict_pre_hook(_stash_masters)
+        self.register_load_state_dict_post_hook(_restore_masters)
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        _check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+        for p in group["params"]:
+            if p.dtype not in (torch.float32, torch.bfloat16):
+                raise ValueError(f"leanmoe.optim.ExpertAdamW: argument 'params': dtype must be float32 or "
+                                 f"bfloat16, got {p.dtype}")
+            if self.in_backward:
+                _IN_BACKWARD[p] = weakref.ref(self)  # takes p over from an older optimizer
 
     def release(self):
         """Stops in-backward updates for this optimizer's tensors (they get .grad again)."""
         for group in self.param_groups:
             for p in group["params"]:
-                if _IN_BACKWARD.get(p) is self:
+                if _owner(p) is self:
                     del _IN_BACKWARD[p]
         self.in_backward = False
 
     # ---- the update, shared by both modes ----
+    def _uses_master(self, p):
+        return self.master_weights and p.dtype == torch.bfloat16
+
     def _state(self, p):
         state = self.state[p]
         if len(state) == 0:
-            # torch.optim.AdamW(fused=True)'s state: an fp32 step on the device, moments like p.
+            # torch.optim.AdamW(fused=True)'s state: an fp32 step on the device, moments like p
+            # (like the fp32 master when there is one).
             state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            like = p
+            if self._uses_master(p):
+                state["master"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format)
+                like = state["master"]
+            state["exp_avg"] = torch.zeros_like(like, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(like, memory_format=torch.preserve_format)
         return state
+
+    def _master(self, state):
+        return state.get("master") if self.master_weights else None
 
     def _hyper(self, p):
         for group in self.param_groups:
@@ -105,6 +158,15 @@ class ExpertAdamW(torch.optim.Optimizer):
                 "micro-batches nor activation recomputation (gradient checkpointing): call step() after every "
                 "backward, or use ExpertAdamW(..., in_backward=False).")
 
+    def _check_no_stale_grad(self, gate_up_proj, down_proj):
+        for name, p in (("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):
+            if p.grad is not None:
+                raise RuntimeError(
+                    f"leanmoe.optim.ExpertAdamW: the expert weight '{name}' {tuple(p.shape)} has a .grad (from a "
+                    "backward before this in-backward optimizer existed, or from the torch.compile path) while "
+                    "this optimizer updates it inside backward: clear it first, e.g. optimizer.zero_grad() or "
+                    "model.zero_grad() (set_to_none=True), or step() it away with the standard path.")
+
     def _backward_with_update(self, d_out, d_losses, x, router_weight, gate_up_proj, down_proj, saved, config):
         self._check_not_updated(gate_up_proj, down_proj, "a second backward")
         hyper = self._hyper(gate_up_proj)
@@ -115,7 +177,8 @@ class ExpertAdamW(torch.optim.Optimizer):
         with torch.no_grad():
             dx, d_router = ops.moe_backward_adamw_(
                 d_out, d_losses, x, router_weight, gate_up_proj, down_proj, *saved, *config,
-                g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper)
+                g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper,
+                self._master(g), self._master(d))
         self._updated.update((id(gate_up_proj), id(down_proj)))
         return dx, d_router
 
@@ -133,6 +196,31 @@ class ExpertAdamW(torch.optim.Optimizer):
                     raise RuntimeError("leanmoe.optim.ExpertAdamW: a tensor was updated in backward and also has a "
                                        ".grad (two paths into one weight)")
                 state = self._state(p)
-                ops.adamw_step_(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], *self._hyper(p))
+                ops.adamw_step_(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], *self._hyper(p),
+                                self._master(state))
         self._updated.clear()
         return loss
+
+
+_FP32_WITH_MASTER = ("master", "exp_avg", "exp_avg_sq")
+
+
+def _stash_masters(optimizer, state_dict):
+    """load_state_dict pre-hook: keeps the fp32 master copies and their fp32 moments out of torch's
+    cast of every state tensor to its parameter's dtype."""
+    optimizer._loading_fp32 = {k: {name: v[name] for name in _FP32_WITH_MASTER}
+                               for k, v in state_dict["state"].items() if isinstance(v, dict) and "master" in v}
+    return state_dict
+
+
+def _restore_masters(optimizer):
+    stashed = getattr(optimizer, "_loading_fp32", {})
+    index = 0
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if index in stashed and p in optimizer.state:
+                for name, value in stashed[index].items():
+                    optimizer.state[p][name] = value.to(device=p.device, dtype=torch.float32,
+                                                        memory_format=torch.contiguous_format, copy=True)
+            index += 1
+    optimizer._loading_fp32 = {}
