@@ -142,12 +142,15 @@ def run_mode(model_key, mode, args, dtype):
 
     times, losses = [], []
     resident = None
+    mallocs = None  # cudaMalloc / cudaFree calls of the caching allocator during the timed steps
     for i, ids in enumerate(batches):
         if i == args.warmup:  # optimizer state exists now; the peak of the timed steps starts here
             sync(args.device)
             if cuda:
                 resident = torch.cuda.memory_allocated() / 2**30
                 torch.cuda.reset_peak_memory_stats()
+                stats = torch.cuda.memory_stats()
+                mallocs = (stats.get("num_device_alloc", 0), stats.get("num_device_free", 0))
         sync(args.device)
         start = time.perf_counter()
         loss = step(ids)
@@ -156,11 +159,18 @@ def run_mode(model_key, mode, args, dtype):
             times.append(time.perf_counter() - start)
         losses.append(float(loss))
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    if cuda:
+        stats = torch.cuda.memory_stats()
+        mallocs = dict(cuda_malloc=stats.get("num_device_alloc", 0) - mallocs[0],
+                       cuda_free=stats.get("num_device_free", 0) - mallocs[1])
+    profile = profile_step(model_key, mode, args, step, batches[-1]) if args.profile else None
     result = dict(mode=mode, description=MODES[mode], experts=impl, params=n_all, expert_params=n_exp,
                   step_s=statistics.median(times), step_times_s=times, peak_gib=peak, resident_gib=resident,
-                  losses=losses, tokens_per_s=args.batch * args.seq / statistics.median(times))
+                  losses=losses, tokens_per_s=args.batch * args.seq / statistics.median(times),
+                  allocator_calls=mallocs, profile=profile)
     mem = f"peak {peak:.2f} GiB (resident {resident:.2f} GiB)" if cuda else "peak n/a on cpu"
-    print(f"  [{mode}] step {result['step_s'] * 1e3:.1f} ms (median of {len(times)}), {mem}, "
+    print(f"  [{mode}] step {result['step_s'] * 1e3:.1f} ms (median of {len(times)}: "
+          f"{' '.join(f'{t * 1e3:.1f}' for t in times)}), {mem}, allocator {mallocs}, "
           f"losses {' '.join(f'{l:.4f}' for l in losses)}", flush=True)
     for opt in optimizers:
         if isinstance(opt, ExpertAdamW):
@@ -170,6 +180,37 @@ def run_mode(model_key, mode, args, dtype):
     if cuda:
         torch.cuda.empty_cache()
     return result
+
+
+def profile_step(model_key, mode, args, step, ids):
+    """One extra step (not timed) under torch.profiler: where the time goes, per operator, and how
+    busy the GPU was (busy < wall: the host does not keep it fed). Writes two tables to
+    --profile/<model>_<mode>.txt; returns the summary."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    sync(args.device)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        step(ids)
+        sync(args.device)
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    gpu_us = sum(e.self_device_time_total for e in events) if args.device == "cuda" else 0.0
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel"))
+    syncs = {k: sum(e.count for e in events if e.key == k)
+             for k in ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMalloc", "cudaFree", "aten::item",
+                       "aten::_local_scalar_dense")}
+    os.makedirs(args.profile, exist_ok=True)
+    path = os.path.join(args.profile, f"{model_key}_{mode}.txt")
+    with open(path, "w") as f:
+        f.write(f"{MODELS[model_key]['name']} mode {mode}: wall {wall * 1e3:.1f} ms (profiled), GPU busy "
+                f"{gpu_us / 1e3:.1f} ms, kernel launches {launches}, {syncs}\n\n")
+        if args.device == "cuda":
+            f.write(events.table(sort_by="self_device_time_total", row_limit=40) + "\n\n")
+        f.write(events.table(sort_by="self_cpu_time_total", row_limit=40) + "\n")
+    print(f"  [{mode}] profile: wall {wall * 1e3:.1f} ms, GPU busy {gpu_us / 1e3:.1f} ms, {launches} launches, "
+          f"{syncs} -> {path}", flush=True)
+    return dict(wall_ms=wall * 1e3, gpu_busy_ms=gpu_us / 1e3, launches=launches, **syncs)
 
 
 def verdict(res):
@@ -183,6 +224,20 @@ def verdict(res):
     time_ok = time_ratio < 1.0
     return dict(mem_ratio=mem_ratio, time_ratio=time_ratio, mem_pass=mem_ok, time_pass=time_ok,
                 passed=bool(mem_ok) and time_ok)
+
+
+def merge_rounds(prev, r, args):
+    """One mode's result over --repeat rounds: every round's timed steps pooled, the median of all of
+    them, the largest peak; each round kept under 'rounds'."""
+    if prev is None or "error" in prev or "error" in r:
+        return r if prev is None or "error" in r else prev
+    rounds = prev.get("rounds", [prev]) + [r]
+    times = [t for x in rounds for t in x["step_times_s"]]
+    merged = dict(r, step_times_s=times, step_s=statistics.median(times),
+                  tokens_per_s=args.batch * args.seq / statistics.median(times), rounds=rounds)
+    if r["peak_gib"] is not None:
+        merged["peak_gib"] = max(x["peak_gib"] for x in rounds)
+    return merged
 
 
 def commit_of(args):
@@ -210,7 +265,8 @@ def markdown(meta, results, args):
              f"- date: {meta['date']}",
              f"- torch {meta['torch']}, transformers {meta['transformers']}, leanmoe {meta['leanmoe']}",
              f"- batch {args.batch} x {args.seq}, {meta['dtype']} parameters, random init and tokens, "
-             f"{args.warmup} warm-up + {args.steps} timed steps (median), aux-loss coef {args.aux_coef}"
+             f"{args.warmup} warm-up + {args.steps} timed steps (median"
+             f"{f' over {args.repeat} interleaved rounds' if args.repeat > 1 else ''}), aux-loss coef {args.aux_coef}"
              f"{', gradient checkpointing (non-reentrant) in every mode' if args.grad_ckpt else ''}",
              "- step = forward + loss + backward + clip_grad_norm_(1.0) + optimizer step(s) + zero_grad; "
              "peak = torch.cuda.max_memory_allocated over the timed steps; resident = allocated after warm-up "
@@ -262,9 +318,17 @@ def main():
     p.add_argument("--grad-ckpt", action="store_true",
                    help="HF gradient checkpointing (non-reentrant) in every mode: activations recomputed per block")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the mode list this many times, interleaved (a b c a b c ...), a fresh model each "
+                        "time; a mode's time is the median over all its timed steps (guards against drift)")
+    p.add_argument("--profile", default=None,
+                   help="directory: one extra, untimed step per mode under torch.profiler (operator tables, "
+                        "GPU busy time, launches, synchronisations and cudaMalloc calls)")
     p.add_argument("--out", default=None, help="directory for hf_step.md and hf_step.json")
     p.add_argument("--commit", default=None)
     args = p.parse_args()
+    if args.repeat < 1:
+        p.error("--repeat must be >= 1")
     if args.steps < 1 or args.warmup < 1:
         p.error("--steps and --warmup must be >= 1 (the warm-up step allocates the optimizer state)")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -275,7 +339,7 @@ def main():
                 date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 torch=torch.__version__, transformers=transformers.__version__, leanmoe=leanmoe.__version__,
                 dtype=args.dtype, batch=args.batch, seq=args.seq, steps=args.steps, warmup=args.warmup,
-                tiny=args.tiny, aux_coef=args.aux_coef, grad_ckpt=args.grad_ckpt)
+                tiny=args.tiny, aux_coef=args.aux_coef, grad_ckpt=args.grad_ckpt, repeat=args.repeat)
     print(f"{meta['gpu']}; torch {meta['torch']}, transformers {meta['transformers']}, leanmoe {meta['leanmoe']}; "
           f"batch {args.batch} x {args.seq}, {args.dtype}{', tiny shapes' if args.tiny else ''}", flush=True)
     results = {}
@@ -283,16 +347,18 @@ def main():
     for model_key in args.models.split(","):
         print(f"{MODELS[model_key]['name']}{' (tiny)' if args.tiny else ''}:", flush=True)
         res = {}
-        for mode in args.modes.split(","):
-            try:
-                res[mode] = run_mode(model_key, mode, args, dtype)
-            except torch.OutOfMemoryError as e:
-                print(f"  [{mode}] out of memory: {str(e).splitlines()[0]}", flush=True)
-                res[mode] = dict(mode=mode, error="OOM")
-            # Outside the except block: its traceback pins the failed mode's frame (model, optimizers).
-            gc.collect()
-            if args.device == "cuda":
-                torch.cuda.empty_cache()
+        for _ in range(args.repeat):
+            for mode in args.modes.split(","):
+                try:
+                    r = run_mode(model_key, mode, args, dtype)
+                except torch.OutOfMemoryError as e:
+                    print(f"  [{mode}] out of memory: {str(e).splitlines()[0]}", flush=True)
+                    r = dict(mode=mode, error="OOM")
+                # Outside the except block: its traceback pins the failed mode's frame (model, optimizers).
+                gc.collect()
+                if args.device == "cuda":
+                    torch.cuda.empty_cache()
+                res[mode] = merge_rounds(res.get(mode), r, args)
         res["verdict"] = verdict(res)
         results[model_key] = res
     print(f"total {time.perf_counter() - wall:.1f} s\n", flush=True)
