@@ -101,7 +101,23 @@ void require_aligned(const char* fn, const char* arg, const Tensor& t) {
                 t.describe() + " at an address that is not");
 }
 
+// Every other device tensor is read element by element: a misaligned element faults the kernel
+// (a sticky CUDA error that ends the process's context), so refuse it up front.
+void require_element_aligned(const char* fn, const char* arg, const Tensor& t) {
+  if (t.defined() && reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0)
+    throw Error(std::string(fn) + ": argument '" + arg + "': must be aligned to its element size (" +
+                std::to_string(dtype_size(t.dtype)) + " bytes) on cuda, got " + t.describe() +
+                " at an address that is not");
+}
+
 // The workspace is carved at 256-byte offsets from its base, so its base alignment is every slice's.
+void require_saved_elements_aligned(const char* fn, const SavedState& s) {
+  for (auto [name, t] : {std::pair{"saved.row_gate", &s.row_gate}, {"saved.row_token", &s.row_token},
+                         {"saved.token_rows", &s.token_rows}, {"saved.token_offsets", &s.token_offsets},
+                         {"saved.expert_offsets", &s.expert_offsets}, {"saved.topk_experts", &s.topk_experts}})
+    require_element_aligned(fn, name, *t);
+}
+
 void require_aligned_workspace(const char* fn, Workspace ws) {
   if (reinterpret_cast<uintptr_t>(ws.data) % 16 != 0)
     throw Error(std::string(fn) + ": argument 'ws': must be 16-byte aligned on cuda (vector loads of its slices), " +
@@ -187,6 +203,8 @@ class CudaBackend final : public Backend {
                            {"w.gate_up_proj", &a.w.gate_up_proj}, {"w.down_proj", &a.w.down_proj},
                            {"saved.h", &a.saved.h}})
       require_aligned("forward", name, *t);
+    require_saved_elements_aligned("forward", a.saved);
+    require_element_aligned("forward", "losses", a.losses);
     require_aligned_workspace("forward", a.ws);
     const int64_t T = a.x.shape[0], E = cfg.E, K = cfg.K;
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
@@ -228,6 +246,8 @@ class CudaBackend final : public Backend {
                            {"grads.d_gate_up_proj", &g.d_gate_up_proj}, {"grads.d_down_proj", &g.d_down_proj},
                            {"saved.x", &s.x}, {"saved.h", &s.h}})
       require_aligned("backward", name, *t);
+    require_saved_elements_aligned("backward", s);
+    require_element_aligned("backward", "d_losses", a.d_losses);
     require_aligned_workspace("backward", a.ws);
     const int64_t T = s.T, E = cfg.E, K = cfg.K;
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);

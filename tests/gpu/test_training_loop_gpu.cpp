@@ -116,5 +116,11 @@ TEST(TrainingLoopGpu, RefusesAliasingAndMisalignedPointers) {
   expect_error([&] { forward(c, shifted, w.view(), out.view(DType::bf16, {T, c.d}), Tensor{}, mem.saved(),
                              mem.forward_workspace()); },
                "argument 'x'", "16-byte aligned");
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  // A caller-made saved state whose i32 array is off its 4-byte grid.
+  SavedState odd = mem.saved();
+  odd.expert_offsets.data = static_cast<char*>(odd.expert_offsets.data) + 2;
+  expect_error([&] { forward(c, x_t, w.view(), out.view(DType::bf16, {T, c.d}), Tensor{}, odd,
+                             mem.forward_workspace()); },
+               "argument 'saved.expert_offsets'", "aligned to its element size");
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // nothing was launched with a bad pointer
 }
