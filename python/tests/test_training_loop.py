@@ -397,7 +397,10 @@ def test_transformers_aux_loss_is_transformers_value(kind):
     model.config.router_aux_loss_coef = 0.5
     reference = copy.deepcopy(model)
     b = batch("cpu")
-    want = reference(**b, output_router_logits=True)
+    try:
+        want = reference(**b, output_router_logits=True)
+    except AttributeError as e:  # transformers 5.17's GraniteMoe records no router logits (aux_loss = int 0)
+        pytest.skip(f"this transformers cannot compute its own aux loss for {kind}: {e}")
     want.loss.backward()
     leanmoe.hf.apply(model)
     got = model(**b, output_router_logits=True)
