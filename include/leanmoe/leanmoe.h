@@ -177,6 +177,10 @@ using Stream = void*;
 // out    [T, d] storage dtype.
 // losses optional f32 [2] on the same device: receives {aux_loss, z_loss} (unscaled).
 // saved  from make_saved_state(); filled here, read by backward.
+// T = 0 is a valid call (no rows; losses {0, 0}; backward then writes zero weight gradients); a
+// tensor with no elements may have a null data pointer. No tensor a call writes may share memory
+// with one it reads, with another it writes or with the workspace (docs/DESIGN.md "Degenerate
+// calls and aliasing"); the Error names both.
 void forward(const MoEConfig& cfg, const Tensor& x, const MoEWeights& w, const Tensor& out,
              const Tensor& losses, SavedState& saved, Workspace ws, Stream stream = nullptr);
 
