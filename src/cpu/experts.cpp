@@ -60,11 +60,11 @@ namespace {
 
 // One level of parallelism (issue 14): OpenMP threads split each GEMM and every piece runs
 // single-threaded OpenBLAS. A pthreads OpenBLAS left at its default keeps a second pool whose
-// threads spin against OpenMP's: on 2 cores forward ran 4-8x slower than with one BLAS thread.
-// So a pthreads OpenBLAS is held at one thread, for the whole process: lowering and raising its
-// count around each call stops and restarts its threads (0.3.21: a test of a few tiny layers took
-// 1.6 s instead of under 1 ms). An
-// OpenMP-built OpenBLAS already runs serially inside our parallel regions; a serial one is serial.
+// threads spin against OpenMP's, which made the reference backend several times slower. So a
+// pthreads OpenBLAS is held at one thread, for the whole process: lowering and raising its count
+// around each call stops and restarts its threads (0.3.21: a test of a few tiny layers took 1.6 s
+// instead of under 1 ms). An OpenMP-built OpenBLAS already runs serially inside our parallel
+// regions; a serial one is serial.
 void keep_blas_single_threaded() {
   static const bool pthreads_blas = openblas_get_parallel() == 1;
   if (pthreads_blas && openblas_get_num_threads() != 1) openblas_set_num_threads(1);
