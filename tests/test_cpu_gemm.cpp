@@ -30,7 +30,8 @@ std::vector<double> reference(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
   for (int64_t i = 0; i < M; ++i)
     for (int64_t j = 0; j < N; ++j) {
       double s = 0;
-      for (int64_t k = 0; k < K; ++k) s += double(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
+      for (int64_t k = 0; k < K; ++k)
+        s += double(ta ? A[k * M + i] : A[i * K + k]) * (tb ? B[j * K + k] : B[k * N + j]);
       C[i * N + j] = s;
     }
   return C;
@@ -70,7 +71,8 @@ TEST(CpuGemm, PthreadsOpenBlasRunsSingleThreaded) {
   const std::vector<float> A = random_matrix(64 * 64, 1), B = random_matrix(64 * 64, 2);
   std::vector<float> C(64 * 64);
   gemm(false, false, 64, 64, 64, A.data(), B.data(), C.data());
-  if (openblas_get_parallel() != 1) GTEST_SKIP() << "not a pthreads OpenBLAS (parallel = " << openblas_get_parallel() << ")";
+  if (openblas_get_parallel() != 1)
+    GTEST_SKIP() << "not a pthreads OpenBLAS (parallel = " << openblas_get_parallel() << ")";
   EXPECT_EQ(openblas_get_num_threads(), 1);
 }
 

@@ -103,7 +103,8 @@ struct Call {
     d_out = make(dout_v, {T, d});
     // One buffer holds dW1 [E, 2n, d]; dW2 [E, d, n] gets its own unless a test shares it.
     grad_v.assign(size_t(E * 2 * n * d + E * d * n), 0.f);
-    g = {make(dx_v, {T, d}), make(dr_v, {E, d}), Tensor::contiguous(grad_v.data(), DType::f32, Device::cpu, {E, 2 * n, d}),
+    g = {make(dx_v, {T, d}), make(dr_v, {E, d}),
+         Tensor::contiguous(grad_v.data(), DType::f32, Device::cpu, {E, 2 * n, d}),
          Tensor::contiguous(grad_v.data() + E * 2 * n * d, DType::f32, Device::cpu, {E, d, n})};
   }
   void fwd() { forward(cfg, x, w, out, losses, mem.saved(), mem.forward_workspace()); }

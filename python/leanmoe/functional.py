@@ -88,7 +88,8 @@ def _check_tensors(fn, x, router_weight, gate_up_proj, down_proj, top_k):
             raise ValueError(f"{fn}: argument '{name}': dtype must be torch.bfloat16 or torch.float32{why}, "
                              f"got {t.dtype}")
     if gate_up_proj.dim() != 3:
-        raise ValueError(f"{fn}: argument 'gate_up_proj': must be 3-D [E, 2n, d], got shape {tuple(gate_up_proj.shape)}")
+        raise ValueError(f"{fn}: argument 'gate_up_proj': must be 3-D [E, 2n, d], got shape "
+                         f"{tuple(gate_up_proj.shape)}")
     E = gate_up_proj.shape[0]
     if isinstance(top_k, bool) or not isinstance(top_k, (int, torch.SymInt)) or not 1 <= top_k <= E:
         raise ValueError(f"{fn}: argument 'top_k': must be an int in 1..E = {E}, got {top_k!r}")

@@ -131,7 +131,8 @@ def test_bad_arguments_name_the_argument_and_the_rule():
     with pytest.raises(ValueError, match="cfg.K must be > 0"):
         torch.ops.leanmoe.moe_forward(x, wr, w1, w2, -1, "softmax_then_topk", False, "topk", 128, "nearest")
     # dtype: the valid storage dtypes only (int32 is for routing arrays, not for x).
-    with pytest.raises(ValueError, match=r"argument 'x': dtype must be torch.bfloat16 or torch.float32.*got torch.int32"):
+    with pytest.raises(ValueError,
+                       match=r"argument 'x': dtype must be torch.bfloat16 or torch.float32.*got torch.int32"):
         leanmoe.moe(x.int(), wr, w1, w2, 2)
     with pytest.raises(ValueError, match="float64 is not offered"):
         leanmoe.moe(x.double(), wr.double(), w1.double(), w2.double(), 2)
@@ -239,7 +240,8 @@ def test_router_stats(mode, device):
     *_, keep = moe_reference(*(t.detach().float().cpu() for t in (x, wr, w1, w2)), K, routing="token_rounding",
                              tile=tile, rounding_mode=mode)
     chosen = torch.zeros(T, E, dtype=torch.bool)
-    chosen[torch.arange(T)[:, None], torch.topk(x.detach().float().cpu() @ wr.detach().float().cpu().t(), K).indices] = True
+    logits = x.detach().float().cpu() @ wr.detach().float().cpu().t()
+    chosen[torch.arange(T)[:, None], torch.topk(logits, K).indices] = True
     assert s.tokens == T
     assert s.expert_rows.tolist() == keep.sum(0).tolist()
     assert s.topk_counts.tolist() == chosen.sum(0).tolist()

@@ -67,8 +67,8 @@ TEST(TrainingLoopGpu, ZeroTokensOnAStream) {
     Weights w;
     LayerMemory mem(c, 0, DType::bf16, Device::cuda);
     const Tensor empty = Tensor::contiguous(nullptr, DType::bf16, Device::cuda, {0, c.d});
-    Buffer losses(Device::cuda, 8), d_router(Device::cuda, w.router.bytes()), d_gate_up(Device::cuda, w.gate_up.bytes()),
-        d_down(Device::cuda, w.down.bytes());
+    Buffer losses(Device::cuda, 8), d_router(Device::cuda, w.router.bytes()),
+        d_gate_up(Device::cuda, w.gate_up.bytes()), d_down(Device::cuda, w.down.bytes());
     for (const Buffer* b : {&losses, &d_router, &d_gate_up, &d_down}) fill_device(*b, 0xff);  // NaN bits
     forward(c, empty, w.view(), empty, losses.view(DType::f32, {2}), mem.saved(), mem.forward_workspace(), stream);
     const MoEGrads g{empty, d_router.view(DType::bf16, {c.E, c.d}), d_gate_up.view(DType::bf16, {c.E, 2 * c.n, c.d}),
