@@ -6,9 +6,11 @@
 namespace leanmoe::detail {
 
 void validate_config(const MoEConfig& cfg, const char* fn);
-// T > 0 and every routed-row index fits the i32 routing metadata: T and R_max <= 2^31 - 1.
+// T > 0 (T >= 0 with routing given) and every routed-row index fits the i32 routing metadata: T and R_max <= 2^31 - 1.
 void validate_tokens(const MoEConfig& cfg, int64_t T, const char* fn);
 void validate_forward(const ForwardArgs& a, Backend& be);
 void validate_backward(const BackwardArgs& a, Backend& be);
+void validate_forward_routed(const RoutedForwardArgs& a, Backend& be);
+void validate_backward_routed(const RoutedBackwardArgs& a, Backend& be);
 
 }  // namespace leanmoe::detail

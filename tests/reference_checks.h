@@ -42,6 +42,9 @@ inline void expect_agree(const reference::HostLayerOutputs& got, const reference
   EXPECT_LT(rel_error(got.d_router, want.d_router), router_tol) << "d_router";
   EXPECT_LT(rel_error(got.d_gate_up, want.d_gate_up), tol) << "d_gate_up_proj";
   EXPECT_LT(rel_error(got.d_down, want.d_down), tol) << "d_down_proj";
+  EXPECT_LT(rel_error(got.d_gate_up_bias, want.d_gate_up_bias), tol) << "d_gate_up_bias";
+  EXPECT_LT(rel_error(got.d_down_bias, want.d_down_bias), tol) << "d_down_bias";
+  EXPECT_LT(rel_error(got.d_topk_weights, want.d_topk_weights), router_tol) << "d_topk_weights";
   EXPECT_LT(scalar_rel_error(got.aux_loss, want.aux_loss), tol) << "aux_loss " << got.aux_loss << " vs " << want.aux_loss;
   EXPECT_LT(scalar_rel_error(got.z_loss, want.z_loss), tol) << "z_loss " << got.z_loss << " vs " << want.z_loss;
 }

@@ -150,6 +150,12 @@ class CudaBackend final : public Backend {
     if (cfg.d % 8 != 0) return "cfg.d must be a multiple of 8 on cuda (16-byte rows), got " + std::to_string(cfg.d);
     if (cfg.E > kMaxExperts)
       return "cfg.E must be <= " + std::to_string(kMaxExperts) + " on cuda, got " + std::to_string(cfg.E);
+    // The expert GEMM epilogues fuse SwiGLU over the [gate; up] HF layout only (so far).
+    if (cfg.activation != Activation::swiglu)
+      return std::string("cfg.activation must be swiglu on cuda (the GPU epilogues fuse SwiGLU only; run ") +
+             activation_name(cfg.activation) + " on cpu)";
+    if (cfg.interleaved) return "cfg.interleaved is not supported on cuda yet (run on cpu)";
+    if (cfg.transposed) return "cfg.transposed is not supported on cuda yet (run on cpu)";
     const char* gemm = cuda::expert_gemms_unsupported(expert_shape(cfg, 1));
     if (gemm && *gemm) return gemm;
     return "";
