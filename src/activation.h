@@ -28,6 +28,11 @@ struct Params {
 
 inline Params params_of(const MoEConfig& cfg) { return {cfg.activation, cfg.act_alpha, cfg.act_limit}; }
 
+// Columns of g_j and u_j in a row of H (the row order of W1): [gate; up], or interleaved
+// [g0, u0, g1, u1, ...] (gpt-oss). A plain activation reads its value at gate_column.
+LEANMOE_HOST_DEVICE int64_t gate_column(int64_t j, bool interleaved) { return interleaved ? 2 * j : j; }
+LEANMOE_HOST_DEVICE int64_t up_column(int64_t j, int64_t n, bool interleaved) { return interleaved ? 2 * j + 1 : n + j; }
+
 template <class Real>
 LEANMOE_HOST_DEVICE Real sigmoid(Real v) {
   return Real(1) / (Real(1) + std::exp(-v));

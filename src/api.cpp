@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "activation.h"
 #include "backend.h"
 #include "validate.h"
 
@@ -41,6 +42,32 @@ const char* activation_name(Activation a) {
   return "?";
 }
 int64_t up_width(const MoEConfig& cfg) { return activation_is_gated(cfg.activation) ? 2 * cfg.n : cfg.n; }
+
+void expert_activation(const MoEConfig& cfg, const Tensor& h, const Tensor& a) {
+  const char* fn = "leanmoe::expert_activation";
+  const int64_t W = up_width(cfg), n = cfg.n;
+  auto check = [&](const char* arg, const Tensor& t, int64_t cols) {
+    if (t.ndim != 2 || t.shape[1] != cols || t.dtype != DType::f32 || t.device != Device::cpu || !t.is_contiguous() ||
+        (t.data == nullptr && t.numel() > 0))
+      throw Error(std::string(fn) + ": argument '" + arg + "': must be a contiguous f32 [R, " + std::to_string(cols) +
+                  "] tensor on cpu, got " + t.describe());
+  };
+  check("h", h, W);
+  check("a", a, n);
+  if (a.shape[0] != h.shape[0])
+    throw Error(std::string(fn) + ": argument 'a': must have the rows of h (" + std::to_string(h.shape[0]) + "), got " +
+                a.describe());
+  const act::Params p = act::params_of(cfg);
+  const bool gated = activation_is_gated(cfg.activation);
+  for (int64_t r = 0; r < h.shape[0]; ++r) {
+    const float* hr = h.ptr<float>() + r * W;
+    for (int64_t j = 0; j < n; ++j) {
+      const float g = hr[act::gate_column(j, cfg.interleaved)];
+      const float u = gated ? hr[act::up_column(j, n, cfg.interleaved)] : 0.f;
+      a.ptr<float>()[r * n + j] = act::forward(p, g, u);
+    }
+  }
+}
 const char* rounding_mode_name(RoundingMode m) {
   return m == RoundingMode::nearest ? "nearest" : m == RoundingMode::up ? "up" : "down";
 }
@@ -275,6 +302,20 @@ void backward_routed(const MoEConfig& cfg, const Tensor& d_out, const MoEWeights
   detail::RoutedBackwardArgs a{cfg, d_out, w, saved, grads, ws, on_expert_grad, stream};
   detail::validate_backward_routed(a, be);
   be.backward_routed(a);
+}
+
+std::string unsupported_reason(const MoEConfig& cfg, DType dtype, Device device, bool expert_biases) {
+  try {
+    detail::validate_config(cfg, "unsupported_reason");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (!backend_available(device)) return std::string("device ") + device_name(device) + " has no backend";
+  detail::Backend& be = detail::backend_for(device, "device");
+  std::string reason = be.unsupported_reason(cfg, dtype);
+  if (reason.empty() && expert_biases && !be.supports_expert_biases())
+    reason = "expert biases are not supported by this backend yet (" + be.description() + "; run on cpu)";
+  return reason;
 }
 
 bool backend_available(Device device) { return device == Device::cpu || detail::cuda_backend() != nullptr; }

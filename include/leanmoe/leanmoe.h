@@ -126,6 +126,11 @@ struct MoEConfig {
 // Rows of the up-projection (and columns of SavedState::h): 2n for a gated activation, n for a plain one.
 int64_t up_width(const MoEConfig& cfg);
 
+// cfg's expert activation on host rows: a [R, n] = f(h [R, W]), h in cfg's row order
+// ([gate; up], interleaved, or the plain up-projection), both f32 and contiguous on cpu. The
+// definition every backend uses, for bridges and tests that compare a model's own activation.
+void expert_activation(const MoEConfig& cfg, const Tensor& h, const Tensor& a);
+
 // Routing indices are int32: T, E and R_max must each be at most 2^31 - 1 (checked).
 // Upper bound of routed rows R for T tokens (exact T*K for top-K routing; token rounding may add
 // up to tile-1 rows per expert, never more than T per expert).
@@ -265,6 +270,9 @@ void backward_routed(const MoEConfig& cfg, const Tensor& d_out, const MoEWeights
 // Backends and memory
 // ---------------------------------------------------------------------------------------------
 bool backend_available(Device device);
+// "" when `device`'s backend runs this layer (cfg, storage dtype, with or without expert biases),
+// else the rule it breaks (e.g. an activation the GPU epilogues do not fuse yet).
+std::string unsupported_reason(const MoEConfig& cfg, DType dtype, Device device, bool expert_biases = false);
 Device best_device();  // cuda when a backend and a GPU are present, else cpu
 std::string backend_description(Device device);
 

@@ -325,7 +325,14 @@ class CpuBackend final : public Backend {
     const RoutingMetadata meta{saved.row_token.ptr<int32_t>(), saved.row_gate.ptr<float>(),
                                saved.expert_offsets.ptr<int32_t>(), saved.token_offsets.ptr<int32_t>(),
                                saved.token_rows.ptr<int32_t>()};
-    build_given_metadata(saved.topk_experts.ptr<int32_t>(), s.weights, T, c.E, K, s.cursor, meta);
+    const int64_t R = build_given_metadata(saved.topk_experts.ptr<int32_t>(), s.weights, T, c.E, K, s.cursor, meta);
+    // Rows past the routed ones (sentinel slots) are zeroed: the saved state is a function of the inputs.
+    const int64_t tail = saved.rows_capacity - R, W = up_width(c);
+    if (tail > 0) {
+      std::memset(advance(saved.h.data, dtype, R * W), 0, size_t(tail * W) * dtype_size(dtype));
+      for (Tensor* t : {&saved.row_gate, &saved.row_token, &saved.token_rows})
+        std::memset(static_cast<char*>(t->data) + R * 4, 0, size_t(tail) * 4);
+    }
     experts_forward(experts_problem(c, dtype, a.w, saved), s.x, saved.h.data, s.y, s.experts);
     gather_sum_rows(s.y, meta.row_gate, nullptr, meta.token_offsets, meta.token_rows, T, c.d, dtype, a.out.data);
   }

@@ -70,9 +70,8 @@ struct ExpertsProblem {
 
   bool gated() const { return activation_is_gated(act.kind); }
   int64_t width() const { return gated() ? 2 * n : n; }  // W
-  // Columns of g_j and u_j in a row of H (the row order of W1).
-  int64_t gate_col(int64_t j) const { return interleaved ? 2 * j : j; }
-  int64_t up_col(int64_t j) const { return interleaved ? 2 * j + 1 : n + j; }
+  int64_t gate_col(int64_t j) const { return act::gate_column(j, interleaved); }
+  int64_t up_col(int64_t j) const { return act::up_column(j, n, interleaved); }
 };
 
 // Forward: H = store(gather(X)·W1_eᵀ + b1_e) into h [R, W]; A = round(act(g, u)) from the

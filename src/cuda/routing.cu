@@ -96,4 +96,43 @@ void route(const MoEConfig& cfg, int64_t T, const RoutingScratch& r, bool count,
   build_metadata(r.code, r.zp, r.sum_chosen, gates_renormalised(cfg), T, E, r.meta_scratch, out, stream);
 }
 
+void build_given_metadata(const int32_t* topk_experts, const void* weights, bool weights_bf16, int64_t T, int64_t E,
+                          int64_t K, int32_t* scratch, const MetadataOut& out, cudaStream_t stream) {
+  const int tiles = tiles_of(T);
+  int32_t* tile_counts = scratch;  // the layout of build_metadata's scratch
+  int32_t* tile_base = tile_counts + int64_t(tiles) * E;
+  int32_t* token_counts = tile_base + int64_t(tiles) * E;
+  int32_t* expert_counts = token_counts + T;
+
+  kernels::count_given_kernel<<<tiles, kernels::kGivenCountThreads, size_t(E) * sizeof(int), stream>>>(
+      topk_experts, int(T), int(E), int(K), tile_counts, token_counts);
+  LEANMOE_CUDA_CHECK_LAUNCH("count_given_kernel");
+  kernels::scan_tiles_kernel<<<int(E), kernels::kScanThreads, 0, stream>>>(tile_counts, tiles, int(E), tile_base,
+                                                                           expert_counts);
+  LEANMOE_CUDA_CHECK_LAUNCH("scan_tiles_kernel");
+  kernels::scan_offsets_kernel<<<2, kernels::kOffsetThreads, 0, stream>>>(expert_counts, int(E), out.expert_offsets,
+                                                                        token_counts, int(T), out.token_offsets);
+  LEANMOE_CUDA_CHECK_LAUNCH("scan_offsets_kernel");
+  const int blocks = (tiles + kernels::kGivenScatterWarps - 1) / kernels::kGivenScatterWarps;
+  const size_t smem = size_t(kernels::kGivenScatterWarps) * E * sizeof(int);
+  kernels::scatter_given_kernel<<<blocks, 32 * kernels::kGivenScatterWarps, smem, stream>>>(
+      topk_experts, weights, weights_bf16, int(T), int(E), int(K), tiles, tile_base, out);
+  LEANMOE_CUDA_CHECK_LAUNCH("scatter_given_kernel");
+}
+
+void scatter_given_ds(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, const int32_t* token_offsets,
+                      const int32_t* token_rows, const float* dS, void* d_weights, bool bf16, cudaStream_t stream) {
+  kernels::scatter_given_ds_kernel<<<int((T + 255) / 256), 256, 0, stream>>>(
+      topk_experts, int(T), int(E), int(K), token_offsets, token_rows, dS, d_weights, bf16);
+  LEANMOE_CUDA_CHECK_LAUNCH("scatter_given_ds_kernel");
+}
+
+void zero_unrouted_rows(const int32_t* expert_offsets, int64_t E, int64_t rows_capacity, int64_t width, void* h,
+                        const MetadataOut& out, cudaStream_t stream) {
+  kernels::zero_unrouted_rows_kernel<<<132, 256, 0, stream>>>(expert_offsets + E, rows_capacity, width,
+                                                              static_cast<uint16_t*>(h), out.row_gate, out.row_token,
+                                                              out.token_rows);
+  LEANMOE_CUDA_CHECK_LAUNCH("zero_unrouted_rows_kernel");
+}
+
 }  // namespace leanmoe::cuda
