@@ -9,13 +9,8 @@
 #pragma once
 #include <cmath>
 
+#include "host_device.h"
 #include "leanmoe/leanmoe.h"
-
-#if defined(__CUDACC__)
-#define LEANMOE_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define LEANMOE_HOST_DEVICE inline
-#endif
 
 namespace leanmoe::act {
 
@@ -30,21 +25,23 @@ inline Params params_of(const MoEConfig& cfg) { return {cfg.activation, cfg.act_
 
 // Columns of g_j and u_j in a row of H (the row order of W1): [gate; up], or interleaved
 // [g0, u0, g1, u1, ...] (gpt-oss). A plain activation reads its value at gate_column.
-LEANMOE_HOST_DEVICE int64_t gate_column(int64_t j, bool interleaved) { return interleaved ? 2 * j : j; }
-LEANMOE_HOST_DEVICE int64_t up_column(int64_t j, int64_t n, bool interleaved) { return interleaved ? 2 * j + 1 : n + j; }
+LEANMOE_HOST_DEVICE inline int64_t gate_column(int64_t j, bool interleaved) { return interleaved ? 2 * j : j; }
+LEANMOE_HOST_DEVICE inline int64_t up_column(int64_t j, int64_t n, bool interleaved) {
+  return interleaved ? 2 * j + 1 : n + j;
+}
 
 template <class Real>
-LEANMOE_HOST_DEVICE Real sigmoid(Real v) {
+LEANMOE_HOST_DEVICE inline Real sigmoid(Real v) {
   return Real(1) / (Real(1) + std::exp(-v));
 }
 
 // GELU, exact: x * Phi(x); its derivative Phi(x) + x * phi(x).
 template <class Real>
-LEANMOE_HOST_DEVICE Real gelu(Real x) {
+LEANMOE_HOST_DEVICE inline Real gelu(Real x) {
   return Real(0.5) * x * (Real(1) + std::erf(x * Real(0.70710678118654752440)));
 }
 template <class Real>
-LEANMOE_HOST_DEVICE Real gelu_grad(Real x) {
+LEANMOE_HOST_DEVICE inline Real gelu_grad(Real x) {
   const Real cdf = Real(0.5) * (Real(1) + std::erf(x * Real(0.70710678118654752440)));
   const Real pdf = std::exp(Real(-0.5) * x * x) * Real(0.39894228040143267794);
   return cdf + x * pdf;
@@ -52,30 +49,30 @@ LEANMOE_HOST_DEVICE Real gelu_grad(Real x) {
 
 // GELU, tanh approximation: 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2 / pi).
 template <class Real>
-LEANMOE_HOST_DEVICE Real gelu_tanh(Real x) {
+LEANMOE_HOST_DEVICE inline Real gelu_tanh(Real x) {
   const Real inner = Real(0.79788456080286535588) * (x + Real(0.044715) * x * x * x);
   return Real(0.5) * x * (Real(1) + std::tanh(inner));
 }
 template <class Real>
-LEANMOE_HOST_DEVICE Real gelu_tanh_grad(Real x) {
+LEANMOE_HOST_DEVICE inline Real gelu_tanh_grad(Real x) {
   const Real c = Real(0.79788456080286535588);
   const Real t = std::tanh(c * (x + Real(0.044715) * x * x * x));
   return Real(0.5) * (Real(1) + t) + Real(0.5) * x * (Real(1) - t * t) * c * (Real(1) + Real(3 * 0.044715) * x * x);
 }
 
 template <class Real>
-LEANMOE_HOST_DEVICE Real silu(Real x) {
+LEANMOE_HOST_DEVICE inline Real silu(Real x) {
   return x * sigmoid(x);
 }
 template <class Real>
-LEANMOE_HOST_DEVICE Real silu_grad(Real x) {
+LEANMOE_HOST_DEVICE inline Real silu_grad(Real x) {
   const Real s = sigmoid(x);
   return s * (Real(1) + x * (Real(1) - s));
 }
 
 // f of the gate (gated) or of h (plain), and f'.
 template <class Real>
-LEANMOE_HOST_DEVICE Real gate_fn(Activation k, Real x) {
+LEANMOE_HOST_DEVICE inline Real gate_fn(Activation k, Real x) {
   switch (k) {
     case Activation::swiglu:
     case Activation::silu: return silu(x);
@@ -91,7 +88,7 @@ LEANMOE_HOST_DEVICE Real gate_fn(Activation k, Real x) {
   return Real(0);
 }
 template <class Real>
-LEANMOE_HOST_DEVICE Real gate_fn_grad(Activation k, Real x) {
+LEANMOE_HOST_DEVICE inline Real gate_fn_grad(Activation k, Real x) {
   switch (k) {
     case Activation::swiglu:
     case Activation::silu: return silu_grad(x);
@@ -109,7 +106,7 @@ LEANMOE_HOST_DEVICE Real gate_fn_grad(Activation k, Real x) {
 
 // a = f(g, u).
 template <class Real>
-LEANMOE_HOST_DEVICE Real forward(const Params& p, Real g, Real u) {
+LEANMOE_HOST_DEVICE inline Real forward(const Params& p, Real g, Real u) {
   if (p.kind == Activation::swiglu_clamped) {
     const Real l = Real(p.limit);
     const Real gc = g < l ? g : l;
@@ -122,7 +119,7 @@ LEANMOE_HOST_DEVICE Real forward(const Params& p, Real g, Real u) {
 
 // da/dg and da/du (the latter 0 for a plain activation).
 template <class Real>
-LEANMOE_HOST_DEVICE void backward(const Params& p, Real g, Real u, Real& da_dg, Real& da_du) {
+LEANMOE_HOST_DEVICE inline void backward(const Params& p, Real g, Real u, Real& da_dg, Real& da_du) {
   if (p.kind == Activation::swiglu_clamped) {
     const Real l = Real(p.limit), alpha = Real(p.alpha);
     const Real gc = g < l ? g : l;

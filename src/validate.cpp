@@ -104,8 +104,9 @@ void check_weights(const char* fn, const MoEConfig& cfg, const MoEWeights& w, co
   const Dim E{"E", cfg.E}, d{"d", cfg.d}, n{"n", cfg.n};
   if (cfg.routing != Routing::given) check_tensor(fn, "w.router", w.router, {E, d}, ref.dtype, why, ref, ref_name);
   const std::string layout = cfg.transposed ? " (cfg.transposed)" : "";
-  check_tensor(fn, "w.gate_up_proj", w.gate_up_proj, cfg.transposed ? std::vector<Dim>{E, d, W} : std::vector<Dim>{E, W, d},
-               ref.dtype, why + layout, ref, ref_name);
+  check_tensor(fn, "w.gate_up_proj", w.gate_up_proj,
+               cfg.transposed ? std::vector<Dim>{E, d, W} : std::vector<Dim>{E, W, d}, ref.dtype, why + layout, ref,
+               ref_name);
   check_tensor(fn, "w.down_proj", w.down_proj, cfg.transposed ? std::vector<Dim>{E, n, d} : std::vector<Dim>{E, d, n},
                ref.dtype, why + layout, ref, ref_name);
   for (auto [name, t] : {std::pair{"w.gate_up_bias", &w.gate_up_bias}, {"w.down_bias", &w.down_bias}}) {
@@ -159,8 +160,10 @@ void check_expert_grads(const char* fn, const MoEConfig& cfg, const MoEWeights& 
         std::tuple{"grads.d_down_bias", &g.d_down_bias, &w.down_bias, std::vector<Dim>{E, d}}}) {
     if (!grad->defined()) continue;
     if (!bias->defined())
-      fail(fn, name, std::string("must be undefined when w.") + (bias == &w.gate_up_bias ? "gate_up_bias" : "down_bias") +
-                         " is not given", grad->describe());
+      fail(fn, name,
+           std::string("must be undefined when w.") + (bias == &w.gate_up_bias ? "gate_up_bias" : "down_bias") +
+               " is not given",
+           grad->describe());
     check_tensor(fn, name, *grad, dims, dtype, why, d_out, "d_out");
   }
 }

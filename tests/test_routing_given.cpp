@@ -195,8 +195,8 @@ TEST(RoutingGiven, CallbackOrderWithBiases) {
   auto t = [](std::vector<float>& v, std::initializer_list<int64_t> shape) {
     return Tensor::contiguous(v.data(), DType::f32, Device::cpu, shape);
   };
-  std::vector<float> out(T * c.d), dx(T * c.d), dw1(in.gate_up.size()), dw2(in.down.size()), db1(in.gate_up_bias.size()),
-      db2(in.down_bias.size()), dwts(T * c.K);
+  std::vector<float> out(T * c.d), dx(T * c.d), dw1(in.gate_up.size()), dw2(in.down.size()),
+      db1(in.gate_up_bias.size()), db2(in.down_bias.size()), dwts(T * c.K);
   std::vector<int32_t> ids = in.topk_experts;
   const Tensor ids_t = Tensor::contiguous(ids.data(), DType::i32, Device::cpu, {T, c.K});
   const MoEWeights w{Tensor{}, t(in.gate_up, {c.E, 2 * c.n, c.d}), t(in.down, {c.E, c.d, c.n}),

@@ -278,7 +278,8 @@ leanmoe::MoEConfig routed_config(const at::Tensor& gate_up_proj, int64_t top_k, 
   c.transposed = transposed;
   const int64_t W = gate_up_proj.size(transposed ? 2 : 1);
   const bool gated = leanmoe::activation_is_gated(c.activation);
-  TORCH_CHECK_VALUE(!gated || W % 2 == 0, "leanmoe: argument 'gate_up_proj': a gated activation (", std::string(activation),
+  TORCH_CHECK_VALUE(!gated || W % 2 == 0, "leanmoe: argument 'gate_up_proj': a gated activation (",
+                    std::string(activation),
                     ") needs an even up-projection width W = 2n, got W = ", W);
   c.E = gate_up_proj.size(0);
   c.d = gate_up_proj.size(transposed ? 1 : 2);
@@ -360,8 +361,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_routed_backward(
   if (gate_up_bias) grads.d_gate_up_bias = view_of(d_b1, "d_gate_up_bias");
   if (down_bias) grads.d_down_bias = view_of(d_b2, "d_down_bias");
   grads.d_topk_weights = view_of(d_weights, "d_topk_weights");
-  leanmoe::backward_routed(cfg, view_of(dout, "d_out"), routed_weights(gate_up_proj, down_proj, gate_up_bias, down_bias),
-                           saved, grads, {ws.data_ptr(), plan.backward_workspace_bytes}, on_expert_grad,
+  leanmoe::backward_routed(cfg, view_of(dout, "d_out"),
+                           routed_weights(gate_up_proj, down_proj, gate_up_bias, down_bias), saved, grads, {ws.data_ptr(), plan.backward_workspace_bytes}, on_expert_grad,
                            current_stream(x));
   return {dx, d_weights, d_b1, d_b2};
 }

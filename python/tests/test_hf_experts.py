@@ -222,7 +222,8 @@ def test_unsupported_features_name_the_model():
 
 def test_specs_of_the_families():
     """What leanmoe recognises for each family's experts (layout flags and activation)."""
-    expected = {"gpt_oss": ("swiglu_clamped", True, True, True, True), "nemotron_h": ("relu2", False, False, False, False),
+    expected = {"gpt_oss": ("swiglu_clamped", True, True, True, True),
+                "nemotron_h": ("relu2", False, False, False, False),
                 "mixtral": ("swiglu", False, False, True, False)}
     for family, (activation, interleaved, transposed, gated, bias) in expected.items():
         try:

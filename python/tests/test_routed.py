@@ -60,7 +60,8 @@ def make(T, d, n, E, K, activation, transposed, bias, dtype, device, seed=0, sen
         w1, w2 = w1.transpose(1, 2).contiguous(), w2.transpose(1, 2).contiguous()
     b1 = torch.randn(E, W, generator=g) * 0.3 if bias else None
     b2 = torch.randn(E, d, generator=g) * 0.3 if bias else None
-    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]) if T else torch.zeros(0, K, dtype=torch.long)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]) if T else \
+        torch.zeros(0, K, dtype=torch.long)
     if sentinels:
         ids[::3, 0] = -1
         ids[1::5, -1] = E  # an expert-parallel sentinel

@@ -558,7 +558,8 @@ double naive_loss(const HostLayerInputs& in, Param which, size_t index, double d
       break;
     }
     case Param::down: {
-      const int64_t e = i / (d * n), row = map.transposed ? i % d : (i / n) % d, j = map.transposed ? (i / d) % n : i % n;
+      const int64_t e = i / (d * n), row = map.transposed ? i % d : (i / n) % d;
+      const int64_t j = map.transposed ? (i / d) % n : i % n;
       L.w2[(e * d + row) * n + j] = shifted_value;
       break;
     }
