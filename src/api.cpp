@@ -109,7 +109,8 @@ int64_t Tensor::numel() const {
 
 bool Tensor::is_contiguous() const {
   if (ndim < 0 || ndim > kMaxDims) return false;
-  if (numel() == 0 && ndim > 0) return true;  // no element to misplace (T = 0 with routing given)
+  for (int k = 0; k < ndim; ++k)
+    if (shape[k] == 0) return true;  // no elements: any strides (torch's expanded empty gradients)
   int64_t st = 1;
   for (int k = ndim - 1; k >= 0; --k) {
     if (shape[k] != 1 && stride[k] != st) return false;

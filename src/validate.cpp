@@ -48,7 +48,7 @@ void check_shape(const char* fn, const std::string& arg, const Tensor& t, const 
 // Layout and pointer rules every tensor argument shares (after shape, dtype and device).
 void check_storage(const char* fn, const std::string& arg, const Tensor& t) {
   if (!t.is_contiguous()) fail(fn, arg, "must be contiguous (row-major)", t.describe());
-  // A tensor with no elements is never read or written (T = 0 with routing given), so null is fine there.
+  // An empty tensor (e.g. T = 0 tokens) may have no memory behind it.
   if (t.data == nullptr && t.numel() > 0)
     fail(fn, arg, "must not have a null data pointer", t.describe() + " with data = null");
 }
@@ -181,6 +181,14 @@ void check_finite(const char* fn, const char* arg, const Tensor& t, Backend& be)
     fail(fn, arg, "must hold only finite values (cfg.check_finite is on)", "NaN or Inf in " + t.describe());
 }
 
+// cfg.check_finite: the expert weights, and their biases when given.
+void check_finite_experts(const char* fn, const MoEWeights& w, Backend& be) {
+  check_finite(fn, "w.gate_up_proj", w.gate_up_proj, be);
+  check_finite(fn, "w.down_proj", w.down_proj, be);
+  if (w.gate_up_bias.defined()) check_finite(fn, "w.gate_up_bias", w.gate_up_bias, be);
+  if (w.down_bias.defined()) check_finite(fn, "w.down_bias", w.down_bias, be);
+}
+
 }  // namespace
 
 void validate_config(const MoEConfig& cfg, const char* fn) {
@@ -245,8 +253,7 @@ void validate_forward(const ForwardArgs& a, Backend& be) {
   if (cfg.check_finite) {
     check_finite(fn, "x", a.x, be);
     check_finite(fn, "w.router", a.w.router, be);
-    check_finite(fn, "w.gate_up_proj", a.w.gate_up_proj, be);
-    check_finite(fn, "w.down_proj", a.w.down_proj, be);
+    check_finite_experts(fn, a.w, be);
   }
 }
 
@@ -293,14 +300,18 @@ void check_routing_pair(const char* fn, const char* arg, const Tensor& t, int64_
   check_device(fn, arg, t, ref, ref_name);
   check_storage(fn, arg, t);
 }
+
+void validate_routed_config(const MoEConfig& cfg, const char* fn) {
+  validate_config(cfg, fn);
+  if (cfg.routing != Routing::given)
+    fail(fn, "cfg", "cfg.routing must be given (Routing::given) for the caller's routing", cfg.describe());
+}
 }  // namespace
 
 void validate_forward_routed(const RoutedForwardArgs& a, Backend& be) {
   const char* fn = "leanmoe::forward_routed";
   const MoEConfig& cfg = a.cfg;
-  validate_config(cfg, fn);
-  if (cfg.routing != Routing::given)
-    fail(fn, "cfg", "cfg.routing must be given (Routing::given) for the caller's routing", cfg.describe());
+  validate_routed_config(cfg, fn);
   check_activation(fn, "x", a.x, -1, cfg, "", /*allow_empty=*/true);
   const int64_t T = a.x.shape[0];
   validate_tokens(cfg, T, fn);
@@ -314,17 +325,14 @@ void validate_forward_routed(const RoutedForwardArgs& a, Backend& be) {
   if (cfg.check_finite) {
     check_finite(fn, "x", a.x, be);
     check_finite(fn, "topk_weights", a.topk_weights, be);
-    check_finite(fn, "w.gate_up_proj", a.w.gate_up_proj, be);
-    check_finite(fn, "w.down_proj", a.w.down_proj, be);
+    check_finite_experts(fn, a.w, be);
   }
 }
 
 void validate_backward_routed(const RoutedBackwardArgs& a, Backend& be) {
   const char* fn = "leanmoe::backward_routed";
   const MoEConfig& cfg = a.cfg;
-  validate_config(cfg, fn);
-  if (cfg.routing != Routing::given)
-    fail(fn, "cfg", "cfg.routing must be given (Routing::given) for the caller's routing", cfg.describe());
+  validate_routed_config(cfg, fn);
   const SavedState& s = a.saved;
   if (!s.x.defined())
     fail(fn, "saved", "must be filled by forward_routed before backward_routed (saved.x is undefined)",

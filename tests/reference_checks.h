@@ -62,6 +62,15 @@ inline reference::HostLayerOutputs check_cpu_against_naive(const reference::Host
   return want;
 }
 
+// Central differences of the naive reference's double-precision loss for every entry of `which`
+// (step 1e-6: see test_gradcheck.cpp for the error budget).
+inline std::vector<float> fd_gradient(const reference::HostLayerInputs& in, reference::Param which, size_t count) {
+  std::vector<float> g(count);
+  for (size_t i = 0; i < count; ++i)
+    g[i] = float((reference::naive_loss(in, which, i, 1e-6) - reference::naive_loss(in, which, i, -1e-6)) / 2e-6);
+  return g;
+}
+
 inline MoEConfig small_config(int64_t d, int64_t n, int64_t E, int64_t K) {
   MoEConfig c;
   c.d = d;

@@ -154,12 +154,7 @@ TEST(RoutingGiven, GradCheck) {
   reference::add_random_biases(in, 3);
   in.topk_experts[3] = -1;  // a sentinel
   const HostLayerOutputs an = reference::naive_forward_backward<double>(in);
-  auto fd = [&](reference::Param p, size_t count) {
-    std::vector<float> g(count);
-    for (size_t i = 0; i < count; ++i)
-      g[i] = float((reference::naive_loss(in, p, i, 1e-6) - reference::naive_loss(in, p, i, -1e-6)) / 2e-6);
-    return g;
-  };
+  auto fd = [&](reference::Param p, size_t count) { return fd_gradient(in, p, count); };
   using reference::Param;
   EXPECT_LT(reference::rel_error(fd(Param::x, in.x.size()), an.dx), 1e-6) << "dx";
   EXPECT_LT(reference::rel_error(fd(Param::gate_up, in.gate_up.size()), an.d_gate_up), 1e-6) << "d_gate_up";

@@ -177,12 +177,13 @@ class _Settings(types.SimpleNamespace):
     pass
 
 
-def _router_logits_requested(settings):
-    """Whether transformers is collecting router logits in this forward (output_router_logits)."""
+def _router_logits_requested() -> bool:
+    """True while a transformers forward collects router logits (output_router_logits). transformers
+    v5 records them with forward hooks on the router module, active through this context variable."""
     try:
         from transformers.utils.output_capturing import _active_collector
-    except ImportError:  # a transformers without the collector: the model's config decides
-        return bool(getattr(settings.config, "output_router_logits", False))
+    except ImportError:  # a transformers without this module records nothing this way
+        return False
     collected = _active_collector.get()
     return collected is not None and "router_logits" in collected
 
@@ -193,13 +194,15 @@ def _leanmoe_block_forward(self, hidden_states):
     jitter = getattr(self, "jitter_noise", 0)
     if self.training and jitter > 0:  # Mixtral's router jitter, as its block applies it
         hidden_states = hidden_states * torch.empty_like(hidden_states).uniform_(1.0 - jitter, 1.0 + jitter)
-    if _router_logits_requested(s):
-        router(hidden_states.reshape(-1, hidden_states.shape[-1]))  # transformers' hook records the logits
     routing = routing_for_call(s.routing, s.inference_routing, self.training)
     out = moe(hidden_states, router.weight, self.experts.gate_up_proj, self.experts.down_proj, router.top_k,
               router=s.convention, norm_topk_prob=bool(getattr(router, "norm_topk_prob", False)), routing=routing,
               tile=s.tile, rounding_mode=s.rounding_mode)
     self.leanmoe_aux_loss, self.leanmoe_z_loss = out.aux_loss, out.z_loss
+    if _router_logits_requested():
+        # transformers' router on the same hidden states: its forward hook records the logits for
+        # load_balancing_loss_func; they carry that loss's gradient to the router and the input.
+        router(hidden_states.reshape(-1, hidden_states.shape[-1]))
     return out.output
 
 
@@ -220,14 +223,13 @@ def apply(model: torch.nn.Module, routing="topk", tile=128, rounding_mode="neare
     default; "token_rounding" to round there too)."""
     routing_for_call(routing, inference_routing, True)  # validates inference_routing
     count = 0
-    config = getattr(model, "config", None)
     for name, block in model.named_modules():
         spec = SUPPORTED_BLOCKS.get(type(block).__name__)
         if spec is None:
             continue
         _check_swiglu(name, block)
         block._leanmoe = _Settings(router_attr=spec[0], convention=spec[1], routing=routing, tile=tile,
-                                   rounding_mode=rounding_mode, inference_routing=inference_routing, config=config)
+                                   rounding_mode=rounding_mode, inference_routing=inference_routing)
         block.forward = types.MethodType(_leanmoe_block_forward, block)
         count += 1
     if count == 0:

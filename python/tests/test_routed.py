@@ -9,15 +9,7 @@ import leanmoe
 from conftest import skip_unsupported, widths
 from leanmoe.functional import ACTIVATIONS, GATED_ACTIVATIONS
 from leanmoe.optim import ExpertAdamW
-
-TOL = {torch.float32: 1e-4, torch.bfloat16: 3e-2}
-
-
-def close(actual, expected, dtype, what):
-    actual, expected = actual.float().cpu(), expected.float().cpu()
-    scale = expected.abs().max().clamp_min(1e-6)
-    err = (actual - expected).abs().max() / scale
-    assert err <= TOL[dtype], f"{what}: max error {err:.3e} of max |value| {scale:.3e} (tol {TOL[dtype]})"
+from test_ops import close  # the tolerances of the op tests (their comment says why)
 
 
 # The activations written out in torch (as transformers' experts compute them), independently of leanmoe's.

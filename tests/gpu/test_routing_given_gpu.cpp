@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "leanmoe/leanmoe.h"
+#include "graph_launcher.h"
 #include "naive_moe.h"
 
 namespace {
@@ -122,25 +123,7 @@ TEST(CudaRoutingGiven, CaptureIntoOneGraph) {
   REQUIRE_GPU();
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  const reference::LayerLauncher in_a_graph = [&](const std::function<void()>& enqueue_layer) {
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-    std::string thrown;
-    try {
-      enqueue_layer();
-    } catch (const std::exception& e) {
-      thrown = e.what();
-    }
-    cudaGraph_t graph = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-    ASSERT_EQ(thrown, "") << "forward_routed/backward_routed failed under stream capture";
-    ASSERT_EQ(ended, cudaSuccess) << "capture invalidated (a host-synchronising call?): " << cudaGetErrorString(ended);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-  };
+  const reference::LayerLauncher in_a_graph = leanmoe::testing::graph_launcher(stream);
   HostLayerInputs in = inputs(given_config(), 333, 12);
   in.topk_experts[5] = -1;
   const HostLayerOutputs eager = reference::run_backend(in, Device::cuda);
