@@ -110,13 +110,15 @@ def _recognise_activation(module, gated, interleaved, name):
         f"({', '.join(a for a, _, _ in candidates)}). Use another experts_implementation for this model.")
 
 
-@torch.compiler.disable
 def experts_spec(module) -> ExpertsSpec:
     """The spec of a transformers experts module (computed once, kept on the module). Raises
     NotImplementedError naming the model and the feature leanmoe cannot run."""
     spec = module.__dict__.get(_SPEC_ATTR)
-    if spec is not None:
-        return spec
+    return spec if spec is not None else _compute_experts_spec(module)
+
+
+@torch.compiler.disable  # evaluates the module's own activation on a probe: eager, once per module
+def _compute_experts_spec(module) -> ExpertsSpec:
     name = _model_name(module)
     if getattr(module, "has_post_expert_norm", False):
         raise NotImplementedError(f"leanmoe experts implementation: {name}: experts with a post-expert norm "
@@ -133,6 +135,16 @@ def experts_spec(module) -> ExpertsSpec:
         raise NotImplementedError(f"leanmoe experts implementation: {name} on {w.device.type} ({w.dtype}): {reason}")
     module.__dict__[_SPEC_ATTR] = spec
     return spec
+
+
+def prepare(model: torch.nn.Module) -> int:
+    """Recognises every experts module of `model` now (eager) instead of at its first forward:
+    an unsupported model fails here, and torch.compile(fullgraph=True) then traces the experts
+    without a graph break. Returns the number of experts modules."""
+    modules = [m for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "down_proj")]
+    for m in modules:
+        experts_spec(m)
+    return len(modules)
 
 
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):

@@ -208,6 +208,18 @@ def test_register_and_switch_back():
     assert rel(during, before) < 1e-5 and torch.equal(after, before)
 
 
+def test_prepare_then_fullgraph_compile():
+    """prepare() recognises every experts module eagerly; the experts then compile with fullgraph."""
+    model = build("qwen3_moe")
+    model.set_experts_implementation("leanmoe")
+    assert leanmoe.hf.prepare(model) == 2
+    experts = experts_modules(model)[0]
+    g = torch.Generator().manual_seed(0)
+    x, idx, w = torch.randn(20, 64, generator=g), torch.randint(0, 8, (20, 2), generator=g), torch.rand(20, 2)
+    compiled = torch.compile(lambda *a: experts(*a), backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x, idx, w), experts(x, idx, w), rtol=1e-6, atol=1e-7)
+
+
 def test_unsupported_features_name_the_model():
     model = build("olmoe")
     experts = experts_modules(model)[0]
