@@ -53,6 +53,8 @@ void expect_same(const HostLayerInputs& in, const std::string& what) {
   EXPECT_LE(reference::rel_error(gpu.d_gate_up, cpu.d_gate_up), kBf16Tol) << "d_gate_up";
   EXPECT_LE(reference::rel_error(gpu.d_down, cpu.d_down), kBf16Tol) << "d_down";
   EXPECT_LE(reference::rel_error(gpu.d_topk_weights, cpu.d_topk_weights), kBf16Tol) << "d_topk_weights";
+  EXPECT_LE(reference::rel_error(gpu.d_gate_up_bias, cpu.d_gate_up_bias), kBf16Tol) << "d_gate_up_bias";
+  EXPECT_LE(reference::rel_error(gpu.d_down_bias, cpu.d_down_bias), kBf16Tol) << "d_down_bias";
   for (size_t i = 0; i < in.topk_experts.size(); ++i)
     if (in.topk_experts[i] < 0 || in.topk_experts[i] >= in.cfg.E)
       EXPECT_EQ(gpu.d_topk_weights[i], 0.f) << "sentinel slot " << i;
