@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "activation.h"
 #include "backend.h"
 #include "validate.h"
 
@@ -22,12 +23,62 @@ size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
 const char* router_convention_name(RouterConvention r) {
   return r == RouterConvention::topk_then_softmax ? "topk_then_softmax" : "softmax_then_topk";
 }
-const char* routing_name(Routing r) { return r == Routing::topk ? "topk" : "token_rounding"; }
+const char* routing_name(Routing r) {
+  return r == Routing::topk ? "topk" : r == Routing::token_rounding ? "token_rounding" : "given";
+}
+const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::swiglu: return "swiglu";
+    case Activation::geglu: return "geglu";
+    case Activation::geglu_tanh: return "geglu_tanh";
+    case Activation::reglu: return "reglu";
+    case Activation::swiglu_clamped: return "swiglu_clamped";
+    case Activation::gelu: return "gelu";
+    case Activation::gelu_tanh: return "gelu_tanh";
+    case Activation::silu: return "silu";
+    case Activation::relu: return "relu";
+    case Activation::relu2: return "relu2";
+  }
+  return "?";
+}
+int64_t up_width(const MoEConfig& cfg) { return activation_is_gated(cfg.activation) ? 2 * cfg.n : cfg.n; }
+
+void expert_activation(const MoEConfig& cfg, const Tensor& h, const Tensor& a) {
+  const char* fn = "leanmoe::expert_activation";
+  const int64_t W = up_width(cfg), n = cfg.n;
+  auto check = [&](const char* arg, const Tensor& t, int64_t cols) {
+    if (t.ndim != 2 || t.shape[1] != cols || t.dtype != DType::f32 || t.device != Device::cpu || !t.is_contiguous() ||
+        (t.data == nullptr && t.numel() > 0))
+      throw Error(std::string(fn) + ": argument '" + arg + "': must be a contiguous f32 [R, " + std::to_string(cols) +
+                  "] tensor on cpu, got " + t.describe());
+  };
+  check("h", h, W);
+  check("a", a, n);
+  if (a.shape[0] != h.shape[0])
+    throw Error(std::string(fn) + ": argument 'a': must have the rows of h (" + std::to_string(h.shape[0]) + "), got " +
+                a.describe());
+  const act::Params p = act::params_of(cfg);
+  const bool gated = activation_is_gated(cfg.activation);
+  for (int64_t r = 0; r < h.shape[0]; ++r) {
+    const float* hr = h.ptr<float>() + r * W;
+    for (int64_t j = 0; j < n; ++j) {
+      const float g = hr[act::gate_column(j, cfg.interleaved)];
+      const float u = gated ? hr[act::up_column(j, n, cfg.interleaved)] : 0.f;
+      a.ptr<float>()[r * n + j] = act::forward(p, g, u);
+    }
+  }
+}
 const char* rounding_mode_name(RoundingMode m) {
   return m == RoundingMode::nearest ? "nearest" : m == RoundingMode::up ? "up" : "down";
 }
 const char* expert_weight_name(ExpertWeight w) {
-  return w == ExpertWeight::down_proj ? "down_proj" : "gate_up_proj";
+  switch (w) {
+    case ExpertWeight::down_proj: return "down_proj";
+    case ExpertWeight::gate_up_proj: return "gate_up_proj";
+    case ExpertWeight::down_bias: return "down_bias";
+    case ExpertWeight::gate_up_bias: return "gate_up_bias";
+  }
+  return "?";
 }
 
 Tensor Tensor::contiguous(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape,
@@ -92,6 +143,11 @@ std::string MoEConfig::describe() const {
                   (norm_topk_prob ? "(norm)" : "") + " routing=" + routing_name(routing);
   if (routing == Routing::token_rounding)
     s += "(tile " + std::to_string(tile) + ", " + rounding_mode_name(rounding_mode) + ")";
+  if (activation != Activation::swiglu) s += std::string(" activation=") + activation_name(activation);
+  if (activation == Activation::swiglu_clamped)
+    s += "(alpha " + std::to_string(act_alpha) + ", limit " + std::to_string(act_limit) + ")";
+  if (interleaved) s += " interleaved";
+  if (transposed) s += " transposed";
   return s;
 }
 
@@ -102,7 +158,7 @@ bool gates_renormalised(const MoEConfig& cfg) {
 }
 
 int64_t max_routed_rows(const MoEConfig& cfg, int64_t T) {
-  if (cfg.routing == Routing::topk) return T * cfg.K;
+  if (cfg.routing != Routing::token_rounding) return T * cfg.K;
   // Rounding moves each expert's count by less than one tile and never above T.
   // An expert never gains more than T rows, so min(tile - 1, T) bounds the gain and keeps
   // E * gain inside int64 for any tile (a tile near 2^63 would otherwise overflow).
@@ -134,7 +190,7 @@ SavedLayout saved_layout(const MoEConfig& cfg, int64_t T, DType dtype) {
     off = align_up(off + bytes);
     return at;
   };
-  l.h = take(size_t(R) * 2 * cfg.n * dtype_size(dtype));
+  l.h = take(size_t(R) * up_width(cfg) * dtype_size(dtype));
   l.row_gate = take(size_t(R) * 4);
   l.row_token = take(size_t(R) * 4);
   l.token_rows = take(size_t(R) * 4);
@@ -189,7 +245,7 @@ SavedState make_saved_state(const MoEConfig& cfg, int64_t T, DType dtype, Device
   SavedState s;
   s.T = T;
   s.rows_capacity = R;
-  s.h = v(l.h, dtype, {R, 2 * cfg.n});
+  s.h = v(l.h, dtype, {R, up_width(cfg)});
   s.row_gate = v(l.row_gate, DType::f32, {R});
   s.row_token = v(l.row_token, DType::i32, {R});
   s.token_rows = v(l.token_rows, DType::i32, {R});
@@ -231,6 +287,37 @@ void backward(const MoEConfig& cfg, const Tensor& d_out, const Tensor& d_losses,
   detail::BackwardArgs a{cfg, d_out, d_losses, w, saved, grads, ws, on_expert_grad, stream};
   detail::validate_backward(a, be);
   be.backward(a);
+}
+
+void forward_routed(const MoEConfig& cfg, const Tensor& x, const Tensor& topk_experts, const Tensor& topk_weights,
+                    const MoEWeights& w, const Tensor& out, SavedState& saved, Workspace ws, Stream stream) {
+  detail::Backend& be = detail::backend_for(x.device, "x");
+  detail::RoutedForwardArgs a{cfg, x, topk_experts, topk_weights, w, out, saved, ws, stream};
+  detail::validate_forward_routed(a, be);
+  saved.x = x;
+  be.forward_routed(a);
+}
+
+void backward_routed(const MoEConfig& cfg, const Tensor& d_out, const MoEWeights& w, const SavedState& saved,
+                     const MoEGrads& grads, Workspace ws, const ExpertGradCallback& on_expert_grad, Stream stream) {
+  detail::Backend& be = detail::backend_for(d_out.device, "d_out");
+  detail::RoutedBackwardArgs a{cfg, d_out, w, saved, grads, ws, on_expert_grad, stream};
+  detail::validate_backward_routed(a, be);
+  be.backward_routed(a);
+}
+
+std::string unsupported_reason(const MoEConfig& cfg, DType dtype, Device device, bool expert_biases) {
+  try {
+    detail::validate_config(cfg, "unsupported_reason");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  if (!backend_available(device)) return std::string("device ") + device_name(device) + " has no backend";
+  detail::Backend& be = detail::backend_for(device, "device");
+  std::string reason = be.unsupported_reason(cfg, dtype);
+  if (reason.empty() && expert_biases && !be.supports_expert_biases())
+    reason = "expert biases are not supported by this backend yet (" + be.description() + "; run on cpu)";
+  return reason;
 }
 
 bool backend_available(Device device) { return device == Device::cpu || detail::cuda_backend() != nullptr; }

@@ -30,6 +30,30 @@ struct BackwardArgs {
   Stream stream;
 };
 
+// Routing given by the caller (forward_routed / backward_routed).
+struct RoutedForwardArgs {
+  const MoEConfig& cfg;
+  const Tensor& x;
+  const Tensor& topk_experts;  // [T, K] i32
+  const Tensor& topk_weights;  // [T, K] f32 or storage dtype
+  const MoEWeights& w;
+  const Tensor& out;
+  SavedState& saved;
+  Workspace ws;
+  Stream stream;
+};
+
+struct RoutedBackwardArgs {
+  const MoEConfig& cfg;
+  const Tensor& d_out;
+  const MoEWeights& w;
+  const SavedState& saved;
+  const MoEGrads& grads;
+  Workspace ws;
+  const ExpertGradCallback& on_expert_grad;  // may be empty
+  Stream stream;
+};
+
 enum class CopyKind { host_to_device, device_to_host };
 
 class Backend {
@@ -41,14 +65,21 @@ class Backend {
   virtual void deallocate(void* p) = 0;
   virtual void copy(void* dst, const void* src, size_t bytes, CopyKind kind) = 0;
   virtual void synchronize() = 0;
-  // Widths the backend's kernels can take (e.g. 16-byte aligned rows); "" when fine, else the rule broken.
+  // Widths the backend's kernels can take (e.g. 16-byte aligned rows), activations, layouts; "" when
+  // fine, else the rule broken.
   virtual std::string unsupported_reason(const MoEConfig& cfg, DType dtype) const = 0;
+  // Whether the expert biases (MoEWeights::gate_up_bias, down_bias) can be given.
+  virtual bool supports_expert_biases() const { return false; }
+  // Workspace sizes follow cfg.routing: the fused router's, or routing given's (no router scratch).
   virtual size_t forward_workspace_bytes(const MoEConfig& cfg, int64_t T, DType dtype) const = 0;
   virtual size_t backward_workspace_bytes(const MoEConfig& cfg, int64_t T, DType dtype) const = 0;
   // True when every element is finite (used only when cfg.check_finite is on).
   virtual bool all_finite(const Tensor& t) = 0;
   virtual void forward(const ForwardArgs& a) = 0;
   virtual void backward(const BackwardArgs& a) = 0;
+  // Routing given by the caller; a backend without it refuses by name.
+  virtual void forward_routed(const RoutedForwardArgs&) { throw Error(description() + ": no forward_routed"); }
+  virtual void backward_routed(const RoutedBackwardArgs&) { throw Error(description() + ": no backward_routed"); }
 };
 
 Backend& cpu_backend();

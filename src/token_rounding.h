@@ -3,13 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "host_device.h"
 #include "leanmoe/leanmoe.h"
-
-#if defined(__CUDACC__)
-#define LEANMOE_HOST_DEVICE __host__ __device__
-#else
-#define LEANMOE_HOST_DEVICE
-#endif
 
 namespace leanmoe::detail {
 

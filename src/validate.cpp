@@ -95,13 +95,27 @@ void check_backend_support(const char* fn, const MoEConfig& cfg, DType dtype, co
     fail(fn, "cfg", reason + " (backend: " + be.description() + ", dtype " + dtype_name(dtype) + ")", cfg.describe());
 }
 
-void check_weights(const char* fn, const MoEConfig& cfg, const MoEWeights& w, const Tensor& ref, const char* ref_name) {
+// The expert weights in cfg's layout (leanmoe.h MoEWeights); the router unless routing is given.
+void check_weights(const char* fn, const MoEConfig& cfg, const MoEWeights& w, const Tensor& ref, const char* ref_name,
+                   const Backend& be) {
   const std::string why = std::string("(the storage dtype of ") + ref_name + ")";
-  check_tensor(fn, "w.router", w.router, {{"E", cfg.E}, {"d", cfg.d}}, ref.dtype, why, ref, ref_name);
-  check_tensor(fn, "w.gate_up_proj", w.gate_up_proj, {{"E", cfg.E}, {"2n", 2 * cfg.n}, {"d", cfg.d}}, ref.dtype, why,
-               ref, ref_name);
-  check_tensor(fn, "w.down_proj", w.down_proj, {{"E", cfg.E}, {"d", cfg.d}, {"n", cfg.n}}, ref.dtype, why, ref,
+  const Dim W = activation_is_gated(cfg.activation) ? Dim{"2n", 2 * cfg.n} : Dim{"n", cfg.n};
+  const Dim E{"E", cfg.E}, d{"d", cfg.d}, n{"n", cfg.n};
+  if (cfg.routing != Routing::given) check_tensor(fn, "w.router", w.router, {E, d}, ref.dtype, why, ref, ref_name);
+  const std::string layout = cfg.transposed ? " (cfg.transposed)" : "";
+  check_tensor(fn, "w.gate_up_proj", w.gate_up_proj,
+               cfg.transposed ? std::vector<Dim>{E, d, W} : std::vector<Dim>{E, W, d}, ref.dtype, why + layout, ref,
                ref_name);
+  check_tensor(fn, "w.down_proj", w.down_proj, cfg.transposed ? std::vector<Dim>{E, n, d} : std::vector<Dim>{E, d, n},
+               ref.dtype, why + layout, ref, ref_name);
+  for (auto [name, t] : {std::pair{"w.gate_up_bias", &w.gate_up_bias}, {"w.down_bias", &w.down_bias}}) {
+    if (!t->defined()) continue;
+    if (!be.supports_expert_biases())
+      fail(fn, name, "expert biases are not supported by this backend yet (" + be.description() + "; run on cpu)",
+           t->describe());
+    check_tensor(fn, name, *t, t == &w.gate_up_bias ? std::vector<Dim>{E, W} : std::vector<Dim>{E, d}, ref.dtype, why,
+                 ref, ref_name);
+  }
 }
 
 // The saved state must come from make_saved_state for this T, config, dtype and device.
@@ -116,7 +130,7 @@ void check_saved(const char* fn, const MoEConfig& cfg, const SavedState& s, int6
                           std::to_string(R) + ")",
          "saved.rows_capacity = " + std::to_string(s.rows_capacity));
   const std::string why = std::string("(made for the storage dtype of ") + ref_name + ")";
-  check_tensor(fn, "saved.h", s.h, {{"R_max", R}, {"2n", 2 * cfg.n}}, ref.dtype, why, ref, ref_name);
+  check_tensor(fn, "saved.h", s.h, {{"R_max", R}, {"W = up_width(cfg)", up_width(cfg)}}, ref.dtype, why, ref, ref_name);
   const char* idx = "(made by make_saved_state)";
   check_tensor(fn, "saved.row_gate", s.row_gate, {{"R_max", R}}, DType::f32, idx, ref, ref_name);
   check_tensor(fn, "saved.row_token", s.row_token, {{"R_max", R}}, DType::i32, idx, ref, ref_name);
@@ -124,6 +138,33 @@ void check_saved(const char* fn, const MoEConfig& cfg, const SavedState& s, int6
   check_tensor(fn, "saved.token_offsets", s.token_offsets, {{"T+1", T + 1}}, DType::i32, idx, ref, ref_name);
   check_tensor(fn, "saved.expert_offsets", s.expert_offsets, {{"E+1", cfg.E + 1}}, DType::i32, idx, ref, ref_name);
   check_tensor(fn, "saved.topk_experts", s.topk_experts, {{"T", T}, {"K", cfg.K}}, DType::i32, idx, ref, ref_name);
+}
+
+// dx and the expert weight and bias gradients, shaped like what they are gradients of.
+void check_expert_grads(const char* fn, const MoEConfig& cfg, const MoEWeights& w, const MoEGrads& g, int64_t T,
+                        const Tensor& d_out) {
+  const DType dtype = d_out.dtype;
+  const char* why = "(the storage dtype of d_out)";
+  const Dim W = activation_is_gated(cfg.activation) ? Dim{"2n", 2 * cfg.n} : Dim{"n", cfg.n};
+  const Dim E{"E", cfg.E}, d{"d", cfg.d}, n{"n", cfg.n};
+  if (g.dx.defined()) check_tensor(fn, "grads.dx", g.dx, {{"T", T}, d}, dtype, why, d_out, "d_out");
+  if (g.d_gate_up_proj.defined())
+    check_tensor(fn, "grads.d_gate_up_proj", g.d_gate_up_proj,
+                 cfg.transposed ? std::vector<Dim>{E, d, W} : std::vector<Dim>{E, W, d}, dtype, why, d_out, "d_out");
+  if (g.d_down_proj.defined())
+    check_tensor(fn, "grads.d_down_proj", g.d_down_proj,
+                 cfg.transposed ? std::vector<Dim>{E, n, d} : std::vector<Dim>{E, d, n}, dtype, why, d_out, "d_out");
+  for (auto [name, grad, bias, dims] :
+       {std::tuple{"grads.d_gate_up_bias", &g.d_gate_up_bias, &w.gate_up_bias, std::vector<Dim>{E, W}},
+        std::tuple{"grads.d_down_bias", &g.d_down_bias, &w.down_bias, std::vector<Dim>{E, d}}}) {
+    if (!grad->defined()) continue;
+    if (!bias->defined())
+      fail(fn, name,
+           std::string("must be undefined when w.") + (bias == &w.gate_up_bias ? "gate_up_bias" : "down_bias") +
+               " is not given",
+           grad->describe());
+    check_tensor(fn, name, *grad, dims, dtype, why, d_out, "d_out");
+  }
 }
 
 void check_workspace(const char* fn, Workspace ws, size_t need, const char* plan_field) {
@@ -137,6 +178,14 @@ void check_workspace(const char* fn, Workspace ws, size_t need, const char* plan
 void check_finite(const char* fn, const char* arg, const Tensor& t, Backend& be) {
   if (!be.all_finite(t))
     fail(fn, arg, "must hold only finite values (cfg.check_finite is on)", "NaN or Inf in " + t.describe());
+}
+
+// cfg.check_finite: the expert weights, and their biases when given.
+void check_finite_experts(const char* fn, const MoEWeights& w, Backend& be) {
+  check_finite(fn, "w.gate_up_proj", w.gate_up_proj, be);
+  check_finite(fn, "w.down_proj", w.down_proj, be);
+  if (w.gate_up_bias.defined()) check_finite(fn, "w.gate_up_bias", w.gate_up_bias, be);
+  if (w.down_bias.defined()) check_finite(fn, "w.down_bias", w.down_bias, be);
 }
 
 // Aliasing: every tensor a call writes must share no byte with any tensor it reads, with another
@@ -193,6 +242,46 @@ std::vector<Range> saved_ranges(const SavedState& s) {
           range_of("saved.topk_experts", s.topk_experts)};
 }
 
+// The weights a call reads (w.router is undefined, hence empty, with routing given).
+std::vector<Range> weight_ranges(const MoEWeights& w) {
+  return {range_of("w.router", w.router), range_of("w.gate_up_proj", w.gate_up_proj),
+          range_of("w.down_proj", w.down_proj), range_of("w.gate_up_bias", w.gate_up_bias),
+          range_of("w.down_bias", w.down_bias)};
+}
+
+// forward / forward_routed: the saved state, out, losses and the workspace are written; x, the
+// weights and `inputs` (the caller's routing) are read.
+void check_forward_aliasing(const char* fn, const Tensor& x, const MoEWeights& w, const Tensor& out,
+                            const Tensor& losses, const SavedState& saved, Workspace ws,
+                            std::vector<Range> inputs = {}) {
+  std::vector<Range> written = saved_ranges(saved);
+  written.push_back(range_of("out", out));
+  written.push_back(range_of("losses", losses));
+  written.push_back(range_of(ws));
+  inputs.push_back(range_of("x", x));
+  for (const Range& r : weight_ranges(w)) inputs.push_back(r);
+  check_no_aliasing(fn, written, inputs);
+}
+
+// backward / backward_routed: every gradient and the workspace are written; the saved state,
+// d_out, d_losses and the weights are read. With a callback dW2 is handed over (and consumed)
+// before dW1 is written, so the two may share one buffer (in-backward updates keep one layer's
+// expert gradients in 2/3 of dW1 + dW2).
+void check_backward_aliasing(const char* fn, const Tensor& d_out, const Tensor& d_losses, const MoEWeights& w,
+                             const SavedState& s, const MoEGrads& g, Workspace ws, bool callback) {
+  std::vector<Range> read = saved_ranges(s);
+  read.push_back(range_of("saved.x", s.x));
+  read.push_back(range_of("d_out", d_out));
+  read.push_back(range_of("d_losses", d_losses));
+  for (const Range& r : weight_ranges(w)) read.push_back(r);
+  check_no_aliasing(fn,
+                    {range_of("grads.dx", g.dx), range_of("grads.d_router", g.d_router),
+                     range_of("grads.d_gate_up_proj", g.d_gate_up_proj), range_of("grads.d_down_proj", g.d_down_proj),
+                     range_of("grads.d_gate_up_bias", g.d_gate_up_bias), range_of("grads.d_down_bias", g.d_down_bias),
+                     range_of("grads.d_topk_weights", g.d_topk_weights), range_of(ws)},
+                    read, callback ? "grads.d_gate_up_proj" : nullptr, callback ? "grads.d_down_proj" : nullptr);
+}
+
 }  // namespace
 
 void validate_config(const MoEConfig& cfg, const char* fn) {
@@ -214,6 +303,15 @@ void validate_config(const MoEConfig& cfg, const char* fn) {
     fail(fn, "cfg", "cfg.aux_loss_coef must be finite", std::to_string(cfg.aux_loss_coef));
   if (!std::isfinite(cfg.z_loss_coef))
     fail(fn, "cfg", "cfg.z_loss_coef must be finite", std::to_string(cfg.z_loss_coef));
+  if (int(cfg.activation) < 0 || int(cfg.activation) > int(Activation::relu2))
+    fail(fn, "cfg", "cfg.activation must be one of the Activation values", std::to_string(int(cfg.activation)));
+  if (cfg.interleaved && !activation_is_gated(cfg.activation))
+    fail(fn, "cfg", "cfg.interleaved needs a gated activation (a plain one has no gate rows to interleave)",
+         activation_name(cfg.activation));
+  if (cfg.activation == Activation::swiglu_clamped && !(std::isfinite(cfg.act_alpha) && cfg.act_limit > 0 &&
+                                                        std::isfinite(cfg.act_limit)))
+    fail(fn, "cfg", "swiglu_clamped needs a finite cfg.act_alpha and a finite cfg.act_limit > 0",
+         "alpha " + std::to_string(cfg.act_alpha) + ", limit " + std::to_string(cfg.act_limit));
 }
 
 void validate_tokens(const MoEConfig& cfg, int64_t T, const char* fn) {
@@ -233,27 +331,22 @@ void validate_forward(const ForwardArgs& a, Backend& be) {
   const char* fn = "leanmoe::forward";
   const MoEConfig& cfg = a.cfg;
   validate_config(cfg, fn);
+  if (cfg.routing == Routing::given)
+    fail(fn, "cfg", "cfg.routing = given takes the caller's routing: call forward_routed", cfg.describe());
   check_activation(fn, "x", a.x, -1, cfg, "");
   const int64_t T = a.x.shape[0];
   validate_tokens(cfg, T, fn);
   check_backend_support(fn, cfg, a.x.dtype, be);
-  check_weights(fn, cfg, a.w, a.x, "x");
+  check_weights(fn, cfg, a.w, a.x, "x", be);
   check_tensor(fn, "out", a.out, {{"T", T}, {"d", cfg.d}}, a.x.dtype, "(the storage dtype of x)", a.x, "x");
   check_loss_pair(fn, "losses", a.losses, a.x, "x");
   check_saved(fn, cfg, a.saved, T, a.x, "x");
   check_workspace(fn, a.ws, be.forward_workspace_bytes(cfg, T, a.x.dtype), "forward_workspace_bytes");
-  std::vector<Range> written = saved_ranges(a.saved);
-  written.push_back(range_of("out", a.out));
-  written.push_back(range_of("losses", a.losses));
-  written.push_back(range_of(a.ws));
-  check_no_aliasing(fn, written,
-                    {range_of("x", a.x), range_of("w.router", a.w.router), range_of("w.gate_up_proj", a.w.gate_up_proj),
-                     range_of("w.down_proj", a.w.down_proj)});
+  check_forward_aliasing(fn, a.x, a.w, a.out, a.losses, a.saved, a.ws);
   if (cfg.check_finite) {
     check_finite(fn, "x", a.x, be);
     check_finite(fn, "w.router", a.w.router, be);
-    check_finite(fn, "w.gate_up_proj", a.w.gate_up_proj, be);
-    check_finite(fn, "w.down_proj", a.w.down_proj, be);
+    check_finite_experts(fn, a.w, be);
   }
 }
 
@@ -261,6 +354,8 @@ void validate_backward(const BackwardArgs& a, Backend& be) {
   const char* fn = "leanmoe::backward";
   const MoEConfig& cfg = a.cfg;
   validate_config(cfg, fn);
+  if (cfg.routing == Routing::given)
+    fail(fn, "cfg", "cfg.routing = given takes the caller's routing: call backward_routed", cfg.describe());
   const SavedState& s = a.saved;
   if (!s.x.defined())
     fail(fn, "saved", "must be filled by forward before backward (saved.x is undefined)", "a saved state with no x");
@@ -271,33 +366,90 @@ void validate_backward(const BackwardArgs& a, Backend& be) {
   check_backend_support(fn, cfg, dtype, be);
   check_tensor(fn, "saved.x", s.x, {{"T", T}, {"d", cfg.d}}, dtype, "(the storage dtype of d_out)", a.d_out, "d_out");
   check_saved(fn, cfg, s, T, a.d_out, "d_out");
-  check_weights(fn, cfg, a.w, a.d_out, "d_out");
+  check_weights(fn, cfg, a.w, a.d_out, "d_out", be);
   check_loss_pair(fn, "d_losses", a.d_losses, a.d_out, "d_out");
-  const char* why = "(the storage dtype of d_out)";
   const MoEGrads& g = a.grads;
-  if (g.dx.defined()) check_tensor(fn, "grads.dx", g.dx, {{"T", T}, {"d", cfg.d}}, dtype, why, a.d_out, "d_out");
   if (g.d_router.defined())
-    check_tensor(fn, "grads.d_router", g.d_router, {{"E", cfg.E}, {"d", cfg.d}}, dtype, why, a.d_out, "d_out");
-  if (g.d_gate_up_proj.defined())
-    check_tensor(fn, "grads.d_gate_up_proj", g.d_gate_up_proj, {{"E", cfg.E}, {"2n", 2 * cfg.n}, {"d", cfg.d}}, dtype,
-                 why, a.d_out, "d_out");
-  if (g.d_down_proj.defined())
-    check_tensor(fn, "grads.d_down_proj", g.d_down_proj, {{"E", cfg.E}, {"d", cfg.d}, {"n", cfg.n}}, dtype, why,
+    check_tensor(fn, "grads.d_router", g.d_router, {{"E", cfg.E}, {"d", cfg.d}}, dtype, "(the storage dtype of d_out)",
                  a.d_out, "d_out");
+  if (g.d_topk_weights.defined())
+    fail(fn, "grads.d_topk_weights", "must be undefined with the layer's own router (routing given only)",
+         g.d_topk_weights.describe());
+  check_expert_grads(fn, cfg, a.w, g, T, a.d_out);
   check_workspace(fn, a.ws, be.backward_workspace_bytes(cfg, T, dtype), "backward_workspace_bytes");
-  std::vector<Range> read = saved_ranges(s);
-  for (const Range& r : {range_of("saved.x", s.x), range_of("d_out", a.d_out), range_of("d_losses", a.d_losses),
-                         range_of("w.router", a.w.router), range_of("w.gate_up_proj", a.w.gate_up_proj),
-                         range_of("w.down_proj", a.w.down_proj)})
-    read.push_back(r);
-  // With a callback dW2 is handed over (and consumed) before dW1 is written, so the two may share
-  // one buffer (in-backward updates keep one layer's expert gradients in 2/3 of dW1 + dW2).
-  const bool callback = bool(a.on_expert_grad);
-  check_no_aliasing(fn,
-                    {range_of("grads.dx", g.dx), range_of("grads.d_router", g.d_router),
-                     range_of("grads.d_gate_up_proj", g.d_gate_up_proj), range_of("grads.d_down_proj", g.d_down_proj),
-                     range_of(a.ws)},
-                    read, callback ? "grads.d_gate_up_proj" : nullptr, callback ? "grads.d_down_proj" : nullptr);
+  check_backward_aliasing(fn, a.d_out, a.d_losses, a.w, s, g, a.ws, bool(a.on_expert_grad));
+  if (cfg.check_finite) check_finite(fn, "d_out", a.d_out, be);
+}
+
+namespace {
+// topk_experts [T, K] i32 and a [T, K] f32-or-storage-dtype tensor (topk_weights, d_topk_weights).
+void check_routing_pair(const char* fn, const char* arg, const Tensor& t, int64_t T, const MoEConfig& cfg,
+                        DType storage, const Tensor& ref, const char* ref_name, bool ids) {
+  const std::vector<Dim> dims{{"T", T}, {"K", cfg.K}};
+  if (!t.defined()) fail(fn, arg, "must be given (" + shape_rule(dims) + ")", t.describe());
+  check_shape(fn, arg, t, dims);
+  if (ids && t.dtype != DType::i32) fail(fn, arg, "must have dtype i32 (expert ids)", t.describe());
+  if (!ids && t.dtype != DType::f32 && t.dtype != storage)
+    fail(fn, arg, std::string("must have dtype f32 or the storage dtype ") + dtype_name(storage), t.describe());
+  check_device(fn, arg, t, ref, ref_name);
+  check_storage(fn, arg, t);
+}
+
+void validate_routed_config(const MoEConfig& cfg, const char* fn) {
+  validate_config(cfg, fn);
+  if (cfg.routing != Routing::given)
+    fail(fn, "cfg", "cfg.routing must be given (Routing::given) for the caller's routing", cfg.describe());
+}
+}  // namespace
+
+void validate_forward_routed(const RoutedForwardArgs& a, Backend& be) {
+  const char* fn = "leanmoe::forward_routed";
+  const MoEConfig& cfg = a.cfg;
+  validate_routed_config(cfg, fn);
+  check_activation(fn, "x", a.x, -1, cfg, "");
+  const int64_t T = a.x.shape[0];
+  validate_tokens(cfg, T, fn);
+  check_backend_support(fn, cfg, a.x.dtype, be);
+  check_weights(fn, cfg, a.w, a.x, "x", be);
+  check_routing_pair(fn, "topk_experts", a.topk_experts, T, cfg, a.x.dtype, a.x, "x", true);
+  check_routing_pair(fn, "topk_weights", a.topk_weights, T, cfg, a.x.dtype, a.x, "x", false);
+  check_tensor(fn, "out", a.out, {{"T", T}, {"d", cfg.d}}, a.x.dtype, "(the storage dtype of x)", a.x, "x");
+  check_saved(fn, cfg, a.saved, T, a.x, "x");
+  check_workspace(fn, a.ws, be.forward_workspace_bytes(cfg, T, a.x.dtype), "forward_workspace_bytes");
+  check_forward_aliasing(fn, a.x, a.w, a.out, Tensor{}, a.saved, a.ws,
+                         {range_of("topk_experts", a.topk_experts), range_of("topk_weights", a.topk_weights)});
+  if (cfg.check_finite) {
+    check_finite(fn, "x", a.x, be);
+    check_finite(fn, "topk_weights", a.topk_weights, be);
+    check_finite_experts(fn, a.w, be);
+  }
+}
+
+void validate_backward_routed(const RoutedBackwardArgs& a, Backend& be) {
+  const char* fn = "leanmoe::backward_routed";
+  const MoEConfig& cfg = a.cfg;
+  validate_routed_config(cfg, fn);
+  const SavedState& s = a.saved;
+  if (!s.x.defined())
+    fail(fn, "saved", "must be filled by forward_routed before backward_routed (saved.x is undefined)",
+         "a saved state with no x");
+  check_activation(fn, "d_out", a.d_out, s.T, cfg, "saved.T");
+  const int64_t T = s.T;
+  validate_tokens(cfg, T, fn);
+  const DType dtype = a.d_out.dtype;
+  check_backend_support(fn, cfg, dtype, be);
+  check_tensor(fn, "saved.x", s.x, {{"T", T}, {"d", cfg.d}}, dtype, "(the storage dtype of d_out)", a.d_out, "d_out");
+  check_saved(fn, cfg, s, T, a.d_out, "d_out");
+  check_weights(fn, cfg, a.w, a.d_out, "d_out", be);
+  const MoEGrads& g = a.grads;
+  if (g.d_router.defined())
+    fail(fn, "grads.d_router", "must be undefined with routing given (the caller's router gets d_topk_weights)",
+         g.d_router.describe());
+  if (g.d_topk_weights.defined())
+    check_routing_pair(fn, "grads.d_topk_weights", g.d_topk_weights, T, cfg, dtype, a.d_out, "d_out", false);
+  check_expert_grads(fn, cfg, a.w, g, T, a.d_out);
+  check_workspace(fn, a.ws, be.backward_workspace_bytes(cfg, T, dtype), "backward_workspace_bytes");
+  check_backward_aliasing(fn, a.d_out, Tensor{}, a.w, s, g, a.ws, bool(a.on_expert_grad));
   if (cfg.check_finite) check_finite(fn, "d_out", a.d_out, be);
 }
 

@@ -10,5 +10,7 @@ void validate_config(const MoEConfig& cfg, const char* fn);
 void validate_tokens(const MoEConfig& cfg, int64_t T, const char* fn);
 void validate_forward(const ForwardArgs& a, Backend& be);
 void validate_backward(const BackwardArgs& a, Backend& be);
+void validate_forward_routed(const RoutedForwardArgs& a, Backend& be);
+void validate_backward_routed(const RoutedBackwardArgs& a, Backend& be);
 
 }  // namespace leanmoe::detail

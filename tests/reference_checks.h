@@ -42,6 +42,9 @@ inline void expect_agree(const reference::HostLayerOutputs& got, const reference
   EXPECT_LT(rel_error(got.d_router, want.d_router), router_tol) << "d_router";
   EXPECT_LT(rel_error(got.d_gate_up, want.d_gate_up), tol) << "d_gate_up_proj";
   EXPECT_LT(rel_error(got.d_down, want.d_down), tol) << "d_down_proj";
+  EXPECT_LT(rel_error(got.d_gate_up_bias, want.d_gate_up_bias), tol) << "d_gate_up_bias";
+  EXPECT_LT(rel_error(got.d_down_bias, want.d_down_bias), tol) << "d_down_bias";
+  EXPECT_LT(rel_error(got.d_topk_weights, want.d_topk_weights), router_tol) << "d_topk_weights";
   EXPECT_LT(scalar_rel_error(got.aux_loss, want.aux_loss), tol) << "aux_loss " << got.aux_loss << " vs " << want.aux_loss;
   EXPECT_LT(scalar_rel_error(got.z_loss, want.z_loss), tol) << "z_loss " << got.z_loss << " vs " << want.z_loss;
 }
@@ -57,6 +60,15 @@ inline reference::HostLayerOutputs check_cpu_against_naive(const reference::Host
   const double tol = bf16 ? kBf16Tol : kF32Tol;
   expect_agree(got, want, tol, router_tol < 0 ? tol : std::max(tol, router_tol));
   return want;
+}
+
+// Central differences of the naive reference's double-precision loss for every entry of `which`
+// (step 1e-6: see test_gradcheck.cpp for the error budget).
+inline std::vector<float> fd_gradient(const reference::HostLayerInputs& in, reference::Param which, size_t count) {
+  std::vector<float> g(count);
+  for (size_t i = 0; i < count; ++i)
+    g[i] = float((reference::naive_loss(in, which, i, 1e-6) - reference::naive_loss(in, which, i, -1e-6)) / 2e-6);
+  return g;
 }
 
 inline MoEConfig small_config(int64_t d, int64_t n, int64_t E, int64_t K) {

@@ -52,7 +52,8 @@ bench options:
   --dtype bf16|f32           storage dtype (default bf16 on cuda, f32 on cpu)
   --router topk_then_softmax|softmax_then_topk   (default softmax_then_topk)
   --norm-topk-prob           renormalise the K probabilities (softmax_then_topk)
-  --routing topk|token-rounding                  (default topk)
+  --routing topk|token-rounding|given            (default topk; given: the experts under a routing the
+                             caller hands over, taken from the fused router's top-K of the same x)
   --tile N                   token-rounding tile (default 128)
   --rounding nearest|up|down token-rounding mode (default nearest)
   --iters N --warmup N       timed and untimed iterations (default 20/3 on cuda, 5/1 on cpu)
@@ -144,7 +145,8 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
                                                    {"softmax_then_topk", RouterConvention::softmax_then_topk}});
     else if (name == "norm-topk-prob") o.layer.norm_topk_prob = flag_only();
     else if (name == "routing")
-      o.layer.routing = parse_choice<Routing>(name, take(), {{"topk", Routing::topk}, {"token-rounding", Routing::token_rounding}});
+      o.layer.routing = parse_choice<Routing>(name, take(), {{"topk", Routing::topk}, {"token-rounding", Routing::token_rounding},
+                                                           {"given", Routing::given}});
     else if (name == "tile") o.tile = o.layer.tile = parse_int(name, take(), 1);
     else if (name == "rounding")
       o.layer.rounding_mode = parse_choice<RoundingMode>(name, take(), {{"nearest", RoundingMode::nearest}, {"up", RoundingMode::up},
@@ -357,17 +359,56 @@ BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, DType dt, Dev
   MoEGrads g{dx.view(dt, {T, d}), d_router.view(dt, {E, d}), d_gate_up.view(dt, {E, 2 * n, d}),
              d_down.view(dt, {E, d, n})};
 
+  // Routing given: the experts the fused router's top-K picks for each input set, with random
+  // weights; the layer then runs without its router (the comparison the fused path is held to).
+  const bool given = cfg.routing == Routing::given;
+  std::vector<Buffer> topk_ids;
+  Buffer topk_weights, d_topk_weights;
+  if (given) {
+    MoEConfig fused = cfg;
+    fused.routing = Routing::topk;
+    LayerMemory routing_mem(fused, T, dt, dev);
+    std::vector<int32_t> host(size_t(T * s.K));
+    for (int i = 0; i < kSets; ++i) {
+      forward(fused, xs[i].view(dt, {T, d}), w, out.view(dt, {T, d}), Tensor{}, routing_mem.saved(),
+              routing_mem.forward_workspace());
+      copy_to_host(dev, host.data(), routing_mem.saved().topk_experts.data, host.size() * 4);
+      topk_ids.emplace_back(dev, host.size() * 4);
+      copy_to_device(dev, topk_ids.back().data(), host.data(), host.size() * 4);
+    }
+    topk_weights = random_buffer(dev, dt, T * s.K, 0.3f, 30);
+    d_topk_weights = Buffer(dev, topk_weights.bytes());
+    w.router = Tensor{};
+    g.d_router = Tensor{};
+    g.d_topk_weights = d_topk_weights.view(dt, {T, s.K});
+  }
+  auto run_forward = [&](int set, Stream stream) {
+    if (given)
+      forward_routed(cfg, xs[set].view(dt, {T, d}), topk_ids[set].view(DType::i32, {T, s.K}),
+                     topk_weights.view(dt, {T, s.K}), w, out.view(dt, {T, d}), mem.saved(), mem.forward_workspace(),
+                     stream);
+    else
+      forward(cfg, xs[set].view(dt, {T, d}), w, out.view(dt, {T, d}), Tensor{}, mem.saved(), mem.forward_workspace(),
+              stream);
+  };
+  auto run_backward = [&](int set, Stream stream) {
+    if (given)
+      backward_routed(cfg, douts[set].view(dt, {T, d}), w, mem.saved(), g, mem.backward_workspace(), nullptr, stream);
+    else
+      backward(cfg, douts[set].view(dt, {T, d}), Tensor{}, w, mem.saved(), g, mem.backward_workspace(), nullptr,
+               stream);
+  };
+
   BenchResult r;
   r.shape = s, r.cfg = cfg;
   auto last_report = clock::now();
   for (int it = 0; it < warmup + iters; ++it) {
-    const Buffer& x = xs[it % kSets];
     synchronize(dev);
     auto t0 = clock::now();
-    forward(cfg, x.view(dt, {T, d}), w, out.view(dt, {T, d}), Tensor{}, mem.saved(), mem.forward_workspace());
+    run_forward(it % kSets, nullptr);
     synchronize(dev);
     auto t1 = clock::now();
-    backward(cfg, douts[it % kSets].view(dt, {T, d}), Tensor{}, w, mem.saved(), g, mem.backward_workspace());
+    run_backward(it % kSets, nullptr);
     synchronize(dev);
     auto t2 = clock::now();
     if (it >= warmup) {
@@ -392,16 +433,7 @@ BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, DType dt, Dev
 #ifdef LEANMOE_WITH_CUDA
   if (graph && dev == Device::cuda) {
     try {
-      time_graph_replays(
-          [&](int set, Stream stream) {
-            forward(cfg, xs[set].view(dt, {T, d}), w, out.view(dt, {T, d}), Tensor{}, mem.saved(),
-                    mem.forward_workspace(), stream);
-          },
-          [&](int set, Stream stream) {
-            backward(cfg, douts[set].view(dt, {T, d}), Tensor{}, w, mem.saved(), g, mem.backward_workspace(),
-                     nullptr, stream);
-          },
-          kSets, warmup, iters, r);
+      time_graph_replays(run_forward, run_backward, kSets, warmup, iters, r);
     } catch (const std::exception& e) {
       r.graph_error = e.what();
       r.fwd_graph_ms = r.bwd_graph_ms = 0;
@@ -588,6 +620,7 @@ std::vector<CheckCase> check_cases(const Options& o) {
     add("token-rounding down", [](MoEConfig& c) {
       c.router = RC::softmax_then_topk, c.routing = Routing::token_rounding, c.rounding_mode = RoundingMode::down;
     }, 0.01f, 0.001f);
+    add("routing given", [](MoEConfig& c) { c.routing = Routing::given; });
   }
   return cases;
 }
@@ -602,7 +635,7 @@ int run_check(const Options& o) {
   const double threshold = dt == DType::bf16 ? 2e-2 : 1e-4;
   std::printf("# leanmoe check: %s (%s), %s, reference naive<%s>, threshold %.0e relative\n", device_name(dev),
               backend_description(dev).c_str(), dtype_name(dt), dt == DType::bf16 ? "float" : "double", threshold);
-  const char* names[] = {"out", "dx", "d_router", "d_gate_up", "d_down", "losses"};
+  const char* names[] = {"out", "dx", "d_router", "d_gate_up", "d_down", "d_weights", "losses"};
   std::printf("%-58s %4s", "case", "seed");
   for (const char* nm : names) std::printf(" %10s", nm);
   std::printf(" %6s %7s %s\n", "rows", "routing", "result");
@@ -620,7 +653,8 @@ int run_check(const Options& o) {
                                                              : reference::naive_forward_backward<double>(in);
         std::pair<const std::vector<float>*, const std::vector<float>*> pairs[] = {
             {&got.out, &want.out}, {&got.dx, &want.dx}, {&got.d_router, &want.d_router},
-            {&got.d_gate_up, &want.d_gate_up}, {&got.d_down, &want.d_down}};
+            {&got.d_gate_up, &want.d_gate_up}, {&got.d_down, &want.d_down},
+            {&got.d_topk_weights, &want.d_topk_weights}};
         for (auto [a, b] : pairs) {
           double e = reference::rel_error(*a, *b);
           ok &= e <= threshold;  // NaN fails too

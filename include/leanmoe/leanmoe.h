@@ -1,5 +1,5 @@
-// leanmoe public C++ API: a memory-lean Mixture-of-Experts layer (SwiGLU experts, top-K or
-// token-rounding routing) with a CPU reference backend and a CUDA (sm_90a) backend.
+// leanmoe public C++ API: a memory-lean Mixture-of-Experts layer (gated or plain experts, top-K,
+// token-rounding or caller-given routing) with a CPU reference backend and a CUDA (sm_90a) backend.
 //
 // Plain types only: raw pointers + shape + strides + dtype + device, an opaque stream, and
 // exceptions (leanmoe::Error) whose message names the argument and the rule it broke.
@@ -69,16 +69,40 @@ enum class RouterConvention {
   topk_then_softmax,  // Mixtral, SonicMoE: K largest logits, softmax over those K
   softmax_then_topk,  // OLMoE, Qwen3-MoE, Granite: softmax over E, top-K of p (optionally renormalised)
 };
-enum class Routing { topk, token_rounding };
+// topk and token_rounding run the layer's own router (forward / backward); given takes the chosen
+// experts and their weights from the caller (forward_routed / backward_routed): any router
+// computed them, and the router's gradient flows back through d(weights).
+enum class Routing { topk, token_rounding, given };
 enum class RoundingMode { nearest, up, down };
+
+// The expert's function of its up-projection h (DESIGN.md "Activations"). Gated activations split
+// h into gate g and up u (n values each): a = f(g) * u. Plain ones have no gate: a = f(h), and the
+// up-projection has n rows instead of 2n.
+enum class Activation {
+  swiglu,          // silu(g) * u
+  geglu,           // gelu(g) * u, exact (erf) GELU
+  geglu_tanh,      // gelu_tanh(g) * u
+  reglu,           // relu(g) * u
+  swiglu_clamped,  // gpt-oss: (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit)
+  gelu,            // plain: gelu(h), exact
+  gelu_tanh,       // plain: gelu_tanh(h)
+  silu,            // plain: silu(h)
+  relu,            // plain: relu(h)
+  relu2,           // plain: relu(h)^2
+};
 
 const char* router_convention_name(RouterConvention);
 const char* routing_name(Routing);
 const char* rounding_mode_name(RoundingMode);
+const char* activation_name(Activation);
+constexpr bool activation_is_gated(Activation a) {
+  return a == Activation::swiglu || a == Activation::geglu || a == Activation::geglu_tanh || a == Activation::reglu ||
+         a == Activation::swiglu_clamped;
+}
 
 struct MoEConfig {
   int64_t d = 0;  // model width
-  int64_t n = 0;  // expert intermediate width (half of the SwiGLU up-projection)
+  int64_t n = 0;  // expert intermediate width (half of a gated up-projection)
   int64_t E = 0;  // experts
   int64_t K = 0;  // experts per token
   RouterConvention router = RouterConvention::softmax_then_topk;
@@ -89,9 +113,23 @@ struct MoEConfig {
   float aux_loss_coef = 0.f;  // load-balancing loss  E * sum_e f_e * P_e
   float z_loss_coef = 0.f;    // router z-loss  mean_t logsumexp(z_t)^2
   bool check_finite = false;  // reject NaN/Inf in x and the weights (costs one pass over each)
+  // The experts (DESIGN.md "Activations" and "Weight layouts"):
+  Activation activation = Activation::swiglu;
+  float act_alpha = 1.702f;  // swiglu_clamped only
+  float act_limit = 7.f;     // swiglu_clamped only
+  bool interleaved = false;  // gated only: up-projection rows alternate [g0, u0, g1, u1, ...] (else [gate; up])
+  bool transposed = false;   // gate_up_proj [E, d, 2n] and down_proj [E, n, d] (else [E, 2n, d] and [E, d, n])
 
   std::string describe() const;
 };
+
+// Rows of the up-projection (and columns of SavedState::h): 2n for a gated activation, n for a plain one.
+int64_t up_width(const MoEConfig& cfg);
+
+// cfg's expert activation on host rows: a [R, n] = f(h [R, W]), h in cfg's row order
+// ([gate; up], interleaved, or the plain up-projection), both f32 and contiguous on cpu. The
+// definition every backend uses, for bridges and tests that compare a model's own activation.
+void expert_activation(const MoEConfig& cfg, const Tensor& h, const Tensor& a);
 
 // Routing indices are int32: T, E and R_max must each be at most 2^31 - 1 (checked).
 // Upper bound of routed rows R for T tokens (exact T*K for top-K routing; token rounding may add
@@ -106,23 +144,31 @@ bool gates_renormalised(const MoEConfig& cfg);
 double forward_flops(const MoEConfig& cfg, int64_t T);
 double backward_flops(const MoEConfig& cfg, int64_t T);
 
-// Weights, in the HuggingFace transformers v5 layout:
-//   router       [E, d]
-//   gate_up_proj [E, 2n, d]  (rows 0..n-1 gate, rows n..2n-1 up)
-//   down_proj    [E, d, n]
+// Weights, in the HuggingFace transformers v5 layout (W = up_width(cfg): 2n gated, n plain):
+//   router        [E, d]   (not read with routing given by the caller)
+//   gate_up_proj  [E, W, d] (rows 0..n-1 gate, rows n..2n-1 up; cfg.interleaved: g0, u0, g1, u1, ...;
+//                            plain activations: the up-projection alone); cfg.transposed: [E, d, W]
+//   down_proj     [E, d, n]; cfg.transposed: [E, n, d]
+//   gate_up_bias  [E, W] optional, in the row order of gate_up_proj: h = W1·x + b1
+//   down_bias     [E, d] optional: y = W2·a + b2
 struct MoEWeights {
   Tensor router;
   Tensor gate_up_proj;
   Tensor down_proj;
+  Tensor gate_up_bias;
+  Tensor down_bias;
 };
 
 // Gradients, same shapes and dtype as the weights / input. Any may be left undefined: that
 // gradient is then not computed, and for an expert weight its ExpertGradCallback is not called.
 struct MoEGrads {
   Tensor dx;              // [T, d]
-  Tensor d_router;        // [E, d]
-  Tensor d_gate_up_proj;  // [E, 2n, d]
-  Tensor d_down_proj;     // [E, d, n]
+  Tensor d_router;        // [E, d] (fused router only)
+  Tensor d_gate_up_proj;  // like gate_up_proj
+  Tensor d_down_proj;     // like down_proj
+  Tensor d_gate_up_bias;  // [E, W] (only with w.gate_up_bias)
+  Tensor d_down_bias;     // [E, d] (only with w.down_bias)
+  Tensor d_topk_weights;  // [T, K] routing given only: d(loss)/d(topk_weights), dtype of topk_weights
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -134,13 +180,14 @@ struct SavedState {
   int64_t T = 0;
   int64_t rows_capacity = 0;  // R_max
   Tensor x;              // [T, d] the layer input (a reference to the caller's tensor)
-  Tensor h;              // [R_max, 2n] pre-activation [g, u], storage dtype, expert-sorted rows
+  Tensor h;              // [R_max, W] pre-activation (bias included), storage dtype, expert-sorted rows
   Tensor row_gate;       // [R_max] f32: gate value s of each sorted row
   Tensor row_token;      // [R_max] i32: token of each sorted row (stable by token inside an expert)
   Tensor token_rows;     // [R_max] i32: reverse map, token t's rows are token_rows[token_offsets[t]..[t+1])
   Tensor token_offsets;  // [T+1] i32
   Tensor expert_offsets; // [E+1] i32: expert e owns sorted rows [expert_offsets[e], expert_offsets[e+1])
-  Tensor topk_experts;   // [T, K] i32: the plain top-K choice (router backward, aux loss, rounding)
+  Tensor topk_experts;   // [T, K] i32: the plain top-K choice (router backward, aux loss, rounding),
+                         // or the caller's expert ids with routing given
 
   // Every view above, for tests and accounting.
   static constexpr int kNumViews = 8;
@@ -184,13 +231,14 @@ using Stream = void*;
 void forward(const MoEConfig& cfg, const Tensor& x, const MoEWeights& w, const Tensor& out,
              const Tensor& losses, SavedState& saved, Workspace ws, Stream stream = nullptr);
 
-enum class ExpertWeight { down_proj, gate_up_proj };
+enum class ExpertWeight { down_proj, gate_up_proj, down_bias, gate_up_bias };
 const char* expert_weight_name(ExpertWeight);
 
 // Called from inside backward the moment an expert weight gradient is complete (enqueued on
-// `stream` for the GPU): down_proj (dW2) first, right after the last read of W2, then
-// gate_up_proj (dW1), right after the last read of W1. The callback may update that weight in
-// place and reuse the gradient buffer: backward never reads that weight or gradient again.
+// `stream` for the GPU): down_proj (dW2) first, right after the last read of W2, then down_bias,
+// then gate_up_proj (dW1), right after the last read of W1, then gate_up_bias (the biases only
+// when given). The callback may update that tensor in place and reuse the gradient buffer:
+// backward never reads that tensor or gradient again.
 using ExpertGradCallback = std::function<void(ExpertWeight which, const Tensor& grad)>;
 
 // d_out    [T, d] storage dtype: gradient of the loss w.r.t. out.
@@ -201,9 +249,34 @@ void backward(const MoEConfig& cfg, const Tensor& d_out, const Tensor& d_losses,
               const ExpertGradCallback& on_expert_grad = nullptr, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------
+// Routing given by the caller (cfg.routing == Routing::given)
+// ---------------------------------------------------------------------------------------------
+// topk_experts [T, K] i32: the experts each token goes to. An id outside [0, E) means "no
+//              expert" (expert-parallel sentinels, dropped pairs): that slot contributes nothing
+//              and gets d_topk_weights = 0. A token may list an expert twice (two rows).
+// topk_weights [T, K] f32 or the storage dtype: the weight of each slot in out_t = sum_k w_tk * y_tk.
+// Rows are sorted by expert, stable by (token, slot); a token's rows are summed in slot order.
+// cfg's router fields, aux/z-loss coefficients and w.router are not used. The saved state is
+// the same as the fused router's (topk_experts holds a copy of the caller's ids): nothing of size
+// T*K*d, and backward takes dS = <dA', a> (+ <dO, b2>) from the memory-efficient dH step.
+void forward_routed(const MoEConfig& cfg, const Tensor& x, const Tensor& topk_experts, const Tensor& topk_weights,
+                    const MoEWeights& w, const Tensor& out, SavedState& saved, Workspace ws,
+                    Stream stream = nullptr);
+
+// grads.dx, the expert gradients and grads.d_topk_weights ([T, K], f32 or the storage dtype);
+// grads.d_router must be undefined. Expert gradient callbacks as in backward(). T = 0 is allowed
+// (both calls): out and dx are empty, the expert gradients are zeros.
+void backward_routed(const MoEConfig& cfg, const Tensor& d_out, const MoEWeights& w, const SavedState& saved,
+                     const MoEGrads& grads, Workspace ws, const ExpertGradCallback& on_expert_grad = nullptr,
+                     Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------
 // Backends and memory
 // ---------------------------------------------------------------------------------------------
 bool backend_available(Device device);
+// "" when `device`'s backend runs this layer (cfg, storage dtype, with or without expert biases),
+// else the rule it breaks (e.g. an activation the GPU epilogues do not fuse yet).
+std::string unsupported_reason(const MoEConfig& cfg, DType dtype, Device device, bool expert_biases = false);
 Device best_device();  // cuda when a backend and a GPU are present, else cpu
 std::string backend_description(Device device);
 

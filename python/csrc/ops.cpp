@@ -7,6 +7,11 @@
 //                                 weight is updated by AdamW the moment its gradient is complete
 //                                 (the API's on_expert_grad callback) and its gradient is dropped
 //   leanmoe::adamw_step_          the same AdamW update, for the standard (after-backward) path
+//   leanmoe::moe_routed_forward   routing given by the caller (topk_experts, topk_weights): experts
+//                                 only, any activation, optional biases, every weight layout
+//   leanmoe::moe_routed_backward  gradients of x, the routing weights, the expert weights and biases
+//   leanmoe::moe_routed_backward_adamw_  its in-backward mode (expert weights updated inside backward)
+//   leanmoe::expert_activation    the activation alone, on CPU rows (checks a model's own against it)
 //
 // One kernel per operator serves both devices: tensors are handed over as views, and on the GPU
 // the backend runs on torch's current stream. Workspaces come from torch's allocator (the CUDA
@@ -284,6 +289,212 @@ std::tuple<at::Tensor, at::Tensor> moe_backward_adamw_(
   });
 }
 
+// ---- routing given by the caller ----
+leanmoe::Activation parse_activation(c10::string_view name) {
+  for (int i = 0; i <= int(leanmoe::Activation::relu2); ++i)
+    if (name == leanmoe::activation_name(leanmoe::Activation(i))) return leanmoe::Activation(i);
+  std::string all;
+  for (int i = 0; i <= int(leanmoe::Activation::relu2); ++i)
+    all += std::string(i ? ", " : "") + leanmoe::activation_name(leanmoe::Activation(i));
+  TORCH_CHECK_VALUE(false, "leanmoe: argument 'activation': must be one of ", all, ", got '", std::string(name), "'");
+}
+
+// The layer's shape from the weights in their layout: gate_up_proj [E, W, d] ([E, d, W] transposed).
+leanmoe::MoEConfig routed_config(const at::Tensor& gate_up_proj, int64_t top_k, c10::string_view activation,
+                                 double act_alpha, double act_limit, bool interleaved, bool transposed) {
+  TORCH_CHECK_VALUE(gate_up_proj.dim() == 3, "leanmoe: argument 'gate_up_proj': must be 3-D [E, W, d] (or [E, d, W] "
+                    "transposed), got ", gate_up_proj.sizes());
+  leanmoe::MoEConfig c;
+  c.routing = leanmoe::Routing::given;
+  c.activation = parse_activation(activation);
+  c.act_alpha = float(act_alpha);
+  c.act_limit = float(act_limit);
+  c.interleaved = interleaved;
+  c.transposed = transposed;
+  const int64_t W = gate_up_proj.size(transposed ? 2 : 1);
+  const bool gated = leanmoe::activation_is_gated(c.activation);
+  TORCH_CHECK_VALUE(!gated || W % 2 == 0, "leanmoe: argument 'gate_up_proj': a gated activation (",
+                    std::string(activation),
+                    ") needs an even up-projection width W = 2n, got W = ", W);
+  c.E = gate_up_proj.size(0);
+  c.d = gate_up_proj.size(transposed ? 1 : 2);
+  c.n = gated ? W / 2 : W;
+  c.K = top_k;
+  return c;
+}
+
+leanmoe::MoEWeights routed_weights(const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
+                                   const c10::optional<at::Tensor>& gate_up_bias,
+                                   const c10::optional<at::Tensor>& down_bias) {
+  leanmoe::MoEWeights w;
+  w.gate_up_proj = view_of(gate_up_proj, "gate_up_proj");
+  w.down_proj = view_of(down_proj, "down_proj");
+  if (gate_up_bias) w.gate_up_bias = view_of(*gate_up_bias, "gate_up_bias");
+  if (down_bias) w.down_bias = view_of(*down_bias, "down_bias");
+  return w;
+}
+
+using RoutedSaved = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                               at::Tensor>;
+
+RoutedSaved moe_routed_forward(const at::Tensor& x, const at::Tensor& topk_experts, const at::Tensor& topk_weights,
+                               const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
+                               const c10::optional<at::Tensor>& gate_up_bias,
+                               const c10::optional<at::Tensor>& down_bias, c10::string_view activation,
+                               double act_alpha, double act_limit, bool interleaved, bool transposed) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    TORCH_CHECK_VALUE(topk_experts.dim() == 2, "leanmoe::moe_routed_forward: argument 'topk_experts': must be 2-D "
+                      "[T, K], got ", topk_experts.sizes());
+    const leanmoe::MoEConfig cfg = routed_config(gate_up_proj, topk_experts.size(1), activation, act_alpha, act_limit,
+                                                 interleaved, transposed);
+    TORCH_CHECK_VALUE(x.dim() == 2, "leanmoe::moe_routed_forward: argument 'x': must be 2-D [T, d], got ", x.sizes());
+    const int64_t T = x.size(0), R = leanmoe::max_routed_rows(cfg, T);
+    const auto f32 = x.options().dtype(at::kFloat), i32 = x.options().dtype(at::kInt);
+    at::Tensor out = at::empty({T, cfg.d}, x.options());
+    at::Tensor h = at::empty({R, leanmoe::up_width(cfg)}, x.options());
+    at::Tensor row_gate = at::empty({R}, f32), row_token = at::empty({R}, i32), token_rows = at::empty({R}, i32);
+    at::Tensor token_offsets = at::empty({T + 1}, i32), expert_offsets = at::empty({cfg.E + 1}, i32);
+    at::Tensor topk_saved = at::empty({T, cfg.K}, i32);
+    leanmoe::SavedState saved =
+        saved_state(cfg, x, h, row_gate, row_token, token_rows, token_offsets, expert_offsets, topk_saved);
+    const leanmoe::LayerPlan plan = leanmoe::plan_layer(cfg, T, storage_dtype(x), leanmoe_device(x));
+    at::Tensor ws = workspace(plan.forward_workspace_bytes, x);
+    leanmoe::forward_routed(cfg, view_of(x, "x"), view_of(topk_experts, "topk_experts"),
+                            view_of(topk_weights, "topk_weights"),
+                            routed_weights(gate_up_proj, down_proj, gate_up_bias, down_bias), view_of(out, "out"),
+                            saved, {ws.data_ptr(), plan.forward_workspace_bytes}, current_stream(x));
+    return std::make_tuple(out, h, row_gate, row_token, token_rows, token_offsets, expert_offsets, topk_saved);
+  });
+}
+
+// Shared by both routed backward operators: dx, d_topk_weights (dtype weights_dtype) and the bias
+// gradients (empty when the bias is absent) are returned; the weight gradients go to the views given.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_routed_backward(
+    const leanmoe::MoEConfig& cfg, const at::Tensor& d_out, const at::Tensor& x, const at::Tensor& gate_up_proj,
+    const at::Tensor& down_proj, const c10::optional<at::Tensor>& gate_up_bias,
+    const c10::optional<at::Tensor>& down_bias, const at::Tensor& h, const at::Tensor& row_gate,
+    const at::Tensor& row_token, const at::Tensor& token_rows, const at::Tensor& token_offsets,
+    const at::Tensor& expert_offsets, const at::Tensor& topk_saved, at::ScalarType weights_dtype,
+    const leanmoe::Tensor& d_gate_up_proj, const leanmoe::Tensor& d_down_proj,
+    const leanmoe::ExpertGradCallback& on_expert_grad) {
+  const int64_t T = x.size(0);
+  const at::Tensor dout = d_out.contiguous();
+  at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+  at::Tensor d_weights = at::empty({T, cfg.K}, x.options().dtype(weights_dtype));
+  at::Tensor d_b1 = gate_up_bias ? at::empty_like(*gate_up_bias, at::MemoryFormat::Contiguous)
+                                 : at::empty({0}, x.options());
+  at::Tensor d_b2 = down_bias ? at::empty_like(*down_bias, at::MemoryFormat::Contiguous) : at::empty({0}, x.options());
+  const leanmoe::SavedState saved =
+      saved_state(cfg, x, h, row_gate, row_token, token_rows, token_offsets, expert_offsets, topk_saved);
+  const leanmoe::LayerPlan plan = leanmoe::plan_layer(cfg, T, storage_dtype(x), leanmoe_device(x));
+  at::Tensor ws = workspace(plan.backward_workspace_bytes, x);
+  leanmoe::MoEGrads grads;
+  grads.dx = view_of(dx, "dx");
+  grads.d_gate_up_proj = d_gate_up_proj;
+  grads.d_down_proj = d_down_proj;
+  if (gate_up_bias) grads.d_gate_up_bias = view_of(d_b1, "d_gate_up_bias");
+  if (down_bias) grads.d_down_bias = view_of(d_b2, "d_down_bias");
+  grads.d_topk_weights = view_of(d_weights, "d_topk_weights");
+  leanmoe::backward_routed(cfg, view_of(dout, "d_out"),
+                           routed_weights(gate_up_proj, down_proj, gate_up_bias, down_bias), saved, grads, {ws.data_ptr(), plan.backward_workspace_bytes}, on_expert_grad,
+                           current_stream(x));
+  return {dx, d_weights, d_b1, d_b2};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward(
+    const at::Tensor& d_out, const at::Tensor& x, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
+    const c10::optional<at::Tensor>& gate_up_bias, const c10::optional<at::Tensor>& down_bias, const at::Tensor& h,
+    const at::Tensor& row_gate, const at::Tensor& row_token, const at::Tensor& token_rows,
+    const at::Tensor& token_offsets, const at::Tensor& expert_offsets, const at::Tensor& topk_saved,
+    c10::string_view activation, double act_alpha, double act_limit, bool interleaved, bool transposed,
+    at::ScalarType weights_dtype) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const leanmoe::MoEConfig cfg =
+        routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, interleaved, transposed);
+    at::Tensor d_gate_up = at::empty_like(gate_up_proj, at::MemoryFormat::Contiguous);
+    at::Tensor d_down = at::empty_like(down_proj, at::MemoryFormat::Contiguous);
+    auto [dx, d_weights, d_b1, d_b2] = run_routed_backward(
+        cfg, d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate, row_token, token_rows,
+        token_offsets, expert_offsets, topk_saved, weights_dtype, view_of(d_gate_up, "d_gate_up_proj"),
+        view_of(d_down, "d_down_proj"), nullptr);
+    return std::make_tuple(dx, d_weights, d_gate_up, d_down, d_b1, d_b2);
+  });
+}
+
+// In-backward mode of routing given: the expert weights are updated by AdamW inside backward (one
+// gradient buffer for both, as moe_backward_adamw_); the biases' gradients are returned (the
+// optimizer steps them after backward: they are E x W and E x d, not where the memory is).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_adamw_(
+    const at::Tensor& d_out, const at::Tensor& x, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
+    const c10::optional<at::Tensor>& gate_up_bias, const c10::optional<at::Tensor>& down_bias, const at::Tensor& h,
+    const at::Tensor& row_gate, const at::Tensor& row_token, const at::Tensor& token_rows,
+    const at::Tensor& token_offsets, const at::Tensor& expert_offsets, const at::Tensor& topk_saved,
+    c10::string_view activation, double act_alpha, double act_limit, bool interleaved, bool transposed,
+    at::ScalarType weights_dtype, const at::Tensor& gate_up_exp_avg, const at::Tensor& gate_up_exp_avg_sq,
+    const at::Tensor& gate_up_step, const at::Tensor& down_exp_avg, const at::Tensor& down_exp_avg_sq,
+    const at::Tensor& down_step, double lr, double beta1, double beta2, double weight_decay, double eps) {
+  return translate_errors([&] {
+    c10::DeviceGuard guard(x.device());
+    const leanmoe::MoEConfig cfg =
+        routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, interleaved, transposed);
+    TORCH_CHECK_VALUE(gate_up_proj.is_contiguous() && down_proj.is_contiguous(),
+                      "leanmoe::moe_routed_backward_adamw_: arguments 'gate_up_proj' and 'down_proj': must be "
+                      "contiguous (they are updated in place)");
+    // dW2 sits in the front of dW1's buffer and is consumed (the callback) before dW1 is written.
+    at::Tensor grad_buffer = at::empty({gate_up_proj.numel()}, gate_up_proj.options());
+    const at::Tensor d_gate_up = grad_buffer.view(gate_up_proj.sizes());
+    const at::Tensor d_down = grad_buffer.narrow(0, 0, down_proj.numel()).view(down_proj.sizes());
+    const AdamWHyper hp{lr, beta1, beta2, weight_decay, eps};
+    bool updated_down = false, updated_gate_up = false;
+    auto on_expert_grad = [&](leanmoe::ExpertWeight which, const leanmoe::Tensor&) {
+      if (which == leanmoe::ExpertWeight::down_proj) {
+        adamw_update(down_proj, d_down, down_exp_avg, down_exp_avg_sq, down_step, hp);
+        updated_down = true;
+      } else if (which == leanmoe::ExpertWeight::gate_up_proj) {
+        adamw_update(gate_up_proj, d_gate_up, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, hp);
+        updated_gate_up = true;
+      }
+    };
+    auto result = run_routed_backward(cfg, d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate,
+                                      row_token, token_rows, token_offsets, expert_offsets, topk_saved, weights_dtype,
+                                      view_of(d_gate_up, "d_gate_up_proj"), view_of(d_down, "d_down_proj"),
+                                      on_expert_grad);
+    TORCH_CHECK(updated_down && updated_gate_up, "leanmoe::moe_routed_backward_adamw_: the backend returned without "
+                "handing over both expert gradients");
+    return result;
+  });
+}
+
+// "" when the backend of `like`'s device runs these experts (the layer's d, n, E from `like` =
+// gate_up_proj in its layout), else the rule: leanmoe.hf checks a model once before running it.
+std::string layer_unsupported_reason(const at::Tensor& like, c10::string_view activation, double act_alpha,
+                                     double act_limit, bool interleaved, bool transposed, bool biases) {
+  return translate_errors([&] {
+    leanmoe::MoEConfig cfg = routed_config(like, 1, activation, act_alpha, act_limit, interleaved, transposed);
+    return leanmoe::unsupported_reason(cfg, storage_dtype(like), leanmoe_device(like), biases);
+  });
+}
+
+at::Tensor expert_activation(const at::Tensor& h, c10::string_view activation, double act_alpha, double act_limit,
+                             bool interleaved) {
+  return translate_errors([&] {
+    TORCH_CHECK_VALUE(h.dim() == 2, "leanmoe::expert_activation: argument 'h': must be 2-D [R, W], got ", h.sizes());
+    leanmoe::MoEConfig c;
+    c.activation = parse_activation(activation);
+    c.act_alpha = float(act_alpha);
+    c.act_limit = float(act_limit);
+    c.interleaved = interleaved;
+    const bool gated = leanmoe::activation_is_gated(c.activation);
+    c.n = gated ? h.size(1) / 2 : h.size(1);
+    const at::Tensor hf = h.to(at::kFloat).contiguous();
+    at::Tensor a = at::empty({h.size(0), c.n}, hf.options());
+    leanmoe::expert_activation(c, view_of(hf, "h"), view_of(a, "a"));
+    return a.to(h.scalar_type());
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(leanmoe, m) {
@@ -306,9 +517,34 @@ TORCH_LIBRARY(leanmoe, m) {
   m.def("adamw_step_(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
         "float lr, float beta1, float beta2, float weight_decay, float eps, Tensor(e!)? master=None) -> ()");
   m.def("cuda_available() -> bool", [] { return leanmoe::backend_available(leanmoe::Device::cuda); });
+  const std::string experts =
+      "Tensor gate_up_proj, Tensor down_proj, Tensor? gate_up_bias, Tensor? down_bias";
+  const std::string expert_fn = "str activation, float act_alpha, float act_limit, bool interleaved, bool transposed";
+  const std::string routed_saved =
+      "Tensor h, Tensor row_gate, Tensor row_token, Tensor token_rows, Tensor token_offsets, Tensor expert_offsets, "
+      "Tensor topk_saved";
+  m.def(("moe_routed_forward(Tensor x, Tensor topk_experts, Tensor topk_weights, " + experts + ", " + expert_fn +
+         ") -> (Tensor out, " + routed_saved + ")").c_str());
+  m.def(("moe_routed_backward(Tensor d_out, Tensor x, " + experts + ", " + routed_saved + ", " + expert_fn +
+         ", ScalarType weights_dtype) -> (Tensor dx, Tensor d_topk_weights, Tensor d_gate_up_proj, "
+         "Tensor d_down_proj, Tensor d_gate_up_bias, Tensor d_down_bias)").c_str());
+  m.def(("moe_routed_backward_adamw_(Tensor d_out, Tensor x, Tensor(a!) gate_up_proj, Tensor(b!) down_proj, "
+         "Tensor? gate_up_bias, Tensor? down_bias, " + routed_saved + ", " + expert_fn +
+         ", ScalarType weights_dtype, Tensor(c!) gate_up_exp_avg, Tensor(d!) gate_up_exp_avg_sq, "
+         "Tensor(e!) gate_up_step, Tensor(f!) down_exp_avg, Tensor(g!) down_exp_avg_sq, Tensor(h!) down_step, "
+         "float lr, float beta1, float beta2, float weight_decay, float eps) -> (Tensor dx, Tensor d_topk_weights, "
+         "Tensor d_gate_up_bias, Tensor d_down_bias)").c_str());
+  m.def("expert_activation(Tensor h, str activation, float act_alpha, float act_limit, bool interleaved) -> Tensor");
+  m.def("layer_unsupported_reason(Tensor like, str activation, float act_alpha, float act_limit, bool interleaved, "
+        "bool transposed, bool biases) -> str",
+        &layer_unsupported_reason);
 }
 
 TORCH_LIBRARY_IMPL(leanmoe, CPU, m) {
+  m.impl("moe_routed_forward", &moe_routed_forward);
+  m.impl("moe_routed_backward", &moe_routed_backward);
+  m.impl("moe_routed_backward_adamw_", &moe_routed_backward_adamw_);
+  m.impl("expert_activation", &expert_activation);
   m.impl("moe_forward", &moe_forward);
   m.impl("moe_backward", &moe_backward);
   m.impl("moe_backward_adamw_", &moe_backward_adamw_);
@@ -316,6 +552,9 @@ TORCH_LIBRARY_IMPL(leanmoe, CPU, m) {
 }
 
 TORCH_LIBRARY_IMPL(leanmoe, CUDA, m) {
+  m.impl("moe_routed_forward", &moe_routed_forward);
+  m.impl("moe_routed_backward", &moe_routed_backward);
+  m.impl("moe_routed_backward_adamw_", &moe_routed_backward_adamw_);
   m.impl("moe_forward", &moe_forward);
   m.impl("moe_backward", &moe_backward);
   m.impl("moe_backward_adamw_", &moe_backward_adamw_);

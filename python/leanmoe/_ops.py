@@ -116,6 +116,89 @@ def _incoming_grads(x, d_out, d_losses):
 torch.library.register_autograd("leanmoe::moe_forward", _backward, setup_context=_setup_context)
 
 
+# ---- routing given by the caller ----
+# leanmoe.h Activation, by name; the gated ones split the up-projection into gate and up halves.
+ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh", "reglu", "swiglu_clamped", "gelu", "gelu_tanh", "silu", "relu", "relu2")
+GATED_ACTIVATIONS = ACTIVATIONS[:5]
+
+
+def _up_width(gate_up_proj, transposed):
+    return gate_up_proj.shape[2] if transposed else gate_up_proj.shape[1]
+
+
+@torch.library.register_fake("leanmoe::moe_routed_forward")
+def _moe_routed_forward_fake(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_bias, down_bias,
+                             activation, act_alpha, act_limit, interleaved, transposed):
+    torch._check(x.dim() == 2, lambda: "leanmoe::moe_routed_forward: x must be 2-D [T, d]")
+    T, d = x.shape
+    K = topk_experts.shape[1]
+    E = gate_up_proj.shape[0]
+    i32 = dict(dtype=torch.int32, device=x.device)
+    return (
+        x.new_empty(T, d),
+        x.new_empty(T * K, _up_width(gate_up_proj, transposed)),
+        x.new_empty(T * K, dtype=torch.float32),
+        torch.empty(T * K, **i32),
+        torch.empty(T * K, **i32),
+        torch.empty(T + 1, **i32),
+        torch.empty(E + 1, **i32),
+        torch.empty(T, K, **i32),
+    )
+
+
+def _empty_or_like(bias, x):
+    return x.new_empty(0) if bias is None else torch.empty_like(bias, memory_format=torch.contiguous_format)
+
+
+@torch.library.register_fake("leanmoe::moe_routed_backward")
+def _moe_routed_backward_fake(d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate, row_token,
+                              token_rows, token_offsets, expert_offsets, topk_saved, activation, act_alpha, act_limit,
+                              interleaved, transposed, weights_dtype):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(topk_saved.shape, dtype=weights_dtype),
+            torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format),
+            torch.empty_like(down_proj, memory_format=torch.contiguous_format),
+            _empty_or_like(gate_up_bias, x), _empty_or_like(down_bias, x))
+
+
+@torch.library.register_fake("leanmoe::moe_routed_backward_adamw_")
+def _moe_routed_backward_adamw_fake(d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate,
+                                    row_token, token_rows, token_offsets, expert_offsets, topk_saved, activation,
+                                    act_alpha, act_limit, interleaved, transposed, weights_dtype, *state_and_hyper):
+    return (torch.empty_like(x, memory_format=torch.contiguous_format),
+            x.new_empty(topk_saved.shape, dtype=weights_dtype),
+            _empty_or_like(gate_up_bias, x), _empty_or_like(down_bias, x))
+
+
+@torch.library.register_fake("leanmoe::expert_activation")
+def _expert_activation_fake(h, activation, act_alpha, act_limit, interleaved):
+    return h.new_empty(h.shape[0], h.shape[1] // 2 if activation in GATED_ACTIVATIONS else h.shape[1])
+
+
+def _routed_setup_context(ctx, inputs, output):
+    x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_bias, down_bias = inputs[:7]
+    ctx.expert_fn = tuple(inputs[7:])
+    ctx.weights_dtype = topk_weights.dtype
+    ctx.has_bias = (gate_up_bias is not None, down_bias is not None)
+    saved = output[1:]
+    # SPEC §3: x, H, gates and routing arrays; the weights and biases are the caller's parameters.
+    ctx.save_for_backward(x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved)
+    ctx.mark_non_differentiable(*saved)
+    ctx.set_materialize_grads(False)
+
+
+def _routed_backward(ctx, d_out, *unused):
+    x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved = ctx.saved_tensors
+    d_out = torch.zeros_like(x) if d_out is None else d_out.to(x.dtype)
+    dx, d_weights, d_gate_up, d_down, d_b1, d_b2 = ops.moe_routed_backward(
+        d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved, *ctx.expert_fn, ctx.weights_dtype)
+    return (dx, None, d_weights, d_gate_up, d_down, d_b1 if ctx.has_bias[0] else None,
+            d_b2 if ctx.has_bias[1] else None) + (None,) * len(ctx.expert_fn)
+
+
+torch.library.register_autograd("leanmoe::moe_routed_forward", _routed_backward, setup_context=_routed_setup_context)
+
+
 def cuda_available() -> bool:
     """True when the library was built with its CUDA backend and a GPU is visible."""
     return bool(ops.cuda_available())

@@ -1,4 +1,5 @@
-"""The functional MoE layer: one call of ``leanmoe::moe_forward`` with autograd.
+"""The functional MoE layer: one call of ``leanmoe::moe_forward`` with autograd (``moe``: the fused
+router), or of ``leanmoe::moe_routed_forward`` (``moe_routed``: routing given by the caller).
 
 Two backward paths:
 - standard: the operator's registered autograd returns dx, d_router, d_gate_up_proj, d_down_proj
@@ -17,7 +18,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from ._ops import _incoming_grads, _once_differentiable, ops
+from ._ops import ACTIVATIONS, GATED_ACTIVATIONS, _incoming_grads, _once_differentiable, ops
 
 ROUTERS = ("softmax_then_topk", "topk_then_softmax")
 ROUTINGS = ("topk", "token_rounding")
@@ -193,3 +194,69 @@ class _InBackwardMoE(torch.autograd.Function):
         # The expert weights were updated in place: no gradient reaches .grad.
         dx, d_router = _once_differentiable((dx, d_router), ctx.needs_input_grad[:2])
         return dx, d_router, None, None, None, None
+
+
+def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_bias=None, down_bias=None, *,
+               activation="swiglu", act_alpha=1.702, act_limit=7.0, interleaved=False,
+               transposed=False) -> torch.Tensor:
+    """The experts under a routing computed by the caller's router (any: softmax or sigmoid, with
+    a correction bias, group-limited, ...): out_t = sum_k topk_weights[t, k] * expert_{topk_experts[t, k]}(x_t).
+
+    x [..., d]; topk_experts [..., K] integer (an id outside [0, E) is "no expert": that slot adds
+    nothing and its weight gets gradient 0); topk_weights [..., K] (float32 or the dtype of x; its
+    gradient dS flows back into the router). W = 2n for a gated activation, n for a plain one:
+      gate_up_proj [E, W, d] ([E, d, W] when transposed), rows [gate; up] or interleaved [g0, u0, ...]
+      down_proj    [E, d, n] ([E, n, d] when transposed)
+      gate_up_bias [E, W], down_bias [E, d]: optional
+    activation: one of leanmoe.functional.ACTIVATIONS (swiglu_clamped is gpt-oss's, with act_alpha
+    and act_limit). Expert weights and x share one dtype (bfloat16 or float32) and device."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"leanmoe.moe_routed: argument 'activation': must be one of {ACTIVATIONS}, got {activation!r}")
+    if interleaved and activation not in GATED_ACTIVATIONS:
+        raise ValueError(f"leanmoe.moe_routed: argument 'interleaved': needs a gated activation, got {activation!r}")
+    if topk_weights.shape != topk_experts.shape:
+        raise ValueError(f"leanmoe.moe_routed: argument 'topk_weights': must have the shape of topk_experts "
+                         f"{tuple(topk_experts.shape)}, got {tuple(topk_weights.shape)}")
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).contiguous()
+    ids = topk_experts.reshape(-1, topk_experts.shape[-1]).to(torch.int32).contiguous()
+    weights = topk_weights.reshape(ids.shape)
+    if weights.dtype not in (torch.float32, x.dtype):
+        weights = weights.float()
+    weights = weights.contiguous()
+    expert_fn = (activation, float(act_alpha), float(act_limit), bool(interleaved), bool(transposed))
+    from .optim import _in_backward_optimizer  # late import: optim imports this module
+
+    optimizer = None if torch.compiler.is_compiling() else _in_backward_optimizer(gate_up_proj, down_proj)
+    if optimizer is not None and torch.is_grad_enabled():
+        optimizer._check_not_updated(gate_up_proj, down_proj, "forward")
+        out = _InBackwardRoutedMoE.apply(x2, ids, weights, gate_up_proj, down_proj, gate_up_bias, down_bias,
+                                         expert_fn, optimizer)
+    else:
+        out = ops.moe_routed_forward(x2, ids, weights, gate_up_proj, down_proj, gate_up_bias, down_bias,
+                                     *expert_fn)[0]
+    return out.view(shape)
+
+
+class _InBackwardRoutedMoE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, ids, weights, gate_up_proj, down_proj, gate_up_bias, down_bias, expert_fn, optimizer):
+        out, *saved = ops.moe_routed_forward(x, ids, weights, gate_up_proj, down_proj, gate_up_bias, down_bias,
+                                             *expert_fn)
+        ctx.save_for_backward(x, gate_up_bias, down_bias, *saved)
+        ctx.experts = (gate_up_proj, down_proj)
+        ctx.expert_fn, ctx.optimizer, ctx.weights_dtype = expert_fn, optimizer, weights.dtype
+        ctx.set_materialize_grads(False)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        x, gate_up_bias, down_bias, *saved = ctx.saved_tensors
+        gate_up_proj, down_proj = ctx.experts
+        d_out = torch.zeros_like(x) if d_out is None else d_out.to(x.dtype)
+        dx, d_weights, d_b1, d_b2 = ctx.optimizer._backward_routed_with_update(
+            d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, saved, ctx.expert_fn, ctx.weights_dtype)
+        # The expert weights were updated in place: no gradient reaches their .grad. The biases'
+        # gradients go the standard way (the optimizer steps them in step()).
+        return (dx, None, d_weights, None, None, d_b1 if gate_up_bias is not None else None,
+                d_b2 if down_bias is not None else None, None, None)

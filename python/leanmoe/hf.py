@@ -1,20 +1,37 @@
-"""Puts leanmoe under the MoE blocks of transformers v5 OLMoE, Qwen3-MoE and GraniteMoE models.
+"""leanmoe for transformers v5 MoE models, two ways.
 
-    n = leanmoe.hf.apply(model)          # every supported MoE block now runs leanmoe
+1. The experts implementation "leanmoe" (routing given by the model's own router):
+
+    import leanmoe.hf                    # registers "leanmoe" in transformers' experts interface
+    model = AutoModelForCausalLM.from_pretrained(name, experts_implementation="leanmoe")
+    model.set_experts_implementation("leanmoe")   # or switch an existing model
+
+   Every model whose experts class is decorated with transformers' ``use_experts_implementation``
+   (Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3, gpt-oss, GLM-4-MoE, Phi-MoE, ERNIE-4.5-MoE, OLMoE,
+   Granite, Nemotron-H, ...) then runs its experts through ``leanmoe.moe_routed``: the model's
+   router (softmax or sigmoid, correction bias, group-limited top-K, shared experts) runs as
+   written, so ``output_router_logits`` and transformers' load-balancing loss work unchanged, and
+   the gradient of the routing weights flows back into it. The experts' flags are honoured:
+   ``has_gate`` (gated, or a plain up-projection ``up_proj``), ``has_bias``, ``is_transposed``,
+   ``is_concatenated`` (else interleaved gate/up), and the activation (the module's ``act_fn``, or
+   an overridden ``_apply_gate`` such as gpt-oss's clamped SwiGLU), recognised by evaluating the
+   module's own function against leanmoe's once per module. What leanmoe cannot run (a post-expert
+   norm, an unknown activation, or a feature the device's backend lacks) raises an error naming
+   the model and the feature. ``leanmoe.optim.ExpertAdamW`` updates these experts in backward.
+
+2. ``apply(model)``: replaces the whole MoE block of OLMoE, Qwen3-MoE, GraniteMoE and Mixtral by
+   leanmoe's fused router + experts (``leanmoe.moe``), which also offers token rounding:
+
+    n = leanmoe.hf.apply(model, routing="token_rounding")
     loss = model(**batch).loss + coef * leanmoe.hf.aux_loss(model)
-    leanmoe.hf.remove(model)             # back to the transformers implementation
+    leanmoe.hf.remove(model)
 
-How: module replacement at the level of the block's forward. The block object, its router and
-its experts stay in the model with the same Parameter objects (no copies, state_dict keys
-unchanged); only the block's forward is swapped for one call of leanmoe.moe over
-router.weight [E, d], experts.gate_up_proj [E, 2n, d] and experts.down_proj [E, d, n].
-Why not a registered experts implementation (transformers' ALL_EXPERTS_FUNCTIONS): that seam
-hands the experts a routing already computed by the transformers router (top_k_index,
-top_k_weights), while leanmoe fuses routing, experts and the router backward into one operator
-(SPEC §3-§4: it never materialises the per-pair gate tensor autograd would need). So the whole
-block is replaced.
+   The block object, its router and experts stay in the model with the same Parameter objects
+   (no copies, state_dict keys unchanged); only the block's forward is swapped for one call of
+   leanmoe.moe, which fuses routing, experts and the router backward (SPEC §3-§4: it never
+   materialises the per-pair gate tensor autograd would need).
 
-Two load-balancing losses (both unscaled; a trainer multiplies by its coefficient):
+Two load-balancing losses with apply() (both unscaled; a trainer multiplies by its coefficient):
 - leanmoe's, per layer, E * sum_e f_e * P_e with f_e = (top-K count of e) / (T*K) and P_e the mean
   router probability; ``aux_loss(model)`` sums it over layers.
 - transformers' (``load_balancing_loss_func``): f_e = (top-K count of e) / T, so K times larger per
@@ -32,13 +49,152 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
-from .functional import RouterStats, moe, routing_for_call
+from ._ops import GATED_ACTIVATIONS, ops
+from .functional import RouterStats, moe, moe_routed, routing_for_call
 
+EXPERTS_IMPLEMENTATION = "leanmoe"
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. The registered experts implementation
+# ---------------------------------------------------------------------------------------------
+class ExpertsSpec(NamedTuple):
+    """What leanmoe runs for one transformers experts module."""
+    activation: str
+    act_alpha: float
+    act_limit: float
+    interleaved: bool
+    transposed: bool
+    gated: bool
+    bias: bool
+
+
+_SPEC_ATTR = "_leanmoe_experts_spec"
+
+
+def _model_name(module):
+    model_type = getattr(getattr(module, "config", None), "model_type", None)
+    return f"{type(module).__name__}" + (f" (model_type {model_type!r})" if model_type else "")
+
+
+def _default_apply_gate():
+    try:
+        from transformers.integrations.moe import _default_apply_gate as gate
+    except ImportError:
+        gate = None
+    return gate
+
+
+def _probe_gate_up(width, dtype=torch.float32):
+    # Spans both signs and gpt-oss's clamp limit (7) so every branch of an activation shows.
+    g = torch.Generator().manual_seed(0)
+    return (torch.rand(97, width, generator=g, dtype=torch.float64) * 24 - 12).to(dtype)
+
+
+def _recognise_activation(module, gated, interleaved, name):
+    """leanmoe's activation that equals the module's own (its _apply_gate or act_fn) on a probe."""
+    if gated:
+        probe = _probe_gate_up(2 * 8)
+        with torch.no_grad():
+            want = module._apply_gate(probe.clone()).float()
+        alpha, limit = float(getattr(module, "alpha", 1.702)), float(getattr(module, "limit", 7.0))
+        candidates = [(a, 1.702, 7.0) for a in GATED_ACTIVATIONS if a != "swiglu_clamped"]
+        candidates.append(("swiglu_clamped", alpha, limit))
+        layout = "interleaved" if interleaved else "[gate; up]"
+        own_gate = type(module)._apply_gate is not _default_apply_gate()
+        what = (f"its own {type(module).__qualname__}._apply_gate" if own_gate else
+                f"act_fn {type(getattr(module, 'act_fn', None)).__name__} times up") + f", layout {layout}"
+    else:
+        probe = _probe_gate_up(8)
+        act_fn = getattr(module, "act_fn", None)
+        if act_fn is None:
+            raise NotImplementedError(f"leanmoe experts implementation: {name}: experts without a gate must have an "
+                                      "act_fn")
+        with torch.no_grad():
+            want = act_fn(probe.clone()).float()
+        candidates = [(a, 1.702, 7.0) for a in ("gelu", "gelu_tanh", "silu", "relu", "relu2")]
+        what = f"its activation {type(act_fn).__name__}"
+    for activation, alpha, limit in candidates:
+        ours = ops.expert_activation(probe, activation, alpha, limit, interleaved)
+        if ours.shape == want.shape and torch.allclose(ours, want, rtol=1e-5, atol=1e-5):
+            return activation, alpha, limit
+    raise NotImplementedError(
+        f"leanmoe experts implementation: {name}: the experts' activation ({what}) is none of leanmoe's "
+        f"({', '.join(a for a, _, _ in candidates)}). Use another experts_implementation for this model.")
+
+
+def experts_spec(module) -> ExpertsSpec:
+    """The spec of a transformers experts module (computed once, kept on the module). Raises
+    NotImplementedError naming the model and the feature leanmoe cannot run."""
+    spec = module.__dict__.get(_SPEC_ATTR)
+    return spec if spec is not None else _compute_experts_spec(module)
+
+
+@torch.compiler.disable  # evaluates the module's own activation on a probe: eager, once per module
+def _compute_experts_spec(module) -> ExpertsSpec:
+    name = _model_name(module)
+    if getattr(module, "has_post_expert_norm", False):
+        raise NotImplementedError(f"leanmoe experts implementation: {name}: experts with a post-expert norm "
+                                  "(has_post_expert_norm) are not supported")
+    gated = bool(getattr(module, "has_gate", True))
+    interleaved = gated and not bool(getattr(module, "is_concatenated", True))
+    activation, alpha, limit = _recognise_activation(module, gated, interleaved, name)
+    spec = ExpertsSpec(activation, alpha, limit, interleaved, bool(getattr(module, "is_transposed", False)), gated,
+                       bool(getattr(module, "has_bias", False)))
+    w = module.gate_up_proj if gated else module.up_proj
+    reason = ops.layer_unsupported_reason(w, spec.activation, spec.act_alpha, spec.act_limit, spec.interleaved,
+                                          spec.transposed, spec.bias)
+    if reason:
+        raise NotImplementedError(f"leanmoe experts implementation: {name} on {w.device.type} ({w.dtype}): {reason}")
+    module.__dict__[_SPEC_ATTR] = spec
+    return spec
+
+
+def prepare(model: torch.nn.Module) -> int:
+    """Recognises every experts module of `model` now (eager) instead of at its first forward:
+    an unsupported model fails here, and torch.compile(fullgraph=True) then traces the experts
+    without a graph break. Returns the number of experts modules."""
+    modules = [m for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "down_proj")]
+    for m in modules:
+        experts_spec(m)
+    return len(modules)
+
+
+def experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers' experts interface: hidden_states [T, d], top_k_index [T, K], top_k_weights [T, K]."""
+    spec = experts_spec(self)
+    up = self.gate_up_proj if spec.gated else self.up_proj
+    up_bias = (self.gate_up_proj_bias if spec.gated else self.up_proj_bias) if spec.bias else None
+    down_bias = self.down_proj_bias if spec.bias else None
+    out = moe_routed(hidden_states.to(up.dtype), top_k_index, top_k_weights, up, self.down_proj, up_bias, down_bias,
+                     activation=spec.activation, act_alpha=spec.act_alpha, act_limit=spec.act_limit,
+                     interleaved=spec.interleaved, transposed=spec.transposed)
+    return out.to(hidden_states.dtype)
+
+
+def register() -> bool:
+    """Registers "leanmoe" in transformers' experts interface (idempotent; done on import of
+    leanmoe.hf when transformers has the interface). Returns False when it has none."""
+    try:
+        from transformers.integrations.moe import ExpertsInterface
+    except ImportError:
+        return False
+    ExpertsInterface.register(EXPERTS_IMPLEMENTATION, experts_forward)
+    return True
+
+
+register()
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. apply(): the fused router + experts in place of the whole block
+# ---------------------------------------------------------------------------------------------
 # block class name -> (router attribute, router convention)
 SUPPORTED_BLOCKS = {
     "OlmoeSparseMoeBlock": ("gate", "softmax_then_topk"),
     "Qwen3MoeSparseMoeBlock": ("gate", "softmax_then_topk"),
     "GraniteMoeMoE": ("router", "topk_then_softmax"),
+    "MixtralSparseMoeBlock": ("gate", "topk_then_softmax"),  # softmax, top-K, renormalised = softmax of the K
 }
 
 
@@ -67,6 +223,9 @@ def _router_logits_requested() -> bool:
 def _leanmoe_block_forward(self, hidden_states):
     s = self._leanmoe
     router = getattr(self, s.router_attr)
+    jitter = getattr(self, "jitter_noise", 0)
+    if self.training and jitter > 0:  # Mixtral's router jitter, as its block applies it
+        hidden_states = hidden_states * torch.empty_like(hidden_states).uniform_(1.0 - jitter, 1.0 + jitter)
     routing = routing_for_call(s.routing, s.inference_routing, self.training)
     out = moe(hidden_states, router.weight, self.experts.gate_up_proj, self.experts.down_proj, router.top_k,
               router=s.convention, norm_topk_prob=bool(getattr(router, "norm_topk_prob", False)), routing=routing,
@@ -88,14 +247,16 @@ def _check_swiglu(fn, name, block):
     probe = torch.linspace(-4, 4, 17)
     if act is None or not torch.allclose(act(probe), torch.nn.functional.silu(probe)):
         raise ValueError(f"{fn}: block '{name}': experts activation must be SiLU (SwiGLU experts), "
-                         f"got {type(act).__name__}")
+                         f"got {type(act).__name__}; the experts implementation (experts_implementation="
+                         f"'leanmoe') runs other activations")
     # transformers >= 5.2x describes its experts' layout; leanmoe takes the concatenated [gate; up]
     # SwiGLU layout of SPEC §2 without biases.
     layout = dict(has_gate=True, has_bias=False, is_transposed=False, is_concatenated=True)
     for attr, want in layout.items():
         if getattr(block.experts, attr, want) != want:
             raise ValueError(f"{fn}: block '{name}': experts.{attr} must be {want} (leanmoe's expert layout), "
-                             f"got {getattr(block.experts, attr)}")
+                             f"got {getattr(block.experts, attr)}; the experts implementation "
+                             f"(experts_implementation='leanmoe') runs every layout")
 
 
 def block_spec(block: torch.nn.Module, fn: str = "leanmoe.hf", name: str = "") -> BlockSpec:
@@ -132,7 +293,8 @@ def apply(model: torch.nn.Module, routing: str = "topk", tile: int = 128, roundi
         count += 1
     if count == 0:
         raise ValueError("leanmoe.hf.apply: argument 'model': no supported MoE block found (supported: "
-                         + ", ".join(SUPPORTED_BLOCKS) + ")")
+                         + ", ".join(SUPPORTED_BLOCKS) + "); experts_implementation='leanmoe' covers every "
+                         "transformers model with decorated experts")
     return count
 
 

@@ -43,13 +43,18 @@ from ._ops import ops
 # the parameter nor the optimizer is kept alive by this registry)
 _IN_BACKWARD = WeakIdKeyDictionary()
 
-EXPERT_PARAMETER_NAMES = ("gate_up_proj", "down_proj")
+EXPERT_PARAMETER_NAMES = ("gate_up_proj", "down_proj", "up_proj")  # up_proj: experts without a gate
+EXPERT_BIAS_NAMES = ("gate_up_proj_bias", "down_proj_bias", "up_proj_bias")
 
 
 def expert_parameters(model: torch.nn.Module):
-    """The batched expert tensors of a model: 3-D parameters named gate_up_proj or down_proj."""
-    return [p for name, p in model.named_parameters()
-            if name.rsplit(".", 1)[-1] in EXPERT_PARAMETER_NAMES and p.dim() == 3]
+    """The batched expert tensors of a model: 3-D parameters named gate_up_proj, down_proj or up_proj
+    (transformers' experts), and their 2-D biases (gate_up_proj_bias, ...). In-backward mode updates
+    the weights inside backward; the biases ([E, W], [E, d]: small) are stepped in step()."""
+    def is_expert(name, p):
+        last = name.rsplit(".", 1)[-1]
+        return (last in EXPERT_PARAMETER_NAMES and p.dim() == 3) or (last in EXPERT_BIAS_NAMES and p.dim() == 2)
+    return [p for name, p in model.named_parameters() if is_expert(name, p)]
 
 
 def dense_parameters(model: torch.nn.Module):
@@ -173,13 +178,17 @@ class ExpertAdamW(torch.optim.Optimizer):
                     "this optimizer updates it inside backward: clear it first, e.g. optimizer.zero_grad() or "
                     "model.zero_grad() (set_to_none=True), or step() it away with the standard path.")
 
-    def _backward_with_update(self, d_out, d_losses, x, router_weight, gate_up_proj, down_proj, saved, config):
+    def _prepare_update(self, gate_up_proj, down_proj):
+        """Checks and the state of an in-backward update of one layer: (gate_up state, down state, hyper)."""
         self._check_not_updated(gate_up_proj, down_proj, "a second backward")
         hyper = self._hyper(gate_up_proj)
         if self._hyper(down_proj) != hyper:
             raise ValueError("leanmoe.optim.ExpertAdamW: a layer's gate_up_proj and down_proj must share their "
                              "hyper-parameters (put them in the same param group)")
-        g, d = self._state(gate_up_proj), self._state(down_proj)
+        return self._state(gate_up_proj), self._state(down_proj), hyper
+
+    def _backward_with_update(self, d_out, d_losses, x, router_weight, gate_up_proj, down_proj, saved, config):
+        g, d, hyper = self._prepare_update(gate_up_proj, down_proj)
         with torch.no_grad():
             dx, d_router = ops.moe_backward_adamw_(
                 d_out, d_losses, x, router_weight, gate_up_proj, down_proj, *saved, *config,
@@ -187,6 +196,17 @@ class ExpertAdamW(torch.optim.Optimizer):
                 self._master(g), self._master(d))
         self._updated.update((id(gate_up_proj), id(down_proj)))
         return dx, d_router
+
+    def _backward_routed_with_update(self, d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, saved,
+                                     expert_fn, weights_dtype):
+        """Routing given by the caller: returns dx, d_topk_weights and the bias gradients."""
+        g, d, hyper = self._prepare_update(gate_up_proj, down_proj)
+        with torch.no_grad():
+            result = ops.moe_routed_backward_adamw_(
+                d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved, *expert_fn, weights_dtype,
+                g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper)
+        self._updated.update((id(gate_up_proj), id(down_proj)))
+        return result
 
     @torch.no_grad()
     def step(self, closure=None):

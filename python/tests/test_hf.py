@@ -1,4 +1,5 @@
-"""leanmoe.hf on tiny transformers v5 OLMoE, Qwen3-MoE and GraniteMoE models."""
+"""leanmoe.hf.apply (the fused router in place of the whole block) on tiny transformers v5 OLMoE,
+Qwen3-MoE, GraniteMoE and Mixtral models. (The experts implementation: test_hf_experts.py.)"""
 import copy
 
 import pytest
@@ -25,6 +26,9 @@ def tiny(kind, dtype=torch.float32, device="cpu"):
         cfg = transformers.Qwen3MoeConfig(hidden_size=d, intermediate_size=2 * n, moe_intermediate_size=n,
                                           num_experts=8, norm_topk_prob=True, head_dim=16, **COMMON)
         model = transformers.Qwen3MoeForCausalLM(cfg)
+    elif kind == "mixtral":
+        cfg = transformers.MixtralConfig(hidden_size=d, intermediate_size=n, num_local_experts=8, **COMMON)
+        model = transformers.MixtralForCausalLM(cfg)
     else:
         cfg = transformers.GraniteMoeConfig(hidden_size=d, intermediate_size=n, num_local_experts=8, **COMMON)
         model = transformers.GraniteMoeForCausalLM(cfg)
@@ -37,7 +41,7 @@ def batch(device, seed=0, B=2, S=16):
     return dict(input_ids=ids, labels=ids)
 
 
-KINDS = ["olmoe", "qwen3_moe", "granitemoe"]
+KINDS = ["olmoe", "qwen3_moe", "granitemoe", "mixtral"]
 
 
 def cosine(a, b):
@@ -80,6 +84,35 @@ def test_matches_transformers(kind, dtype, device):
             ours, theirs = cosine(p.grad, ref_grads[n]), cosine(hf_grads[n].grad, ref_grads[n])
             assert ours >= min(0.99, theirs) - 0.01, f"{n}: cosine to fp32 {ours:.4f} (transformers bf16 {theirs:.4f})"
     assert leanmoe.hf.aux_loss(model).dim() == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_router_logits_and_transformers_aux_loss(kind):
+    """output_router_logits=True after apply(): the block runs the model's router too, so
+    transformers records the logits and its load-balancing loss (in the loss, and back into the
+    router through the logits) equals the transformers implementation's (fp32, 1e-4)."""
+    model = tiny(kind)
+    reference = copy.deepcopy(model)
+    b = batch("cpu")
+    ref = reference(**b, output_router_logits=True)
+    ref.loss.backward()
+    leanmoe.hf.apply(model)
+    out = model(**b, output_router_logits=True)
+    out.loss.backward()
+    assert len(out.router_logits) == 2
+    torch.testing.assert_close(out.aux_loss, ref.aux_loss, rtol=1e-4, atol=0)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=1e-4, atol=0)
+    ref_grads = dict(reference.named_parameters())
+    for n, p in model.named_parameters():
+        err = (p.grad - ref_grads[n].grad).abs().max() / ref_grads[n].grad.abs().max().clamp_min(1e-8)
+        assert err < 1e-4, f"{n}: relative error {err:.2e}"
+    with torch.no_grad():  # and without router logits the router module is not run again
+        calls = []
+        router = next(m for m in model.modules() if type(m).__name__.endswith("TopKRouter"))
+        handle = router.register_forward_hook(lambda *a: calls.append(1))
+        model(**b)
+        handle.remove()
+    assert not calls
 
 
 @pytest.mark.parametrize("kind", KINDS)

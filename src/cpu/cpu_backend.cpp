@@ -5,6 +5,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -34,6 +35,26 @@ struct RouterScratch {
   }
 };
 
+// The expert loops' scratch, each sized for one expert; W = up_width. An expert gets at most one
+// row per token from the router, but routing given may list it in several slots of a token.
+ExpertScratch carve_experts(const MoEConfig& c, int64_t tokens, DType dtype, bool backward, Carver& cv) {
+  const int64_t d = c.d, n = c.n, W = up_width(c);
+  const int64_t T = c.routing == Routing::given ? tokens * c.K : tokens;  // rows of one expert, at most
+  ExpertScratch e{};
+  e.rows = cv.take<float>(T * d);
+  e.w1 = cv.take<float>(weight_copy(dtype, W * d));
+  e.w2 = cv.take<float>(weight_copy(dtype, d * n));
+  e.act = cv.take<float>(T * n);
+  if (backward) {
+    e.d_act = cv.take<float>(T * n);
+    e.dw = cv.take<float>(W * d);  // the larger of dW1_e [W, d] and dW2_e [d, n] (W >= n)
+    e.db = cv.take<float>(std::max(W, d));
+  } else {
+    e.h_acc = cv.take<float>(T * W);
+  }
+  return e;
+}
+
 struct ForwardScratch {
   RouterScratch router;
   float* gate_denominator;  // [T]
@@ -41,18 +62,14 @@ struct ForwardScratch {
   float* y;                 // [R_max, d] expert outputs, rounded to storage
   ExpertScratch experts;
   static ForwardScratch carve(const MoEConfig& c, int64_t T, DType dtype, Carver& cv) {
-    const int64_t R = max_routed_rows(c, T), d = c.d, n = c.n;
+    const int64_t R = max_routed_rows(c, T), d = c.d;
     ForwardScratch s{};
     s.router = RouterScratch::carve(c, T, cv);
     s.gate_denominator = cv.take<float>(T);
     s.code = cv.take<int32_t>(T * c.E);
     s.pair_scratch = cv.take<int32_t>(T * c.E);
     s.y = cv.take<float>(R * d);
-    s.experts.rows = cv.take<float>(T * d);
-    s.experts.w1 = cv.take<float>(weight_copy(dtype, 2 * n * d));
-    s.experts.w2 = cv.take<float>(weight_copy(dtype, d * n));
-    s.experts.h_acc = cv.take<float>(T * 2 * n);
-    s.experts.act = cv.take<float>(T * n);
+    s.experts = carve_experts(c, T, dtype, false, cv);
     return s;
   }
 };
@@ -61,29 +78,60 @@ struct BackwardScratch {
   RouterScratch router;
   int32_t* row_expert;  // [R_max]
   float* dS;            // [R_max]
-  float* dH;            // [R_max, 2n] rounded to storage
+  float* dH;            // [R_max, W] rounded to storage
   float* dx_rows;       // [R_max, d] dX_exp, rounded to storage
   float* dz;            // [T, E]
   float* dz_wr;         // [T, d] router path of dX: dz·Wr
   float* d_router;      // [E, d]
   ExpertScratch experts;
   static BackwardScratch carve(const MoEConfig& c, int64_t T, DType dtype, Carver& cv) {
-    const int64_t R = max_routed_rows(c, T), d = c.d, n = c.n;
+    const int64_t R = max_routed_rows(c, T), d = c.d;
     BackwardScratch s{};
     s.router = RouterScratch::carve(c, T, cv);
     s.row_expert = cv.take<int32_t>(R);
     s.dS = cv.take<float>(R);
-    s.dH = cv.take<float>(R * 2 * n);
+    s.dH = cv.take<float>(R * up_width(c));
     s.dx_rows = cv.take<float>(R * d);
     s.dz = cv.take<float>(T * c.E);
     s.dz_wr = cv.take<float>(T * d);
     s.d_router = cv.take<float>(c.E * d);
-    s.experts.rows = cv.take<float>(T * d);
-    s.experts.w1 = cv.take<float>(weight_copy(dtype, 2 * n * d));
-    s.experts.w2 = cv.take<float>(weight_copy(dtype, d * n));
-    s.experts.act = cv.take<float>(T * n);
-    s.experts.d_act = cv.take<float>(T * n);
-    s.experts.dw = cv.take<float>(2 * n * d);  // the larger of dW1_e [2n, d] and dW2_e [d, n]
+    s.experts = carve_experts(c, T, dtype, true, cv);
+    return s;
+  }
+};
+
+// Routing given by the caller: no router scratch.
+struct RoutedForwardScratch {
+  float* x;        // [T, d] fp32 X
+  float* weights;  // [T, K] fp32 topk_weights
+  int32_t* cursor; // [E]
+  float* y;        // [R_max, d]
+  ExpertScratch experts;
+  static RoutedForwardScratch carve(const MoEConfig& c, int64_t T, DType dtype, Carver& cv) {
+    RoutedForwardScratch s{};
+    s.x = cv.take<float>(T * c.d);
+    s.weights = cv.take<float>(T * c.K);
+    s.cursor = cv.take<int32_t>(c.E);
+    s.y = cv.take<float>(max_routed_rows(c, T) * c.d);
+    s.experts = carve_experts(c, T, dtype, false, cv);
+    return s;
+  }
+};
+
+struct RoutedBackwardScratch {
+  float* x;        // [T, d] fp32 X
+  float* dS;       // [R_max]
+  float* dH;       // [R_max, W]
+  float* dx_rows;  // [R_max, d]
+  ExpertScratch experts;
+  static RoutedBackwardScratch carve(const MoEConfig& c, int64_t T, DType dtype, Carver& cv) {
+    const int64_t R = max_routed_rows(c, T);
+    RoutedBackwardScratch s{};
+    s.x = cv.take<float>(T * c.d);
+    s.dS = cv.take<float>(R);
+    s.dH = cv.take<float>(R * up_width(c));
+    s.dx_rows = cv.take<float>(R * c.d);
+    s.experts = carve_experts(c, T, dtype, true, cv);
     return s;
   }
 };
@@ -97,7 +145,21 @@ void router_probabilities(const MoEConfig& c, const Tensor& router_w, int64_t T,
 
 ExpertsProblem experts_problem(const MoEConfig& c, DType dtype, const MoEWeights& w, const SavedState& saved) {
   return {c.d, c.n, c.E, dtype, w.gate_up_proj.data, w.down_proj.data, saved.expert_offsets.ptr<int32_t>(),
-          saved.row_token.ptr<int32_t>(), saved.row_gate.ptr<float>()};
+          saved.row_token.ptr<int32_t>(), saved.row_gate.ptr<float>(), act::params_of(c), c.interleaved,
+          c.transposed, w.gate_up_bias.data, w.down_bias.data};
+}
+
+// The expert part of backward, shared by both routings: the W2 phase (dS, dH, dW2, db2), then the
+// W1 phase (dX_exp, dW1, db1), each gradient handed to the callback right after its last read.
+void experts_backward(const ExpertsProblem& problem, const void* d_out, const SavedState& saved, const float* x,
+                      float* dS, float* dH, float* dx_rows, const MoEGrads& g, const ExpertGradCallback& on_grad,
+                      const ExpertScratch& s) {
+  experts_backward_down(problem, d_out, saved.h.data, dS, dH, g.d_down_proj.data, s, g.d_down_bias.data);
+  if (on_grad && g.d_down_proj.defined()) on_grad(ExpertWeight::down_proj, g.d_down_proj);
+  if (on_grad && g.d_down_bias.defined()) on_grad(ExpertWeight::down_bias, g.d_down_bias);
+  experts_backward_up(problem, x, dH, dx_rows, g.d_gate_up_proj.data, s, g.d_gate_up_bias.data);
+  if (on_grad && g.d_gate_up_proj.defined()) on_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
+  if (on_grad && g.d_gate_up_bias.defined()) on_grad(ExpertWeight::gate_up_bias, g.d_gate_up_bias);
 }
 
 // Index of element i (row-major order) of a possibly strided tensor, in elements.
@@ -134,15 +196,22 @@ class CpuBackend final : public Backend {
     if (dtype != DType::bf16 && dtype != DType::f32) return "storage dtype must be bf16 or f32";
     return "";
   }
+  bool supports_expert_biases() const override { return true; }
 
   size_t forward_workspace_bytes(const MoEConfig& c, int64_t T, DType dtype) const override {
     Carver measure;
-    ForwardScratch::carve(c, T, dtype, measure);
+    if (c.routing == Routing::given)
+      RoutedForwardScratch::carve(c, T, dtype, measure);
+    else
+      ForwardScratch::carve(c, T, dtype, measure);
     return measure.used();
   }
   size_t backward_workspace_bytes(const MoEConfig& c, int64_t T, DType dtype) const override {
     Carver measure;
-    BackwardScratch::carve(c, T, dtype, measure);
+    if (c.routing == Routing::given)
+      RoutedBackwardScratch::carve(c, T, dtype, measure);
+    else
+      BackwardScratch::carve(c, T, dtype, measure);
     return measure.used();
   }
 
@@ -206,16 +275,10 @@ class CpuBackend final : public Backend {
     const int32_t* token_offsets = saved.token_offsets.ptr<int32_t>();
     const int32_t* token_rows = saved.token_rows.ptr<int32_t>();
 
-    // W2 phase: its last read of W2, then the down_proj gradient is handed over (SPEC §6).
-    experts_backward_down(problem, a.d_out.data, saved.h.data, s.dS, s.dH, g.d_down_proj.data, s.experts);
-    if (a.on_expert_grad && g.d_down_proj.defined()) a.on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
-
-    // W1 phase: its last read of W1, then the gate_up_proj gradient is handed over.
     to_float(saved.x.data, saved.x.dtype, T * d, r.x);
     const bool want_dx = g.dx.defined();
-    experts_backward_up(problem, r.x, s.dH, want_dx ? s.dx_rows : nullptr, g.d_gate_up_proj.data, s.experts);
-    if (a.on_expert_grad && g.d_gate_up_proj.defined())
-      a.on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
+    experts_backward(problem, a.d_out.data, saved, r.x, s.dS, s.dH, want_dx ? s.dx_rows : nullptr, g, a.on_expert_grad,
+                     s.experts);
 
     // Router path, from logits recomputed out of X and Wr (nothing else is cached).
     if (!want_dx && !g.d_router.defined()) return;
@@ -247,6 +310,51 @@ class CpuBackend final : public Backend {
       gemm(false, false, T, d, E, s.dz, r.router_w, s.dz_wr);  // dz·Wr
       gather_sum_rows(s.dx_rows, nullptr, s.dz_wr, token_offsets, token_rows, T, d, dtype, g.dx.data);
     }
+  }
+
+  void forward_routed(const RoutedForwardArgs& a) override {
+    const MoEConfig& c = a.cfg;
+    const int64_t T = a.x.shape[0], K = c.K;
+    const DType dtype = a.x.dtype;
+    SavedState& saved = a.saved;
+    Carver cv(a.ws, "forward_routed");
+    const RoutedForwardScratch s = RoutedForwardScratch::carve(c, T, dtype, cv);
+    to_float(a.x.data, dtype, T * c.d, s.x);
+    to_float(a.topk_weights.data, a.topk_weights.dtype, T * K, s.weights);
+    if (T > 0) std::memcpy(saved.topk_experts.data, a.topk_experts.data, size_t(T * K) * sizeof(int32_t));
+    const RoutingMetadata meta{saved.row_token.ptr<int32_t>(), saved.row_gate.ptr<float>(),
+                               saved.expert_offsets.ptr<int32_t>(), saved.token_offsets.ptr<int32_t>(),
+                               saved.token_rows.ptr<int32_t>()};
+    const int64_t R = build_given_metadata(saved.topk_experts.ptr<int32_t>(), s.weights, T, c.E, K, s.cursor, meta);
+    // Rows past the routed ones (sentinel slots) are zeroed: the saved state is a function of the inputs.
+    const int64_t tail = saved.rows_capacity - R, W = up_width(c);
+    if (tail > 0) {
+      std::memset(advance(saved.h.data, dtype, R * W), 0, size_t(tail * W) * dtype_size(dtype));
+      for (Tensor* t : {&saved.row_gate, &saved.row_token, &saved.token_rows})
+        std::memset(static_cast<char*>(t->data) + R * 4, 0, size_t(tail) * 4);
+    }
+    experts_forward(experts_problem(c, dtype, a.w, saved), s.x, saved.h.data, s.y, s.experts);
+    gather_sum_rows(s.y, meta.row_gate, nullptr, meta.token_offsets, meta.token_rows, T, c.d, dtype, a.out.data);
+  }
+
+  void backward_routed(const RoutedBackwardArgs& a) override {
+    const MoEConfig& c = a.cfg;
+    const SavedState& saved = a.saved;
+    const int64_t T = saved.T, d = c.d;
+    const DType dtype = a.d_out.dtype;
+    const MoEGrads& g = a.grads;
+    Carver cv(a.ws, "backward_routed");
+    const RoutedBackwardScratch s = RoutedBackwardScratch::carve(c, T, dtype, cv);
+    to_float(saved.x.data, saved.x.dtype, T * d, s.x);
+    const bool want_dx = g.dx.defined();
+    experts_backward(experts_problem(c, dtype, a.w, saved), a.d_out.data, saved, s.x, s.dS, s.dH,
+                     want_dx ? s.dx_rows : nullptr, g, a.on_expert_grad, s.experts);
+    const int32_t* token_offsets = saved.token_offsets.ptr<int32_t>();
+    const int32_t* token_rows = saved.token_rows.ptr<int32_t>();
+    if (want_dx) gather_sum_rows(s.dx_rows, nullptr, nullptr, token_offsets, token_rows, T, d, dtype, g.dx.data);
+    if (g.d_topk_weights.defined())
+      scatter_given_ds(saved.topk_experts.ptr<int32_t>(), T, c.E, c.K, token_offsets, token_rows, s.dS,
+                       g.d_topk_weights.dtype, g.d_topk_weights.data);
   }
 };
 

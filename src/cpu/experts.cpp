@@ -134,8 +134,6 @@ void gather_sum_rows(const float* v, const float* row_scale, const float* add, c
 
 namespace {
 
-float sigmoid(float g) { return 1.f / (1.f + std::exp(-g)); }
-
 // An expert's weight as fp32: the storage itself for f32, else converted into `scratch`.
 const float* weight_f32(const void* w, DType dtype, int64_t expert, int64_t size, float* scratch) {
   const void* we = advance(w, dtype, expert * size);
@@ -153,83 +151,130 @@ void store_weight_grad(const float* dw, int64_t rows, int64_t size, DType dtype,
     store(dw, size, dtype, ge);
 }
 
+// out[c] = sum over the m rows of scale[i] * v[i, c] (scale null: 1), fp32, rows in order.
+void column_sums(const float* v, const float* scale, int64_t m, int64_t width, float* out) {
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < width; ++c) {
+    float sum = 0.f;
+    for (int64_t i = 0; i < m; ++i) sum += (scale ? scale[i] : 1.f) * v[i * width + c];
+    out[c] = sum;
+  }
+}
+
 }  // namespace
 
 void experts_forward(const ExpertsProblem& P, const float* x, void* h, float* y, const ExpertScratch& s) {
-  const int64_t d = P.d, n = P.n;
+  const int64_t d = P.d, n = P.n, W = P.width();
+  const bool gated = P.gated();
   for (int64_t e = 0; e < P.E; ++e) {
     const int64_t first = P.expert_offsets[e], m = P.expert_offsets[e + 1] - first;
     if (m == 0) continue;
     gather_rows(x, DType::f32, d, P.row_token + first, m, s.rows);
-    const float* w1 = weight_f32(P.gate_up, P.dtype, e, 2 * n * d, s.w1);
-    gemm(false, true, m, 2 * n, d, s.rows, w1, s.h_acc);  // [m, 2n] = X_e · W1_eᵀ
-    store(s.h_acc, m * 2 * n, P.dtype, advance(h, P.dtype, first * 2 * n));
+    const float* w1 = weight_f32(P.gate_up, P.dtype, e, W * d, s.w1);
+    gemm(false, !P.transposed, m, W, d, s.rows, w1, s.h_acc);  // [m, W] = X_e · W1_eᵀ
+    if (P.gate_up_bias) {
+      const void* b1 = advance(P.gate_up_bias, P.dtype, e * W);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t c = 0; c < W; ++c) s.h_acc[i * W + c] += load(b1, P.dtype, c);
+    }
+    store(s.h_acc, m * W, P.dtype, advance(h, P.dtype, first * W));
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < m; ++i) {
-      const float *g = s.h_acc + i * 2 * n, *u = g + n;
+      const float* hr = s.h_acc + i * W;
       float* a = s.act + i * n;
-      for (int64_t j = 0; j < n; ++j) a[j] = round_to(P.dtype, g[j] * sigmoid(g[j]) * u[j]);
+      for (int64_t j = 0; j < n; ++j)
+        a[j] = round_to(P.dtype, act::forward(P.act, hr[P.gate_col(j)], gated ? hr[P.up_col(j)] : 0.f));
     }
     const float* w2 = weight_f32(P.down, P.dtype, e, d * n, s.w2);
     float* y_e = y + first * d;
-    gemm(false, true, m, d, n, s.act, w2, y_e);  // [m, d] = A · W2_eᵀ
+    gemm(false, !P.transposed, m, d, n, s.act, w2, y_e);  // [m, d] = A · W2_eᵀ
+    if (P.down_bias) {
+      const void* b2 = advance(P.down_bias, P.dtype, e * d);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t c = 0; c < d; ++c) y_e[i * d + c] += load(b2, P.dtype, c);
+    }
     round_in_place(y_e, m * d, P.dtype);
   }
 }
 
 void experts_backward_down(const ExpertsProblem& P, const void* d_out, const void* h, float* dS, float* dH,
-                           void* d_down, const ExpertScratch& s) {
-  const int64_t d = P.d, n = P.n;
+                           void* d_down, const ExpertScratch& s, void* d_down_bias) {
+  const int64_t d = P.d, n = P.n, W = P.width();
+  const bool gated = P.gated();
   for (int64_t e = 0; e < P.E; ++e) {
     const int64_t first = P.expert_offsets[e], m = P.expert_offsets[e + 1] - first;
     if (m > 0) {
       gather_rows(d_out, P.dtype, d, P.row_token + first, m, s.rows);
       const float* w2 = weight_f32(P.down, P.dtype, e, d * n, s.w2);
-      gemm(false, false, m, n, d, s.rows, w2, s.d_act);  // dA' [m, n] = dO_e · W2_e
+      gemm(false, P.transposed, m, n, d, s.rows, w2, s.d_act);  // dA' [m, n] = dO_e · W2_e
+      const void* b2 = P.down_bias ? advance(P.down_bias, P.dtype, e * d) : nullptr;
 #pragma omp parallel for schedule(static)
       for (int64_t i = 0; i < m; ++i) {
         const int64_t row = first + i;
         const float gate = P.row_gate[row];
-        const void* h_row = advance(h, P.dtype, row * 2 * n);
+        const void* h_row = advance(h, P.dtype, row * W);
         const float* da = s.d_act + i * n;
-        float* dg = dH + row * 2 * n;
-        float* du = dg + n;
+        float* dh = dH + row * W;
         float* a_prime = s.act + i * n;
         float ds = 0.f;
         for (int64_t j = 0; j < n; ++j) {
-          const float g = load(h_row, P.dtype, j), u = load(h_row, P.dtype, n + j);
-          const float sig = sigmoid(g), silu = g * sig, a = silu * u;
+          const float g = load(h_row, P.dtype, P.gate_col(j)), u = gated ? load(h_row, P.dtype, P.up_col(j)) : 0.f;
+          const float a = act::forward(P.act, g, u);
+          float da_dg, da_du;
+          act::backward(P.act, g, u, da_dg, da_du);
           ds += da[j] * a;
-          dg[j] = round_to(P.dtype, gate * da[j] * u * sig * (1.f + g * (1.f - sig)));
-          du[j] = round_to(P.dtype, gate * da[j] * silu);
+          dh[P.gate_col(j)] = round_to(P.dtype, gate * da[j] * da_dg);
+          if (gated) dh[P.up_col(j)] = round_to(P.dtype, gate * da[j] * da_du);
           a_prime[j] = round_to(P.dtype, gate * a);
+        }
+        if (b2) {  // y = W2·a + b2: <dO, y> gains <dO, b2>
+          const float* dout = s.rows + i * d;
+          for (int64_t c = 0; c < d; ++c) ds += dout[c] * load(b2, P.dtype, c);
         }
         dS[row] = ds;
       }
-      if (d_down) gemm(true, false, d, n, m, s.rows, s.act, s.dw);  // dW2_e [d, n] = dO_eᵀ · A'
+      if (d_down) {
+        if (P.transposed)
+          gemm(true, false, n, d, m, s.act, s.rows, s.dw);  // dW2_e [n, d] = A'ᵀ · dO_e
+        else
+          gemm(true, false, d, n, m, s.rows, s.act, s.dw);  // dW2_e [d, n] = dO_eᵀ · A'
+      }
     }
     if (d_down) store_weight_grad(s.dw, m, d * n, P.dtype, d_down, e);
+    if (d_down_bias) {
+      if (m > 0) column_sums(s.rows, P.row_gate + first, m, d, s.db);  // db2_e = sum_rows gate · dO_t
+      store_weight_grad(s.db, m, d, P.dtype, d_down_bias, e);
+    }
   }
 }
 
 void experts_backward_up(const ExpertsProblem& P, const float* x, const float* dH, float* dx_rows, void* d_gate_up,
-                         const ExpertScratch& s) {
-  const int64_t d = P.d, n = P.n;
+                         const ExpertScratch& s, void* d_gate_up_bias) {
+  const int64_t d = P.d, W = P.width();
   for (int64_t e = 0; e < P.E; ++e) {
     const int64_t first = P.expert_offsets[e], m = P.expert_offsets[e + 1] - first;
-    const float* dH_e = dH + first * 2 * n;
+    const float* dH_e = dH + first * W;
     if (m > 0 && dx_rows) {
-      const float* w1 = weight_f32(P.gate_up, P.dtype, e, 2 * n * d, s.w1);
+      const float* w1 = weight_f32(P.gate_up, P.dtype, e, W * d, s.w1);
       float* dx_e = dx_rows + first * d;
-      gemm(false, false, m, d, 2 * n, dH_e, w1, dx_e);  // dX_exp [m, d] = dH_e · W1_e
+      gemm(false, P.transposed, m, d, W, dH_e, w1, dx_e);  // dX_exp [m, d] = dH_e · W1_e
       round_in_place(dx_e, m * d, P.dtype);
+    }
+    if (d_gate_up_bias) {
+      if (m > 0) column_sums(dH_e, nullptr, m, W, s.db);  // db1_e = sum_rows dH_row
+      store_weight_grad(s.db, m, W, P.dtype, d_gate_up_bias, e);
     }
     if (!d_gate_up) continue;
     if (m > 0) {
       gather_rows(x, DType::f32, d, P.row_token + first, m, s.rows);
-      gemm(true, false, 2 * n, d, m, dH_e, s.rows, s.dw);  // dW1_e [2n, d] = dH_eᵀ · X_e
+      if (P.transposed)
+        gemm(true, false, d, W, m, s.rows, dH_e, s.dw);  // dW1_e [d, W] = X_eᵀ · dH_e
+      else
+        gemm(true, false, W, d, m, dH_e, s.rows, s.dw);  // dW1_e [W, d] = dH_eᵀ · X_e
     }
-    store_weight_grad(s.dw, m, 2 * n * d, P.dtype, d_gate_up, e);
+    store_weight_grad(s.dw, m, W * d, P.dtype, d_gate_up, e);
   }
 }
 

@@ -1,10 +1,12 @@
-// CPU expert math (SwiGLU experts): gathers, conversions and per-expert BLAS GEMMs in fp32.
+// CPU expert math (any Activation, optional biases, every weight layout of leanmoe.h): gathers,
+// conversions and per-expert BLAS GEMMs in fp32.
 // Storage is bf16 or f32; every store to storage (or to a temporary the design rounds) goes
 // through round_to(), so bf16 follows docs/DESIGN.md "Rounding points" and f32 rounds nowhere.
 // Rows are the expert-sorted (token, expert) rows of the routing metadata.
 #pragma once
 #include <cstdint>
 
+#include "../activation.h"  // relative: tests include this header by path
 #include "leanmoe/leanmoe.h"
 
 namespace leanmoe::cpu {
@@ -39,40 +41,54 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const flo
 void gather_sum_rows(const float* v, const float* row_scale, const float* add, const int32_t* token_offsets,
                      const int32_t* token_rows, int64_t T, int64_t d, DType dtype, void* out);
 
-// Scratch the expert loops use, each sized for one expert (at most T rows).
+// Scratch the expert loops use, each sized for one expert's rows (T rows, its most under the
+// router; T*K with routing given, where a token may list an expert twice).
 struct ExpertScratch {
-  float* rows;     // [T, d] gathered X or dO rows
+  float* rows;     // [T, d] gathered X or dO rows (T: one expert's rows at most)
   float* w1;       // [2n, d] fp32 copy of W1_e (bf16 storage only)
   float* w2;       // [d, n]  fp32 copy of W2_e (bf16 storage only)
-  float* h_acc;    // [T, 2n] up-projection accumulators (forward)
+  float* h_acc;    // [T, W] up-projection accumulators (forward)
   float* act;      // [T, n]  A (forward) or A' = gate * a (backward)
   float* d_act;    // [T, n]  dA' (backward)
-  float* dw;       // [max(2n*d, d*n)] a weight gradient in fp32
+  float* dw;       // [max(W*d, d*n)] a weight gradient in fp32
+  float* db = nullptr;  // [max(W, d)] a bias gradient in fp32 (biases only)
 };
 
 struct ExpertsProblem {
   int64_t d, n, E;
   DType dtype;
-  const void* gate_up;  // W1 [E, 2n, d] storage
-  const void* down;     // W2 [E, d, n] storage
+  const void* gate_up;  // W1 [E, W, d] storage ([E, d, W] when transposed)
+  const void* down;     // W2 [E, d, n] storage ([E, n, d] when transposed)
   const int32_t* expert_offsets;
   const int32_t* row_token;
   const float* row_gate;
+  // The expert function; the defaults are SwiGLU, [gate; up], the HF layout and no biases.
+  act::Params act{};
+  bool interleaved = false, transposed = false;
+  const void* gate_up_bias = nullptr;  // [E, W] storage, or null
+  const void* down_bias = nullptr;     // [E, d] storage, or null
+
+  bool gated() const { return activation_is_gated(act.kind); }
+  int64_t width() const { return gated() ? 2 * n : n; }  // W
+  int64_t gate_col(int64_t j) const { return act::gate_column(j, interleaved); }
+  int64_t up_col(int64_t j) const { return act::up_column(j, n, interleaved); }
 };
 
-// Forward: H = store(gather(X)·W1_eᵀ) into h [R, 2n]; A = round(silu(g)·u) from the accumulators;
-// y [R, d] = round(A·W2_eᵀ). x is fp32 [T, d].
+// Forward: H = store(gather(X)·W1_eᵀ + b1_e) into h [R, W]; A = round(act(g, u)) from the
+// accumulators; y [R, d] = round(A·W2_eᵀ + b2_e). x is fp32 [T, d].
 void experts_forward(const ExpertsProblem& P, const float* x, void* h, float* y, const ExpertScratch& s);
 
-// Backward, W2 phase (the last reads of W2): dA' = gather(dO)·W2_e, a recomputed from h,
-// dS[row] = <dA', a>, dH [R, 2n] = round([gate·dA'·u·silu'(g), gate·dA'·silu(g)]),
-// d_down (if not null) = store(sum_rows dO_t ⊗ round(gate·a)), zeros for experts with no rows.
+// Backward, W2 phase (the last reads of W2 and b2): dA' = gather(dO)·W2_e, a recomputed from h,
+// dS[row] = <dA', a> (+ <dO_t, b2_e>), dH [R, W] = round(gate·dA'·[da/dg, da/du]) in the row
+// order of W1, d_down (if not null) = store(sum_rows dO_t ⊗ round(gate·a)), d_down_bias (if not
+// null) = store(sum_rows gate·dO_t); zeros for experts with no rows.
 void experts_backward_down(const ExpertsProblem& P, const void* d_out, const void* h, float* dS, float* dH,
-                           void* d_down, const ExpertScratch& s);
+                           void* d_down, const ExpertScratch& s, void* d_down_bias = nullptr);
 
 // Backward, W1 phase (the last reads of W1): dx_rows [R, d] (if not null) = round(dH·W1_e);
-// d_gate_up (if not null) = store(sum_rows dH_row ⊗ x_t), zeros for experts with no rows.
+// d_gate_up (if not null) = store(sum_rows dH_row ⊗ x_t), d_gate_up_bias (if not null) =
+// store(sum_rows dH_row); zeros for experts with no rows.
 void experts_backward_up(const ExpertsProblem& P, const float* x, const float* dH, float* dx_rows, void* d_gate_up,
-                         const ExpertScratch& s);
+                         const ExpertScratch& s, void* d_gate_up_bias = nullptr);
 
 }  // namespace leanmoe::cpu

@@ -193,4 +193,48 @@ void router_backward(const RouterBackwardInputs& in, int64_t T, int64_t E, int64
   }
 }
 
+int64_t build_given_metadata(const int32_t* topk_experts, const float* weights, int64_t T, int64_t E, int64_t K,
+                             int32_t* cursor, const RoutingMetadata& m) {
+  auto valid = [E](int32_t e) { return e >= 0 && e < E; };
+  std::fill(cursor, cursor + E, 0);
+  for (int64_t i = 0; i < T * K; ++i)
+    if (valid(topk_experts[i])) ++cursor[topk_experts[i]];
+  m.expert_offsets[0] = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    m.expert_offsets[e + 1] = m.expert_offsets[e] + cursor[e];
+    cursor[e] = m.expert_offsets[e];
+  }
+  // One pass in (token, slot) order hands each expert its rows in that order.
+  m.token_offsets[0] = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    int32_t at = m.token_offsets[t];
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t e = topk_experts[t * K + k];
+      if (!valid(e)) continue;
+      const int32_t row = cursor[e]++;
+      m.row_token[row] = int32_t(t);
+      m.row_gate[row] = weights[t * K + k];
+      m.token_rows[at++] = row;
+    }
+    m.token_offsets[t + 1] = at;
+  }
+  return m.expert_offsets[E];
+}
+
+void scatter_given_ds(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, const int32_t* token_offsets,
+                      const int32_t* token_rows, const float* dS, DType dtype, void* d_weights) {
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < T; ++t) {
+    int32_t at = token_offsets[t];
+    for (int64_t k = 0; k < K; ++k) {
+      const int32_t e = topk_experts[t * K + k];
+      const float v = (e >= 0 && e < E) ? dS[token_rows[at++]] : 0.f;
+      if (dtype == DType::f32)
+        static_cast<float*>(d_weights)[t * K + k] = v;
+      else
+        static_cast<bf16*>(d_weights)[t * K + k] = float_to_bf16(v);
+    }
+  }
+}
+
 }  // namespace leanmoe::cpu

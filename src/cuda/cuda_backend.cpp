@@ -39,10 +39,12 @@ struct bf16_storage {
 
 cuda::ExpertShape expert_shape(const MoEConfig& cfg, int64_t T) { return {T, cfg.d, cfg.n}; }
 
-// Everything forward needs beyond SavedState.
+// Everything forward needs beyond SavedState. Routing given by the caller needs no router scratch,
+// only the metadata passes' (given_meta).
 struct ForwardWorkspace {
   void* cublas;
   cuda::RoutingScratch routing;
+  int32_t* given_meta = nullptr;  // metadata_scratch_ints(T, E), routing given only
   double* loss_partial;
   bf16_storage* a;       // [R_max, n]
   bf16_storage* y;       // [R_max, d]
@@ -50,9 +52,13 @@ struct ForwardWorkspace {
 
   ForwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) {
     const int64_t R = max_routed_rows(cfg, T), E = cfg.E;
-    cublas = c.take<char>(int64_t(cuda::kRouterCublasWorkspace));
-    routing = cuda::RoutingScratch(c, cfg, T);
-    loss_partial = c.take<double>(cuda::loss_partial_doubles(T, E));
+    const bool router = cfg.routing != Routing::given;
+    cublas = c.take<char>(router ? int64_t(cuda::kRouterCublasWorkspace) : 0);
+    if (router)
+      routing = cuda::RoutingScratch(c, cfg, T);
+    else
+      given_meta = c.take<int32_t>(cuda::metadata_scratch_ints(T, E));
+    loss_partial = c.take<double>(router ? cuda::loss_partial_doubles(T, E) : 0);
     a = c.take<bf16_storage>(R * cfg.n);
     y = c.take<bf16_storage>(R * cfg.d);
     expert_gemm = c.take<char>(int64_t(cuda::expert_gemm_workspace_bytes(E)));
@@ -78,18 +84,19 @@ struct BackwardWorkspace {
 
   BackwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) {
     const int64_t R = max_routed_rows(cfg, T), E = cfg.E;
+    const int64_t router = cfg.routing != Routing::given;  // 0: routing given, no router scratch
     ds_parts = cuda::ds_partials(expert_shape(cfg, T));
-    cublas = c.take<char>(int64_t(cuda::kRouterCublasWorkspace));
-    zdz = c.take<float>(T * E);
-    dz_split = c.take<bf16_storage>(T * 2 * E);
-    router_twice = c.take<bf16_storage>(2 * E * cfg.d);
-    topk_counts = c.take<int32_t>(E);
+    cublas = c.take<char>(router * int64_t(cuda::kRouterCublasWorkspace));
+    zdz = c.take<float>(router * T * E);
+    dz_split = c.take<bf16_storage>(router * T * 2 * E);
+    router_twice = c.take<bf16_storage>(router * 2 * E * cfg.d);
+    topk_counts = c.take<int32_t>(router * E);
     ds_partial = c.take<float>(R * ds_parts);
     dS = c.take<float>(R);
     dh = c.take<bf16_storage>(R * 2 * cfg.n);
     a_prime_dxexp = c.take<bf16_storage>(R * std::max(cfg.n, cfg.d));
-    dx_router = c.take<float>(T * cfg.d);
-    d_router_f32 = c.take<float>(2 * E * cfg.d);
+    dx_router = c.take<float>(router * T * cfg.d);
+    d_router_f32 = c.take<float>(router * 2 * E * cfg.d);
     expert_gemm = c.take<char>(int64_t(cuda::expert_gemm_workspace_bytes(E)));
   }
 };
@@ -110,7 +117,6 @@ void require_element_aligned(const char* fn, const char* arg, const Tensor& t) {
                 " at an address that is not");
 }
 
-// The workspace is carved at 256-byte offsets from its base, so its base alignment is every slice's.
 void require_saved_elements_aligned(const char* fn, const SavedState& s) {
   for (auto [name, t] : {std::pair{"saved.row_gate", &s.row_gate}, {"saved.row_token", &s.row_token},
                          {"saved.token_rows", &s.token_rows}, {"saved.token_offsets", &s.token_offsets},
@@ -118,6 +124,7 @@ void require_saved_elements_aligned(const char* fn, const SavedState& s) {
     require_element_aligned(fn, name, *t);
 }
 
+// The workspace is carved at 256-byte offsets from its base, so its base alignment is every slice's.
 void require_aligned_workspace(const char* fn, Workspace ws) {
   if (reinterpret_cast<uintptr_t>(ws.data) % 16 != 0)
     throw Error(std::string(fn) + ": argument 'ws': must be 16-byte aligned on cuda (vector loads of its slices), " +
@@ -166,6 +173,12 @@ class CudaBackend final : public Backend {
     if (cfg.d % 8 != 0) return "cfg.d must be a multiple of 8 on cuda (16-byte rows), got " + std::to_string(cfg.d);
     if (cfg.E > kMaxExperts)
       return "cfg.E must be <= " + std::to_string(kMaxExperts) + " on cuda, got " + std::to_string(cfg.E);
+    // The expert GEMM epilogues fuse SwiGLU over the [gate; up] HF layout only (so far).
+    if (cfg.activation != Activation::swiglu)
+      return std::string("cfg.activation must be swiglu on cuda (the GPU epilogues fuse SwiGLU only; run ") +
+             activation_name(cfg.activation) + " on cpu)";
+    if (cfg.interleaved) return "cfg.interleaved is not supported on cuda yet (run on cpu)";
+    if (cfg.transposed) return "cfg.transposed is not supported on cuda yet (run on cpu)";
     const char* gemm = cuda::expert_gemms_unsupported(expert_shape(cfg, 1));
     if (gemm && *gemm) return gemm;
     return "";
@@ -227,12 +240,7 @@ class CudaBackend final : public Backend {
     if (a.losses.defined())  // reads p and the top-K counts, which token rounding leaves as they were
       cuda::router_losses(r.zp, r.lse, r.topk_counts, T, E, K, w.loss_partial, a.losses.ptr<float>(), stream);
 
-    const cuda::RoutedRows rows = routed_rows(s, E);
-    const cuda::ExpertShape shape = expert_shape(cfg, T);
-    cuda::up_proj_swiglu(rows, shape, a.x.data, a.w.gate_up_proj.data, s.h.data, w.a, stream);
-    cuda::down_proj(rows, shape, w.a, a.w.down_proj.data, w.y, stream, w.expert_gemm);
-    cuda::aggregate_rows(w.y, s.row_gate.ptr<float>(), s.token_offsets.ptr<int32_t>(), s.token_rows.ptr<int32_t>(),
-                         T, cfg.d, a.out.data, stream);
+    experts_forward(cfg, T, a.x, a.w, s, w, a.out, stream);
   }
 
   void backward(const BackwardArgs& a) override {
@@ -252,35 +260,13 @@ class CudaBackend final : public Backend {
     const int64_t T = s.T, E = cfg.E, K = cfg.K;
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     if (T == 0) {  // no tokens: every weight gradient is 0 (handed over in the usual order), dx is empty
-      if (g.d_down_proj.defined()) {
-        zero_async(g.d_down_proj, stream);
-        if (a.on_expert_grad) a.on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
-      }
-      if (g.d_gate_up_proj.defined()) {
-        zero_async(g.d_gate_up_proj, stream);
-        if (a.on_expert_grad) a.on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
-      }
+      zero_expert_grads(g, a.on_expert_grad, stream);
       zero_async(g.d_router, stream);
       return;
     }
     Carver carver(a.ws.data);
     BackwardWorkspace w(carver, cfg, T);
-    const cuda::RoutedRows rows = routed_rows(s, E);
-    const cuda::ExpertShape shape = expert_shape(cfg, T);
-
-    // Expert part, in the order that lets the callback update each weight after its last read.
-    cuda::dh_swiglu_bwd(rows, shape, a.d_out.data, a.w.down_proj.data, s.h.data, w.dh, w.a_prime_dxexp,
-                        w.ds_partial, stream);
-    if (g.d_down_proj.defined()) {
-      cuda::dw2(rows, shape, a.d_out.data, w.a_prime_dxexp, g.d_down_proj.data, stream);
-      if (a.on_expert_grad) a.on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
-    }
-    if (g.dx.defined())
-      cuda::dx_expert(rows, shape, w.dh, a.w.gate_up_proj.data, w.a_prime_dxexp, stream, w.expert_gemm);
-    if (g.d_gate_up_proj.defined()) {
-      cuda::dw1(rows, shape, w.dh, s.x.data, g.d_gate_up_proj.data, stream);
-      if (a.on_expert_grad) a.on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
-    }
+    experts_backward(cfg, T, a.d_out, a.w, s, g, a.on_expert_grad, w, stream);
     if (!g.dx.defined() && !g.d_router.defined()) return;
 
     // Router part: dS per row, recomputed logits, dz, then the two products with dz.
@@ -323,9 +309,119 @@ class CudaBackend final : public Backend {
     }
   }
 
+  void forward_routed(const RoutedForwardArgs& a) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const MoEConfig& cfg = a.cfg;
+    for (auto [name, t] : {std::pair{"x", &a.x}, {"out", &a.out}, {"w.gate_up_proj", &a.w.gate_up_proj},
+                           {"w.down_proj", &a.w.down_proj}, {"saved.h", &a.saved.h}})
+      require_aligned("forward_routed", name, *t);
+    require_saved_elements_aligned("forward_routed", a.saved);
+    require_element_aligned("forward_routed", "topk_experts", a.topk_experts);
+    require_element_aligned("forward_routed", "topk_weights", a.topk_weights);
+    require_aligned_workspace("forward_routed", a.ws);
+    const int64_t T = a.x.shape[0], E = cfg.E, K = cfg.K;
+    const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+    SavedState& s = a.saved;
+    if (T == 0) {  // no tokens (no grid may be empty): no rows, as in forward
+      zero_async(s.expert_offsets, stream);
+      zero_async(s.token_offsets, stream);
+      return;
+    }
+    Carver carver(a.ws.data);
+    ForwardWorkspace w(carver, cfg, T);
+    LEANMOE_CUDA_CHECK(cudaMemcpyAsync(s.topk_experts.data, a.topk_experts.data, size_t(T * K) * sizeof(int32_t),
+                                       cudaMemcpyDeviceToDevice, stream));
+    cuda::build_given_metadata(s.topk_experts.ptr<int32_t>(), a.topk_weights.data,
+                               a.topk_weights.dtype == DType::bf16, T, E, K, w.given_meta, metadata_out(s), stream);
+    experts_forward(cfg, T, a.x, a.w, s, w, a.out, stream);
+    cuda::zero_unrouted_rows(s.expert_offsets.ptr<int32_t>(), E, s.rows_capacity, up_width(cfg), s.h.data,
+                             metadata_out(s), stream);
+  }
+
+  void backward_routed(const RoutedBackwardArgs& a) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const MoEConfig& cfg = a.cfg;
+    const SavedState& s = a.saved;
+    const MoEGrads& g = a.grads;
+    for (auto [name, t] : {std::pair{"d_out", &a.d_out}, {"w.gate_up_proj", &a.w.gate_up_proj},
+                           {"w.down_proj", &a.w.down_proj}, {"grads.dx", &g.dx},
+                           {"grads.d_gate_up_proj", &g.d_gate_up_proj}, {"grads.d_down_proj", &g.d_down_proj},
+                           {"saved.x", &s.x}, {"saved.h", &s.h}})
+      require_aligned("backward_routed", name, *t);
+    require_saved_elements_aligned("backward_routed", s);
+    require_element_aligned("backward_routed", "grads.d_topk_weights", g.d_topk_weights);
+    require_aligned_workspace("backward_routed", a.ws);
+    const int64_t T = s.T, E = cfg.E, K = cfg.K;
+    const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
+    if (T == 0) {  // no tokens: every expert gradient is 0 (handed over in the usual order), dx is empty
+      zero_expert_grads(g, a.on_expert_grad, stream);
+      return;
+    }
+    Carver carver(a.ws.data);
+    BackwardWorkspace w(carver, cfg, T);
+    experts_backward(cfg, T, a.d_out, a.w, s, g, a.on_expert_grad, w, stream);
+    if (g.d_topk_weights.defined()) {
+      cuda::reduce_ds(w.ds_partial, w.ds_parts, s.expert_offsets.ptr<int32_t>(), E, s.rows_capacity, w.dS, stream);
+      cuda::scatter_given_ds(s.topk_experts.ptr<int32_t>(), T, E, K, s.token_offsets.ptr<int32_t>(),
+                             s.token_rows.ptr<int32_t>(), w.dS, g.d_topk_weights.data,
+                             g.d_topk_weights.dtype == DType::bf16, stream);
+    }
+    if (g.dx.defined())
+      cuda::gather_dx(w.a_prime_dxexp, nullptr, s.token_offsets.ptr<int32_t>(), s.token_rows.ptr<int32_t>(), T, cfg.d,
+                      g.dx.data, stream);
+  }
+
  private:
   static void zero_async(const Tensor& t, cudaStream_t stream) {  // +0.0 is all-zero bits in bf16 and f32
     if (t.defined() && t.nbytes() > 0) LEANMOE_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream));
+  }
+
+  // T = 0, both routings: every expert weight gradient is 0, handed over in the usual order.
+  static void zero_expert_grads(const MoEGrads& g, const ExpertGradCallback& on_expert_grad, cudaStream_t stream) {
+    for (auto [which, t] : {std::pair{ExpertWeight::down_proj, &g.d_down_proj},
+                            {ExpertWeight::gate_up_proj, &g.d_gate_up_proj}}) {
+      if (!t->defined()) continue;
+      zero_async(*t, stream);
+      if (on_expert_grad) on_expert_grad(which, *t);
+    }
+  }
+
+  // The expert steps of forward, both routings: up-projection + activation, down-projection, the
+  // gather-sum o_t = sum of gate * Y over the token's rows.
+  void experts_forward(const MoEConfig& cfg, int64_t T, const Tensor& x, const MoEWeights& wt, SavedState& s,
+                       const ForwardWorkspace& w, const Tensor& out, cudaStream_t stream) {
+    const cuda::RoutedRows rows = routed_rows(s, cfg.E);
+    const cuda::ExpertShape shape = expert_shape(cfg, T);
+    cuda::up_proj_swiglu(rows, shape, x.data, wt.gate_up_proj.data, s.h.data, w.a, stream);
+    cuda::down_proj(rows, shape, w.a, wt.down_proj.data, w.y, stream, w.expert_gemm);
+    cuda::aggregate_rows(w.y, s.row_gate.ptr<float>(), s.token_offsets.ptr<int32_t>(), s.token_rows.ptr<int32_t>(),
+                         T, cfg.d, out.data, stream);
+  }
+
+  // The expert steps of backward, both routings, in the order that lets the callback update each
+  // weight after its last read. Leaves the dS partials in w.ds_partial and dX_exp in w.a_prime_dxexp.
+  void experts_backward(const MoEConfig& cfg, int64_t T, const Tensor& d_out, const MoEWeights& wt,
+                        const SavedState& s, const MoEGrads& g, const ExpertGradCallback& on_expert_grad,
+                        const BackwardWorkspace& w, cudaStream_t stream) {
+    const cuda::RoutedRows rows = routed_rows(s, cfg.E);
+    const cuda::ExpertShape shape = expert_shape(cfg, T);
+    cuda::dh_swiglu_bwd(rows, shape, d_out.data, wt.down_proj.data, s.h.data, w.dh, w.a_prime_dxexp,
+                        w.ds_partial, stream);
+    if (g.d_down_proj.defined()) {
+      cuda::dw2(rows, shape, d_out.data, w.a_prime_dxexp, g.d_down_proj.data, stream);
+      if (on_expert_grad) on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
+    }
+    if (g.dx.defined())
+      cuda::dx_expert(rows, shape, w.dh, wt.gate_up_proj.data, w.a_prime_dxexp, stream, w.expert_gemm);
+    if (g.d_gate_up_proj.defined()) {
+      cuda::dw1(rows, shape, w.dh, s.x.data, g.d_gate_up_proj.data, stream);
+      if (on_expert_grad) on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
+    }
+  }
+
+  static cuda::MetadataOut metadata_out(SavedState& s) {
+    return {s.row_token.ptr<int32_t>(), s.row_gate.ptr<float>(), s.token_rows.ptr<int32_t>(),
+            s.token_offsets.ptr<int32_t>(), s.expert_offsets.ptr<int32_t>()};
   }
 
   static cuda::RoutedRows routed_rows(const SavedState& s, int64_t E) {

@@ -78,6 +78,20 @@ struct RoutingScratch {
 void route(const MoEConfig& cfg, int64_t T, const RoutingScratch& scratch, bool count, int32_t* topk_experts,
            const MetadataOut& out, cudaStream_t stream);
 
+// Routing given by the caller: metadata from topk_experts [T, K] (ids outside [0, E) get no row)
+// and their weights [T, K] (fp32, or bf16 when weights_bf16). Rows sorted by expert, stable by
+// (token, slot); a token's rows in slot order. scratch: metadata_scratch_ints(T, E). T > 0.
+void build_given_metadata(const int32_t* topk_experts, const void* weights, bool weights_bf16, int64_t T, int64_t E,
+                          int64_t K, int32_t* scratch, const MetadataOut& out, cudaStream_t stream);
+
+// Zeroes the saved rows past expert_offsets[E] (h bf16 [R_max, width], row_gate, row_token, token_rows).
+void zero_unrouted_rows(const int32_t* expert_offsets, int64_t E, int64_t rows_capacity, int64_t width, void* h,
+                        const MetadataOut& out, cudaStream_t stream);
+
+// d_weights [T, K] (fp32, or bf16 when bf16) = dS of each slot's row, 0 for a slot without an expert.
+void scatter_given_ds(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, const int32_t* token_offsets,
+                      const int32_t* token_rows, const float* dS, void* d_weights, bool bf16, cudaStream_t stream);
+
 // ---- aggregate.cu --------------------------------------------------------------------------
 // out[t] = bf16(sum over the token's rows of row_gate[row] * y[row]), fp32 sum. y, out bf16.
 void aggregate_rows(const void* y, const float* row_gate, const int32_t* token_offsets, const int32_t* token_rows,

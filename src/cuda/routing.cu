@@ -62,26 +62,40 @@ void round_tokens(const float* p, const float* sum_chosen, const int32_t* topk_c
 // Scratch: tile_counts and tile_base [tiles, E], token_counts [T], expert_counts [E].
 int64_t metadata_scratch_ints(int64_t T, int64_t E) { return 2 * int64_t(tiles_of(T)) * E + T + E; }
 
+namespace {
+struct MetadataScratch {
+  int tiles;
+  int32_t *tile_counts, *tile_base, *token_counts, *expert_counts;
+  MetadataScratch(int32_t* scratch, int64_t T, int64_t E) : tiles(tiles_of(T)) {
+    tile_counts = scratch;
+    tile_base = tile_counts + int64_t(tiles) * E;
+    token_counts = tile_base + int64_t(tiles) * E;
+    expert_counts = token_counts + T;
+  }
+};
+
+// Metadata passes 2 and 3, shared by both routings: each expert's per-tile bases and total, then
+// expert_offsets and token_offsets.
+void scan_metadata(const MetadataScratch& m, int64_t T, int64_t E, const MetadataOut& out, cudaStream_t stream) {
+  kernels::scan_tiles_kernel<<<int(E), kernels::kScanThreads, 0, stream>>>(m.tile_counts, m.tiles, int(E),
+                                                                           m.tile_base, m.expert_counts);
+  LEANMOE_CUDA_CHECK_LAUNCH("scan_tiles_kernel");
+  kernels::scan_offsets_kernel<<<2, kernels::kOffsetThreads, 0, stream>>>(m.expert_counts, int(E), out.expert_offsets,
+                                                                        m.token_counts, int(T), out.token_offsets);
+  LEANMOE_CUDA_CHECK_LAUNCH("scan_offsets_kernel");
+}
+}  // namespace
+
 void build_metadata(const uint8_t* code, const float* p, const float* sum_chosen, bool renormalised, int64_t T,
                     int64_t E, int32_t* scratch, const MetadataOut& out, cudaStream_t stream) {
-  const int tiles = tiles_of(T);
-  int32_t* tile_counts = scratch;
-  int32_t* tile_base = tile_counts + int64_t(tiles) * E;
-  int32_t* token_counts = tile_base + int64_t(tiles) * E;
-  int32_t* expert_counts = token_counts + T;
-  const int tile_blocks = (tiles + kTileWarpsPerBlock - 1) / kTileWarpsPerBlock;
-
-  kernels::count_routes_kernel<<<tile_blocks, 32 * kTileWarpsPerBlock, 0, stream>>>(code, int(T), int(E), tiles,
-                                                                                   tile_counts, token_counts);
+  const MetadataScratch m(scratch, T, E);
+  const int tile_blocks = (m.tiles + kTileWarpsPerBlock - 1) / kTileWarpsPerBlock;
+  kernels::count_routes_kernel<<<tile_blocks, 32 * kTileWarpsPerBlock, 0, stream>>>(code, int(T), int(E), m.tiles,
+                                                                                   m.tile_counts, m.token_counts);
   LEANMOE_CUDA_CHECK_LAUNCH("count_routes_kernel");
-  kernels::scan_tiles_kernel<<<int(E), kernels::kScanThreads, 0, stream>>>(tile_counts, tiles, int(E), tile_base,
-                                                                           expert_counts);
-  LEANMOE_CUDA_CHECK_LAUNCH("scan_tiles_kernel");
-  kernels::scan_offsets_kernel<<<2, kernels::kOffsetThreads, 0, stream>>>(expert_counts, int(E), out.expert_offsets,
-                                                                        token_counts, int(T), out.token_offsets);
-  LEANMOE_CUDA_CHECK_LAUNCH("scan_offsets_kernel");
+  scan_metadata(m, T, E, out, stream);
   kernels::scatter_routes_kernel<<<tile_blocks, 32 * kTileWarpsPerBlock, 0, stream>>>(
-      code, p, sum_chosen, renormalised, int(T), int(E), tiles, tile_base, out);
+      code, p, sum_chosen, renormalised, int(T), int(E), m.tiles, m.tile_base, out);
   LEANMOE_CUDA_CHECK_LAUNCH("scatter_routes_kernel");
 }
 
@@ -94,6 +108,35 @@ void route(const MoEConfig& cfg, int64_t T, const RoutingScratch& r, bool count,
   if (rounding)
     round_tokens(r.zp, r.sum_chosen, r.topk_counts, T, E, cfg.tile, cfg.rounding_mode, r.keys, r.code, stream);
   build_metadata(r.code, r.zp, r.sum_chosen, gates_renormalised(cfg), T, E, r.meta_scratch, out, stream);
+}
+
+void build_given_metadata(const int32_t* topk_experts, const void* weights, bool weights_bf16, int64_t T, int64_t E,
+                          int64_t K, int32_t* scratch, const MetadataOut& out, cudaStream_t stream) {
+  const MetadataScratch m(scratch, T, E);
+  kernels::count_given_kernel<<<m.tiles, kernels::kGivenCountThreads, size_t(E) * sizeof(int), stream>>>(
+      topk_experts, int(T), int(E), int(K), m.tile_counts, m.token_counts);
+  LEANMOE_CUDA_CHECK_LAUNCH("count_given_kernel");
+  scan_metadata(m, T, E, out, stream);
+  const int blocks = (m.tiles + kernels::kGivenScatterWarps - 1) / kernels::kGivenScatterWarps;
+  const size_t smem = size_t(kernels::kGivenScatterWarps) * E * sizeof(int);
+  kernels::scatter_given_kernel<<<blocks, 32 * kernels::kGivenScatterWarps, smem, stream>>>(
+      topk_experts, weights, weights_bf16, int(T), int(E), int(K), m.tiles, m.tile_base, out);
+  LEANMOE_CUDA_CHECK_LAUNCH("scatter_given_kernel");
+}
+
+void scatter_given_ds(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, const int32_t* token_offsets,
+                      const int32_t* token_rows, const float* dS, void* d_weights, bool bf16, cudaStream_t stream) {
+  kernels::scatter_given_ds_kernel<<<int((T + 255) / 256), 256, 0, stream>>>(
+      topk_experts, int(T), int(E), int(K), token_offsets, token_rows, dS, d_weights, bf16);
+  LEANMOE_CUDA_CHECK_LAUNCH("scatter_given_ds_kernel");
+}
+
+void zero_unrouted_rows(const int32_t* expert_offsets, int64_t E, int64_t rows_capacity, int64_t width, void* h,
+                        const MetadataOut& out, cudaStream_t stream) {
+  kernels::zero_unrouted_rows_kernel<<<132, 256, 0, stream>>>(expert_offsets + E, rows_capacity, width,
+                                                              static_cast<uint16_t*>(h), out.row_gate, out.row_token,
+                                                              out.token_rows);
+  LEANMOE_CUDA_CHECK_LAUNCH("zero_unrouted_rows_kernel");
 }
 
 }  // namespace leanmoe::cuda

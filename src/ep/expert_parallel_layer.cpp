@@ -167,6 +167,12 @@ ExpertParallelLayer::ExpertParallelLayer(const MoEConfig& cfg, Communicator& com
           "statistics of the router losses are not implemented), got " + cfg.describe());
   EP_REQUIRE(cfg.routing == Routing::topk || cfg.tile > 0,
           "ExpertParallelLayer: argument 'cfg': tile must be > 0 for token rounding, got " + cfg.describe());
+  EP_REQUIRE(cfg.routing != Routing::given,
+             "ExpertParallelLayer: argument 'cfg': routing given by the caller is not supported by the EP layer, got " +
+                 cfg.describe());
+  EP_REQUIRE(cfg.activation == Activation::swiglu && !cfg.interleaved && !cfg.transposed,
+             "ExpertParallelLayer: argument 'cfg': the EP layer runs SwiGLU experts in the [gate; up] HF layout only, "
+             "got " + cfg.describe());
   s_->P = P;
   s_->El = cfg.E / P;
   s_->first = comm.rank() * s_->El;
@@ -205,6 +211,8 @@ void ExpertParallelLayer::forward(const Tensor& x, const MoEWeights& w, const Te
   const int P = s.P;
   EP_REQUIRE(x.defined() && x.ndim == 2, "ep forward: argument 'x': must be [T, d], got " + x.describe());
   EP_REQUIRE(x.shape[0] > 0, "ep forward: argument 'x': needs at least one token, got " + x.describe());
+  EP_REQUIRE(!w.gate_up_bias.defined() && !w.down_bias.defined(),
+             "ep forward: argument 'w': expert biases are not supported by the EP layer");
   const int64_t T = x.shape[0];
   ::leanmoe::detail::validate_tokens(c, T, "ep forward");  // routing metadata is i32
   s.dtype = x.dtype;

@@ -1,11 +1,15 @@
 // The naive reference layer: textbook loops, everything cached per (token, expert) row, and the
-// score gradient taken as dS = <dO, y> from the cached Y. It shares no code with src/cpu/: its
-// routing, token rounding and router backward are written again from docs/DESIGN.md.
+// score gradient taken as dS = <dO, y> from the cached Y. It shares no code with src/cpu/ but the
+// activations (src/activation.h, one definition each): its routing, token rounding, router
+// backward and weight layouts (converted to [E, 2n, d] / [E, d, n] on entry, back on exit, where
+// the backends index the layout in place) are written again from docs/DESIGN.md.
 #include "naive_moe.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+
+#include "activation.h"
 
 namespace leanmoe::reference {
 namespace {
@@ -41,12 +45,33 @@ std::vector<float> normal_values(Rng& rng, size_t count, double stddev, DType dt
 // ---------------------------------------------------------------------------------------------
 // The layer in precision Real.
 // ---------------------------------------------------------------------------------------------
+// Canonical layouts inside the reference: W1 [E, W, d] with rows [gate; up], W2 [E, d, n].
+// Index of canonical element (e, row c, col k) of W1 / its bias in cfg's layout.
+struct LayoutMap {
+  int64_t d, n, E, W;
+  bool interleaved, transposed;
+  explicit LayoutMap(const MoEConfig& c)
+      : d(c.d), n(c.n), E(c.E), W(up_width(c)), interleaved(c.interleaved), transposed(c.transposed) {}
+  int64_t row(int64_t c) const { return !interleaved ? c : c < n ? 2 * c : 2 * (c - n) + 1; }
+  int64_t canonical_row(int64_t r) const { return !interleaved ? r : r % 2 == 0 ? r / 2 : n + r / 2; }
+  int64_t w1(int64_t e, int64_t c, int64_t k) const {
+    return transposed ? (e * d + k) * W + row(c) : (e * W + row(c)) * d + k;
+  }
+  int64_t b1(int64_t e, int64_t c) const { return e * W + row(c); }
+  int64_t w2(int64_t e, int64_t i, int64_t j) const { return transposed ? (e * n + j) * d + i : (e * d + i) * n + j; }
+};
+
 template <class Real>
 struct Layer {
   MoEConfig cfg;
   int64_t T = 0;
   bool bf16 = false;  // round at DESIGN.md's points
-  std::vector<Real> x, wr, w1, w2, d_out;
+  bool given = false;  // routing given by the caller
+  bool bias1 = false, bias2 = false;
+  bool weights_bf16 = false;  // the given routing weights (and their gradient) are bf16
+  std::vector<Real> x, wr, w1, w2, b1, b2, d_out;  // w1 [E, W, d], w2 [E, d, n], b1 [E, W], b2 [E, d]: canonical
+  std::vector<int32_t> topk_given;
+  std::vector<Real> weights_given;
   Real c_aux = 0, c_z = 0;
 
   // A store to the storage dtype.
@@ -60,15 +85,36 @@ std::vector<Real> to_real(const std::vector<float>& v) {
 
 template <class Real>
 Layer<Real> make_layer(const HostLayerInputs& in) {
+  const MoEConfig& c = in.cfg;
+  const LayoutMap map(c);
+  const int64_t E = c.E, d = c.d, n = c.n, W = map.W;
   Layer<Real> L;
-  L.cfg = in.cfg;
+  L.cfg = c;
   L.T = in.T;
   L.bf16 = in.dtype == DType::bf16;
+  L.given = c.routing == Routing::given;
+  L.bias1 = !in.gate_up_bias.empty();
+  L.bias2 = !in.down_bias.empty();
+  L.weights_bf16 = in.weights_dtype == DType::bf16;
   L.x = to_real<Real>(in.x);
   L.wr = to_real<Real>(in.router);
-  L.w1 = to_real<Real>(in.gate_up);
-  L.w2 = to_real<Real>(in.down);
+  L.w1.resize(E * W * d);
+  L.w2.resize(E * d * n);
+  L.b1.assign(E * W, Real(0));
+  L.b2.assign(E * d, Real(0));
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < W; ++r) {
+      for (int64_t k = 0; k < d; ++k) L.w1[(e * W + r) * d + k] = in.gate_up[map.w1(e, r, k)];
+      if (L.bias1) L.b1[e * W + r] = in.gate_up_bias[map.b1(e, r)];
+    }
+    for (int64_t i = 0; i < d; ++i) {
+      for (int64_t j = 0; j < n; ++j) L.w2[(e * d + i) * n + j] = in.down[map.w2(e, i, j)];
+      if (L.bias2) L.b2[e * d + i] = in.down_bias[e * d + i];
+    }
+  }
   L.d_out = to_real<Real>(in.d_out);
+  L.topk_given = in.topk_experts;
+  L.weights_given = to_real<Real>(in.topk_weights);
   L.c_aux = in.d_aux;
   L.c_z = in.d_z;
   return L;
@@ -78,9 +124,10 @@ Layer<Real> make_layer(const HostLayerInputs& in) {
 template <class Real>
 struct Row {
   int64_t token = 0, expert = 0;
+  int64_t slot = -1;     // routing given: the slot k of (token, k)
   Real gate = 0;
   bool in_topk = false;  // e in S_t (else added by token rounding)
-  std::vector<Real> x, h, a, y;  // gathered x [d], H [2n], A [n], Y [d] (stored values)
+  std::vector<Real> x, h, a, y;  // gathered x [d], H [W], A [n], Y [d] (stored values)
 };
 
 template <class Real>
@@ -92,11 +139,6 @@ struct Forward {
   std::vector<Real> out;                // [T, d]
   Real aux = 0, zloss = 0;
 };
-
-template <class Real>
-Real sigmoid(Real v) {
-  return Real(1) / (Real(1) + std::exp(-v));
-}
 
 // Written out independently of src/token_rounding.h: the targets are the tile multiples below T
 // and T itself.
@@ -110,8 +152,33 @@ int64_t round_to_tile(int64_t f, int64_t tile, RoundingMode mode, int64_t T) {
 }
 
 // Router, top-K, token rounding and the gates (DESIGN.md "Routing").
+// Routing given by the caller: one row per (token, slot) with a valid expert, sorted by expert,
+// then token, then slot; the gate is the slot's weight.
+template <class Real>
+void route_given(const Layer<Real>& L, Forward<Real>& F) {
+  const int64_t T = L.T, E = L.cfg.E, K = L.cfg.K;
+  F.expert_counts.assign(E, 0);
+  F.topk_counts.assign(E, 0);
+  F.rows.clear();
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < K; ++k) {
+        if (L.topk_given[t * K + k] != e) continue;
+        Row<Real> row;
+        row.token = t;
+        row.expert = e;
+        row.slot = k;
+        row.in_topk = true;
+        row.gate = L.weights_given[t * K + k];
+        F.rows.push_back(std::move(row));
+        ++F.expert_counts[e];
+        ++F.topk_counts[e];
+      }
+}
+
 template <class Real>
 void route(const Layer<Real>& L, Forward<Real>& F) {
+  if (L.given) return route_given(L, F);
   const MoEConfig& c = L.cfg;
   const int64_t T = L.T, E = c.E, K = c.K, d = c.d;
   F.z.assign(T * E, 0);
@@ -188,7 +255,9 @@ void route(const Layer<Real>& L, Forward<Real>& F) {
 template <class Real>
 Forward<Real> forward(const Layer<Real>& L) {
   const MoEConfig& c = L.cfg;
-  const int64_t T = L.T, E = c.E, K = c.K, d = c.d, n = c.n;
+  const int64_t T = L.T, E = c.E, K = c.K, d = c.d, n = c.n, W = up_width(c);
+  const bool gated = activation_is_gated(c.activation);
+  const act::Params ap = act::params_of(c);
   Forward<Real> F;
   route(L, F);
 
@@ -196,27 +265,25 @@ Forward<Real> forward(const Layer<Real>& L) {
 #pragma omp parallel for schedule(dynamic, 4)
   for (int64_t r = 0; r < R; ++r) {
     Row<Real>& row = F.rows[r];
-    const Real* w1 = &L.w1[row.expert * 2 * n * d];
+    const Real* w1 = &L.w1[row.expert * W * d];
     const Real* w2 = &L.w2[row.expert * d * n];
     row.x.assign(&L.x[row.token * d], &L.x[row.token * d] + d);
-    std::vector<Real> acc(2 * n);
-    for (int64_t j = 0; j < 2 * n; ++j) {
-      Real s = 0;
+    std::vector<Real> acc(W);
+    for (int64_t j = 0; j < W; ++j) {
+      Real s = L.b1[row.expert * W + j];
       for (int64_t k = 0; k < d; ++k) s += w1[j * d + k] * row.x[k];
       acc[j] = s;
     }
-    row.h.resize(2 * n);
+    row.h.resize(W);
     row.a.resize(n);
-    for (int64_t j = 0; j < 2 * n; ++j) row.h[j] = L.store(acc[j]);
-    for (int64_t j = 0; j < n; ++j) {  // A from the unrounded accumulators
-      const Real g = acc[j], u = acc[n + j];
-      row.a[j] = L.store(g * sigmoid(g) * u);
-    }
+    for (int64_t j = 0; j < W; ++j) row.h[j] = L.store(acc[j]);
+    for (int64_t j = 0; j < n; ++j)  // A from the unrounded accumulators
+      row.a[j] = L.store(act::forward(ap, acc[j], gated ? acc[n + j] : Real(0)));
     row.y.resize(d);
     for (int64_t i = 0; i < d; ++i) {
       Real s = 0;
       for (int64_t j = 0; j < n; ++j) s += w2[i * n + j] * row.a[j];
-      row.y[i] = L.store(s);
+      row.y[i] = L.store(s + L.b2[row.expert * d + i]);
     }
   }
 
@@ -227,6 +294,7 @@ Forward<Real> forward(const Layer<Real>& L) {
   F.out.resize(T * d);
   for (int64_t i = 0; i < T * d; ++i) F.out[i] = L.store(acc[i]);
 
+  if (L.given) return F;  // no router: no losses
   Real aux = 0, zl = 0;
   for (int64_t e = 0; e < E; ++e) {
     Real mean_p = 0;
@@ -246,24 +314,44 @@ std::vector<float> to_float(const std::vector<Real>& v) {
 
 size_t naive_bytes_for_rows(const MoEConfig& c, int64_t T, int64_t R, DType dtype) {
   const size_t ds = dtype_size(dtype);
-  const size_t values = size_t(T * c.d) + size_t(R) * size_t(2 * c.d + 3 * c.n);  // x, gathered X, H, A, Y
+  const size_t values = size_t(T * c.d) + size_t(R) * size_t(2 * c.d + up_width(c) + c.n);  // x, gathered X, H, A, Y
   const size_t ints = size_t(2 * R + T + 1 + c.E + 1 + T * c.K);                  // indices and offsets
   return values * ds + size_t(R) * 4 /* gates */ + ints * 4;
+}
+
+// A gradient of a canonical W1 [E, W, d] / b1 [E, W] / W2 [E, d, n] back in cfg's layout.
+template <class Real>
+void to_layout(const LayoutMap& map, const std::vector<Real>& dw1, const std::vector<Real>& db1,
+               const std::vector<Real>& dw2, HostLayerOutputs& o, bool bias1) {
+  const int64_t E = map.E, W = map.W, d = map.d, n = map.n;
+  o.d_gate_up.assign(E * W * d, 0.f);
+  o.d_down.assign(E * d * n, 0.f);
+  if (bias1) o.d_gate_up_bias.assign(E * W, 0.f);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t r = 0; r < W; ++r) {
+      for (int64_t k = 0; k < d; ++k) o.d_gate_up[map.w1(e, r, k)] = float(dw1[(e * W + r) * d + k]);
+      if (bias1) o.d_gate_up_bias[map.b1(e, r)] = float(db1[e * W + r]);
+    }
+    for (int64_t i = 0; i < d; ++i)
+      for (int64_t j = 0; j < n; ++j) o.d_down[map.w2(e, i, j)] = float(dw2[(e * d + i) * n + j]);
+  }
 }
 
 template <class Real>
 void backward(const Layer<Real>& L, const Forward<Real>& F, HostLayerOutputs& o) {
   const MoEConfig& c = L.cfg;
-  const int64_t T = L.T, E = c.E, K = c.K, d = c.d, n = c.n;
+  const int64_t T = L.T, E = c.E, K = c.K, d = c.d, n = c.n, W = up_width(c);
   const int64_t R = int64_t(F.rows.size());
+  const bool gated = activation_is_gated(c.activation);
+  const act::Params ap = act::params_of(c);
 
   // Per row: dS = <dO, Y>, dH and A' (DESIGN.md "Rounding points").
-  std::vector<Real> dS(R), dH(R * 2 * n), a_prime(R * n), dx_exp(R * d);
+  std::vector<Real> dS(R), dH(R * W), a_prime(R * n), dx_exp(R * d);
 #pragma omp parallel for schedule(dynamic, 4)
   for (int64_t r = 0; r < R; ++r) {
     const Row<Real>& row = F.rows[r];
     const Real* dout = &L.d_out[row.token * d];
-    const Real* w1 = &L.w1[row.expert * 2 * n * d];
+    const Real* w1 = &L.w1[row.expert * W * d];
     const Real* w2 = &L.w2[row.expert * d * n];
     Real s = 0;
     for (int64_t i = 0; i < d; ++i) s += dout[i] * row.y[i];
@@ -271,42 +359,69 @@ void backward(const Layer<Real>& L, const Forward<Real>& F, HostLayerOutputs& o)
     for (int64_t j = 0; j < n; ++j) {
       Real da = 0;  // dA' = W2^T dO
       for (int64_t i = 0; i < d; ++i) da += w2[i * n + j] * dout[i];
-      const Real g = row.h[j], u = row.h[n + j], sg = sigmoid(g), silu = g * sg;
-      const Real dsilu = sg * (Real(1) + g * (Real(1) - sg));
-      dH[r * 2 * n + j] = L.store(row.gate * da * u * dsilu);
-      dH[r * 2 * n + n + j] = L.store(row.gate * da * silu);
-      a_prime[r * n + j] = L.store(row.gate * silu * u);
+      const Real g = row.h[j], u = gated ? row.h[n + j] : Real(0);
+      Real da_dg, da_du;
+      act::backward(ap, g, u, da_dg, da_du);
+      dH[r * W + j] = L.store(row.gate * da * da_dg);
+      if (gated) dH[r * W + n + j] = L.store(row.gate * da * da_du);
+      a_prime[r * n + j] = L.store(row.gate * act::forward(ap, g, u));
     }
     for (int64_t k = 0; k < d; ++k) {
       Real acc = 0;
-      for (int64_t j = 0; j < 2 * n; ++j) acc += dH[r * 2 * n + j] * w1[j * d + k];
+      for (int64_t j = 0; j < W; ++j) acc += dH[r * W + j] * w1[j * d + k];
       dx_exp[r * d + k] = L.store(acc);
     }
   }
 
-  // Expert weight gradients, one expert per iteration (its rows are contiguous).
+  // Expert weight and bias gradients, one expert per iteration (its rows are contiguous).
   std::vector<int64_t> first(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) first[e + 1] = first[e] + F.expert_counts[e];
-  std::vector<Real> dw1(E * 2 * n * d, 0), dw2(E * d * n, 0);
+  std::vector<Real> dw1(E * W * d, 0), dw2(E * d * n, 0), db1(E * W, 0), db2(E * d, 0);
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t e = 0; e < E; ++e) {
-    Real* g1 = &dw1[e * 2 * n * d];
+    Real* g1 = &dw1[e * W * d];
     Real* g2 = &dw2[e * d * n];
     for (int64_t r = first[e]; r < first[e + 1]; ++r) {
       const Row<Real>& row = F.rows[r];
       const Real* dout = &L.d_out[row.token * d];
-      for (int64_t i = 0; i < d; ++i)
+      for (int64_t i = 0; i < d; ++i) {
         for (int64_t j = 0; j < n; ++j) g2[i * n + j] += dout[i] * a_prime[r * n + j];
-      for (int64_t j = 0; j < 2 * n; ++j)
-        for (int64_t k = 0; k < d; ++k) g1[j * d + k] += dH[r * 2 * n + j] * row.x[k];
+        db2[e * d + i] += row.gate * dout[i];
+      }
+      for (int64_t j = 0; j < W; ++j) {
+        for (int64_t k = 0; k < d; ++k) g1[j * d + k] += dH[r * W + j] * row.x[k];
+        db1[e * W + j] += dH[r * W + j];
+      }
     }
-    for (int64_t i = 0; i < 2 * n * d; ++i) g1[i] = L.store(g1[i]);
+    for (int64_t i = 0; i < W * d; ++i) g1[i] = L.store(g1[i]);
     for (int64_t i = 0; i < d * n; ++i) g2[i] = L.store(g2[i]);
+    for (int64_t i = 0; i < W; ++i) db1[e * W + i] = L.store(db1[e * W + i]);
+    for (int64_t i = 0; i < d; ++i) db2[e * d + i] = L.store(db2[e * d + i]);
+  }
+  to_layout(LayoutMap(c), dw1, db1, dw2, o, L.bias1);
+  if (L.bias2) o.d_down_bias = to_float(db2);
+
+  std::vector<std::vector<int64_t>> token_rows(T);
+  for (int64_t r = 0; r < R; ++r) token_rows[F.rows[r].token].push_back(r);
+
+  if (L.given) {  // no router: dS goes back to the caller's weights; dX is the experts' part
+    o.d_topk_weights.assign(T * K, 0.f);
+    for (int64_t r = 0; r < R; ++r) {
+      const float v = float(dS[r]);
+      o.d_topk_weights[F.rows[r].token * K + F.rows[r].slot] = L.weights_bf16 ? round_bf16(v) : v;
+    }
+    std::vector<Real> dx(T * d);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < d; ++k) {
+        Real acc = 0;
+        for (int64_t r : token_rows[t]) acc += dx_exp[r * d + k];
+        dx[t * d + k] = L.store(acc);
+      }
+    o.dx = to_float(dx);
+    return;
   }
 
   // Router backward (DESIGN.md "Router backward"): dp from the gates, aux and z-loss, then softmax.
-  std::vector<std::vector<int64_t>> token_rows(T);
-  for (int64_t r = 0; r < R; ++r) token_rows[F.rows[r].token].push_back(r);
   const bool denom_is_sum = c.router == RouterConvention::topk_then_softmax || c.norm_topk_prob;
   std::vector<Real> dz(T * E, 0);
   for (int64_t t = 0; t < T; ++t) {
@@ -352,8 +467,6 @@ void backward(const Layer<Real>& L, const Forward<Real>& F, HostLayerOutputs& o)
 
   o.dx = to_float(dx);
   o.d_router = to_float(dwr);
-  o.d_gate_up = to_float(dw1);
-  o.d_down = to_float(dw2);
 }
 
 }  // namespace
@@ -367,12 +480,35 @@ HostLayerInputs random_inputs(const MoEConfig& cfg, int64_t T, DType dtype, uint
   const double d = double(cfg.d), n = double(cfg.n);
   in.x = normal_values(rng, size_t(T * cfg.d), 1.0, dtype);
   in.router = normal_values(rng, size_t(cfg.E * cfg.d), 1.0 / std::sqrt(d), dtype);
-  in.gate_up = normal_values(rng, size_t(cfg.E * 2 * cfg.n * cfg.d), 1.0 / std::sqrt(d), dtype);
+  in.gate_up = normal_values(rng, size_t(cfg.E * up_width(cfg) * cfg.d), 1.0 / std::sqrt(d), dtype);
   in.down = normal_values(rng, size_t(cfg.E * cfg.d * cfg.n), 1.0 / std::sqrt(n), dtype);
   in.d_out = normal_values(rng, size_t(T * cfg.d), 1.0, dtype);
   in.d_aux = cfg.aux_loss_coef;
   in.d_z = cfg.z_loss_coef;
+  if (cfg.routing == Routing::given) {
+    in.weights_dtype = dtype;
+    in.topk_experts.resize(size_t(T * cfg.K));
+    in.topk_weights.resize(size_t(T * cfg.K));
+    std::vector<int32_t> experts(cfg.E);
+    for (int64_t t = 0; t < T; ++t) {
+      std::iota(experts.begin(), experts.end(), 0);
+      for (int64_t k = 0; k < cfg.K; ++k) {  // a partial Fisher-Yates shuffle: K distinct experts
+        const int64_t pick = k + int64_t(rng.next() % uint64_t(cfg.E - k));
+        std::swap(experts[k], experts[pick]);
+        in.topk_experts[t * cfg.K + k] = experts[k];
+        const float w = float(0.1 + 0.9 * rng.uniform_open());
+        in.topk_weights[t * cfg.K + k] = dtype == DType::bf16 ? round_bf16(w) : w;
+      }
+    }
+  }
   return in;
+}
+
+void add_random_biases(HostLayerInputs& in, uint64_t seed) {
+  Rng rng{seed * 0x9e3779b97f4a7c15ull + 7};
+  const MoEConfig& c = in.cfg;
+  in.gate_up_bias = normal_values(rng, size_t(c.E * up_width(c)), 0.5, in.dtype);
+  in.down_bias = normal_values(rng, size_t(c.E * c.d), 0.5, in.dtype);
 }
 
 template <class Real>
@@ -394,16 +530,43 @@ template HostLayerOutputs naive_forward_backward<float>(const HostLayerInputs&);
 template HostLayerOutputs naive_forward_backward<double>(const HostLayerInputs&);
 
 double naive_loss(const HostLayerInputs& in, Param which, size_t index, double delta) {
+  const std::vector<float>* v = nullptr;  // the input, in its own layout
+  switch (which) {
+    case Param::x: v = &in.x; break;
+    case Param::router: v = &in.router; break;
+    case Param::gate_up: v = &in.gate_up; break;
+    case Param::down: v = &in.down; break;
+    case Param::gate_up_bias: v = &in.gate_up_bias; break;
+    case Param::down_bias: v = &in.down_bias; break;
+    case Param::topk_weights: v = &in.topk_weights; break;
+  }
+  if (index >= v->size()) throw Error("naive_loss: argument 'index': must be < the parameter's size");
   Layer<double> L = make_layer<double>(in);
-  std::vector<double>& v = which == Param::x         ? L.x
-                           : which == Param::router  ? L.wr
-                           : which == Param::gate_up ? L.w1
-                                                     : L.w2;
-  if (index >= v.size()) throw Error("naive_loss: argument 'index': must be < the parameter's size");
-  v[index] += delta;
+  // The shift is applied in double to the canonical element (a float input cannot hold x + 1e-6).
+  const double shifted_value = double((*v)[index]) + delta;
+  const LayoutMap map(in.cfg);
+  const int64_t i = int64_t(index), d = map.d, n = map.n, W = map.W;
+  switch (which) {
+    case Param::x: L.x[index] = shifted_value; break;
+    case Param::router: L.wr[index] = shifted_value; break;
+    case Param::topk_weights: L.weights_given[index] = shifted_value; break;
+    case Param::down_bias: L.b2[index] = shifted_value; break;
+    case Param::gate_up_bias: L.b1[(i / W) * W + map.canonical_row(i % W)] = shifted_value; break;
+    case Param::gate_up: {
+      const int64_t e = i / (W * d), r = map.transposed ? i % W : (i / d) % W, k = map.transposed ? (i / W) % d : i % d;
+      L.w1[(e * W + map.canonical_row(r)) * d + k] = shifted_value;
+      break;
+    }
+    case Param::down: {
+      const int64_t e = i / (d * n), row = map.transposed ? i % d : (i / n) % d;
+      const int64_t j = map.transposed ? (i / d) % n : i % n;
+      L.w2[(e * d + row) * n + j] = shifted_value;
+      break;
+    }
+  }
   const Forward<double> F = forward(L);
   double loss = L.c_aux * F.aux + L.c_z * F.zloss;
-  for (size_t i = 0; i < F.out.size(); ++i) loss += F.out[i] * L.d_out[i];
+  for (size_t o = 0; o < F.out.size(); ++o) loss += F.out[o] * L.d_out[o];
   return loss;
 }
 

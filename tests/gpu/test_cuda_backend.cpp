@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "leanmoe/leanmoe.h"
+#include "graph_launcher.h"
 #include "naive_moe.h"
 
 namespace {
@@ -224,25 +225,7 @@ TEST(CudaBackend, ForwardAndBackwardCaptureIntoOneGraph) {
   c.z_loss_coef = 0.001f;
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  const reference::LayerLauncher in_a_graph = [&](const std::function<void()>& enqueue_layer) {
-    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-    std::string thrown;
-    try {
-      enqueue_layer();
-    } catch (const std::exception& e) {
-      thrown = e.what();
-    }
-    cudaGraph_t graph = nullptr;
-    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);  // ends the capture whatever happened
-    ASSERT_EQ(thrown, "") << "forward/backward failed under stream capture";
-    ASSERT_EQ(ended, cudaSuccess) << "capture invalidated (a host-synchronising call?): " << cudaGetErrorString(ended);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    EXPECT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-  };
+  const reference::LayerLauncher in_a_graph = leanmoe::testing::graph_launcher(stream);
   uint64_t seed = 50;
   for (Routing routing : {Routing::topk, Routing::token_rounding}) {
     c.routing = routing;

@@ -3,6 +3,8 @@
 // stable by token, each token's rows in ascending expert order. No float atomics anywhere; the
 // integer counters use shared-memory atomics whose totals do not depend on order.
 #pragma once
+#include <cuda_bf16.h>
+
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cstdint>
@@ -335,6 +337,113 @@ __global__ void scatter_routes_kernel(const uint8_t* __restrict__ code, const fl
       }
       if (lane == i) my_token_written += __popc(routed);
     }
+  }
+}
+
+// ---- Routing given by the caller (forward_routed): the same four passes over (token, slot) pairs
+// instead of the [T, E] code matrix. Pair i = t * K + k; rows are sorted by expert, stable by i
+// (token, then slot); a token's rows are listed in slot order. Ids outside [0, E) get no row.
+
+__device__ __forceinline__ bool given_valid(int32_t e, int E) { return e >= 0 && e < E; }
+
+constexpr int kGivenCountThreads = 128;
+
+// Pass 1, one block per tile of kTileTokens tokens: tile_counts[tile][e] = valid pairs of e in the
+// tile (shared-memory histogram of E ints); token_counts[t] = valid slots of t.
+__global__ void count_given_kernel(const int32_t* __restrict__ topk, int T, int E, int K,
+                                   int32_t* __restrict__ tile_counts, int32_t* __restrict__ token_counts) {
+  extern __shared__ int hist_given[];
+  const int tile = blockIdx.x;
+  const int t0 = tile * kTileTokens, t1 = min(T, t0 + kTileTokens);
+  for (int e = threadIdx.x; e < E; e += blockDim.x) hist_given[e] = 0;
+  __syncthreads();
+  for (int64_t i = int64_t(t0) * K + threadIdx.x; i < int64_t(t1) * K; i += blockDim.x) {
+    const int32_t e = topk[i];
+    if (given_valid(e, E)) atomicAdd(&hist_given[e], 1);
+  }
+  for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
+    int c = 0;
+    for (int k = 0; k < K; ++k) c += given_valid(topk[int64_t(t) * K + k], E);
+    token_counts[t] = c;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) tile_counts[int64_t(tile) * E + e] = hist_given[e];
+}
+
+constexpr int kGivenScatterWarps = 4;
+
+__device__ __forceinline__ float given_weight(const void* weights, bool bf16, int64_t i) {
+  return bf16 ? __uint_as_float(uint32_t(static_cast<const uint16_t*>(weights)[i]) << 16)
+              : static_cast<const float*>(weights)[i];
+}
+
+// Pass 4, one warp per tile, 32 pairs at a time in pair order. Lanes holding the same expert rank
+// themselves with __match_any_sync; each warp keeps the next free row of every expert in shared
+// memory (kGivenScatterWarps * E ints), starting at expert_offsets[e] + tile_base[tile][e].
+__global__ void scatter_given_kernel(const int32_t* __restrict__ topk, const void* __restrict__ weights,
+                                     bool weights_bf16, int T, int E, int K, int tiles,
+                                     const int32_t* __restrict__ tile_base, MetadataOut out) {
+  extern __shared__ int cursor_given[];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int tile = blockIdx.x * kGivenScatterWarps + warp;
+  if (tile >= tiles) return;
+  int* cursor = cursor_given + warp * E;
+  for (int e = lane; e < E; e += 32) cursor[e] = out.expert_offsets[e] + tile_base[int64_t(tile) * E + e];
+  __syncwarp();
+  const int t0 = tile * kTileTokens, t1 = min(T, t0 + kTileTokens);
+  const int64_t first = int64_t(t0) * K, last = int64_t(t1) * K;
+  for (int64_t base = first; base < last; base += 32) {
+    const int64_t i = base + lane;
+    const int32_t e = i < last ? topk[i] : -1;
+    const bool valid = given_valid(e, E);
+    // Invalid lanes match each other only (key -1) and are masked out below.
+    const unsigned same = __match_any_sync(kFullMask, valid ? e : -1);
+    const int rank = __popc(same & ((1u << lane) - 1u));
+    const int start = valid ? cursor[e] : 0;
+    __syncwarp();
+    if (valid && lane == 31 - __clz(same)) cursor[e] = start + __popc(same);  // the group's last lane
+    __syncwarp();
+    if (!valid) continue;
+    const int row = start + rank;
+    const int t = int(i / K), k = int(i % K);
+    int before = 0;  // valid slots of t before k: the row's place among the token's rows
+    for (int j = 0; j < k; ++j) before += given_valid(topk[int64_t(t) * K + j], E);
+    out.row_token[row] = t;
+    out.row_gate[row] = given_weight(weights, weights_bf16, i);
+    out.token_rows[out.token_offsets[t] + before] = row;
+  }
+}
+
+// backward_routed: d_weights[t, k] = dS of the slot's row, 0 for a slot with no expert.
+__global__ void scatter_given_ds_kernel(const int32_t* __restrict__ topk, int T, int E, int K,
+                                        const int32_t* __restrict__ token_offsets,
+                                        const int32_t* __restrict__ token_rows, const float* __restrict__ dS,
+                                        void* __restrict__ d_weights, bool bf16) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= T) return;
+  int at = token_offsets[t];
+  for (int k = 0; k < K; ++k) {
+    const int64_t i = int64_t(t) * K + k;
+    const float v = given_valid(topk[i], E) ? dS[token_rows[at++]] : 0.f;
+    if (bf16)
+      static_cast<__nv_bfloat16*>(d_weights)[i] = __float2bfloat16_rn(v);
+    else
+      static_cast<float*>(d_weights)[i] = v;
+  }
+}
+
+// forward_routed: rows past the routed ones (sentinel slots leave R < R_max) are zeroed, so the
+// saved state is a function of the inputs. Grid-stride over the tail only: no work without sentinels.
+__global__ void zero_unrouted_rows_kernel(const int32_t* __restrict__ routed, int64_t rows_capacity, int64_t width,
+                                          uint16_t* __restrict__ h, float* __restrict__ row_gate,
+                                          int32_t* __restrict__ row_token, int32_t* __restrict__ token_rows) {
+  const int64_t used = *routed;
+  const int64_t step = int64_t(gridDim.x) * blockDim.x, first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (int64_t i = used * width + first; i < rows_capacity * width; i += step) h[i] = 0;
+  for (int64_t r = used + first; r < rows_capacity; r += step) {
+    row_gate[r] = 0.f;
+    row_token[r] = 0;
+    token_rows[r] = 0;
   }
 }
 

@@ -1,0 +1,143 @@
+// The expert activations (leanmoe.h Activation; DESIGN.md "Activations"): one definition of each
+// function and of its two partial derivatives, shared by the CPU backend, the naive reference
+// (Real = float or double) and, being __host__ __device__ under nvcc, by GPU epilogues.
+//
+// Gated: a = f(g, u) from the gate g and the up value u. Plain: a = f(g), u is ignored (pass 0).
+// Derivatives follow torch's autograd of the same expressions, so gradients match transformers'
+// eager experts: relu'(0) = 0, and a clamp passes the gradient on its closed interval
+// (torch.clamp's backward masks with min <= x <= max).
+#pragma once
+#include <cmath>
+
+#include "host_device.h"
+#include "leanmoe/leanmoe.h"
+
+namespace leanmoe::act {
+
+// What an activation needs beyond its kind (the clamped SwiGLU's constants).
+struct Params {
+  Activation kind = Activation::swiglu;
+  float alpha = 1.702f;
+  float limit = 7.f;
+};
+
+inline Params params_of(const MoEConfig& cfg) { return {cfg.activation, cfg.act_alpha, cfg.act_limit}; }
+
+// Columns of g_j and u_j in a row of H (the row order of W1): [gate; up], or interleaved
+// [g0, u0, g1, u1, ...] (gpt-oss). A plain activation reads its value at gate_column.
+LEANMOE_HOST_DEVICE inline int64_t gate_column(int64_t j, bool interleaved) { return interleaved ? 2 * j : j; }
+LEANMOE_HOST_DEVICE inline int64_t up_column(int64_t j, int64_t n, bool interleaved) {
+  return interleaved ? 2 * j + 1 : n + j;
+}
+
+template <class Real>
+LEANMOE_HOST_DEVICE inline Real sigmoid(Real v) {
+  return Real(1) / (Real(1) + std::exp(-v));
+}
+
+// GELU, exact: x * Phi(x); its derivative Phi(x) + x * phi(x).
+template <class Real>
+LEANMOE_HOST_DEVICE inline Real gelu(Real x) {
+  return Real(0.5) * x * (Real(1) + std::erf(x * Real(0.70710678118654752440)));
+}
+template <class Real>
+LEANMOE_HOST_DEVICE inline Real gelu_grad(Real x) {
+  const Real cdf = Real(0.5) * (Real(1) + std::erf(x * Real(0.70710678118654752440)));
+  const Real pdf = std::exp(Real(-0.5) * x * x) * Real(0.39894228040143267794);
+  return cdf + x * pdf;
+}
+
+// GELU, tanh approximation: 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2 / pi).
+template <class Real>
+LEANMOE_HOST_DEVICE inline Real gelu_tanh(Real x) {
+  const Real inner = Real(0.79788456080286535588) * (x + Real(0.044715) * x * x * x);
+  return Real(0.5) * x * (Real(1) + std::tanh(inner));
+}
+template <class Real>
+LEANMOE_HOST_DEVICE inline Real gelu_tanh_grad(Real x) {
+  const Real c = Real(0.79788456080286535588);
+  const Real t = std::tanh(c * (x + Real(0.044715) * x * x * x));
+  return Real(0.5) * (Real(1) + t) + Real(0.5) * x * (Real(1) - t * t) * c * (Real(1) + Real(3 * 0.044715) * x * x);
+}
+
+template <class Real>
+LEANMOE_HOST_DEVICE inline Real silu(Real x) {
+  return x * sigmoid(x);
+}
+template <class Real>
+LEANMOE_HOST_DEVICE inline Real silu_grad(Real x) {
+  const Real s = sigmoid(x);
+  return s * (Real(1) + x * (Real(1) - s));
+}
+
+// f of the gate (gated) or of h (plain), and f'.
+template <class Real>
+LEANMOE_HOST_DEVICE inline Real gate_fn(Activation k, Real x) {
+  switch (k) {
+    case Activation::swiglu:
+    case Activation::silu: return silu(x);
+    case Activation::geglu:
+    case Activation::gelu: return gelu(x);
+    case Activation::geglu_tanh:
+    case Activation::gelu_tanh: return gelu_tanh(x);
+    case Activation::reglu:
+    case Activation::relu: return x > Real(0) ? x : Real(0);
+    case Activation::relu2: return x > Real(0) ? x * x : Real(0);
+    case Activation::swiglu_clamped: break;  // not of this form (forward() handles it)
+  }
+  return Real(0);
+}
+template <class Real>
+LEANMOE_HOST_DEVICE inline Real gate_fn_grad(Activation k, Real x) {
+  switch (k) {
+    case Activation::swiglu:
+    case Activation::silu: return silu_grad(x);
+    case Activation::geglu:
+    case Activation::gelu: return gelu_grad(x);
+    case Activation::geglu_tanh:
+    case Activation::gelu_tanh: return gelu_tanh_grad(x);
+    case Activation::reglu:
+    case Activation::relu: return x > Real(0) ? Real(1) : Real(0);
+    case Activation::relu2: return x > Real(0) ? Real(2) * x : Real(0);
+    case Activation::swiglu_clamped: break;
+  }
+  return Real(0);
+}
+
+// a = f(g, u).
+template <class Real>
+LEANMOE_HOST_DEVICE inline Real forward(const Params& p, Real g, Real u) {
+  if (p.kind == Activation::swiglu_clamped) {
+    const Real l = Real(p.limit);
+    const Real gc = g < l ? g : l;
+    const Real uc = u < -l ? -l : (u > l ? l : u);
+    return (uc + Real(1)) * gc * sigmoid(Real(p.alpha) * gc);
+  }
+  const Real f = gate_fn(p.kind, g);
+  return activation_is_gated(p.kind) ? f * u : f;
+}
+
+// da/dg and da/du (the latter 0 for a plain activation).
+template <class Real>
+LEANMOE_HOST_DEVICE inline void backward(const Params& p, Real g, Real u, Real& da_dg, Real& da_du) {
+  if (p.kind == Activation::swiglu_clamped) {
+    const Real l = Real(p.limit), alpha = Real(p.alpha);
+    const Real gc = g < l ? g : l;
+    const Real uc = u < -l ? -l : (u > l ? l : u);
+    const Real s = sigmoid(alpha * gc);
+    const Real glu = gc * s;
+    const Real dglu = s + alpha * gc * s * (Real(1) - s);
+    da_dg = g <= l ? (uc + Real(1)) * dglu : Real(0);
+    da_du = (u >= -l && u <= l) ? glu : Real(0);
+    return;
+  }
+  if (activation_is_gated(p.kind)) {
+    da_dg = gate_fn_grad(p.kind, g) * u;
+    da_du = gate_fn(p.kind, g);
+  } else {
+    da_dg = gate_fn_grad(p.kind, g);
+    da_du = Real(0);
+  }
+}
+
+}  // namespace leanmoe::act

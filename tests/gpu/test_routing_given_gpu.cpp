@@ -1,0 +1,172 @@
+// Routing given by the caller on the CUDA backend against the CPU backend, end to end through
+// reference::run_backend (outputs and workspaces poisoned with NaN bytes first): the metadata
+// built from the caller's ids (rows per expert must be equal, not close), the output, dx, both
+// expert weight gradients and d_topk_weights (the dS scatter), on random routings, sentinel ids,
+// a token without experts, an expert listed twice, one expert taking every row, empty experts,
+// T = 0, 1 and many tiles, bf16 and f32 routing weights; a CUDA graph capture; and the clear
+// refusals of what the GPU epilogues do not fuse yet (activations other than SwiGLU, biases,
+// interleaved or transposed layouts). Skipped when no GPU is visible.
+//
+// Tolerance: as tests/gpu/test_cuda_backend.cpp (kBf16Tol = 2e-2; both backends round at the same
+// points and differ by fp32 summation order). d_topk_weights is dS itself: the GPU sums it from
+// per-column-tile partials of the dH epilogue, the CPU row by row, both <dA', a> in fp32.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "leanmoe/leanmoe.h"
+#include "graph_launcher.h"
+#include "naive_moe.h"
+
+namespace {
+
+using namespace leanmoe;
+using reference::HostLayerInputs;
+using reference::HostLayerOutputs;
+
+constexpr double kBf16Tol = 2e-2;
+
+#define REQUIRE_GPU() \
+  if (!backend_available(Device::cuda)) GTEST_SKIP() << "no CUDA device visible"
+
+MoEConfig given_config(int64_t E = 8, int64_t K = 2) {
+  MoEConfig c;
+  c.d = 128;  // the expert GEMMs take multiples of 64
+  c.n = 64;
+  c.E = E;
+  c.K = K;
+  c.routing = Routing::given;
+  return c;
+}
+
+void expect_same(const HostLayerInputs& in, const std::string& what) {
+  SCOPED_TRACE(what + ": " + in.cfg.describe() + " T=" + std::to_string(in.T));
+  const HostLayerOutputs cpu = reference::run_backend(in, Device::cpu);
+  const HostLayerOutputs gpu = reference::run_backend(in, Device::cuda);
+  EXPECT_EQ(gpu.expert_counts, cpu.expert_counts);
+  EXPECT_EQ(gpu.topk_counts, cpu.topk_counts);
+  EXPECT_LE(reference::rel_error(gpu.out, cpu.out), kBf16Tol) << "out";
+  EXPECT_LE(reference::rel_error(gpu.dx, cpu.dx), kBf16Tol) << "dx";
+  EXPECT_LE(reference::rel_error(gpu.d_gate_up, cpu.d_gate_up), kBf16Tol) << "d_gate_up";
+  EXPECT_LE(reference::rel_error(gpu.d_down, cpu.d_down), kBf16Tol) << "d_down";
+  EXPECT_LE(reference::rel_error(gpu.d_topk_weights, cpu.d_topk_weights), kBf16Tol) << "d_topk_weights";
+  EXPECT_LE(reference::rel_error(gpu.d_gate_up_bias, cpu.d_gate_up_bias), kBf16Tol) << "d_gate_up_bias";
+  EXPECT_LE(reference::rel_error(gpu.d_down_bias, cpu.d_down_bias), kBf16Tol) << "d_down_bias";
+  for (size_t i = 0; i < in.topk_experts.size(); ++i)
+    if (in.topk_experts[i] < 0 || in.topk_experts[i] >= in.cfg.E)
+      EXPECT_EQ(gpu.d_topk_weights[i], 0.f) << "sentinel slot " << i;
+}
+
+HostLayerInputs inputs(const MoEConfig& c, int64_t T, uint64_t seed) {
+  return reference::random_inputs(c, T, DType::bf16, seed);
+}
+
+TEST(CudaRoutingGiven, RandomRouting) {
+  REQUIRE_GPU();
+  expect_same(inputs(given_config(), 300, 1), "E=8 K=2");
+  expect_same(inputs(given_config(16, 4), 1000, 2), "E=16 K=4, T not a multiple of the tile");
+}
+
+// f32 weights over bf16 storage: d_topk_weights comes back in f32.
+TEST(CudaRoutingGiven, Fp32Weights) {
+  REQUIRE_GPU();
+  HostLayerInputs in = inputs(given_config(), 257, 3);
+  in.weights_dtype = DType::f32;
+  for (float& w : in.topk_weights) w *= 1.0001f;
+  expect_same(in, "f32 weights");
+}
+
+TEST(CudaRoutingGiven, SentinelsAndATokenWithoutExperts) {
+  REQUIRE_GPU();
+  const MoEConfig c = given_config(8, 3);
+  HostLayerInputs in = inputs(c, 301, 4);
+  const int32_t sentinels[] = {-1, 8, 1 << 30, std::numeric_limits<int32_t>::min()};
+  for (int64_t t = 0; t < in.T; ++t)
+    if (t % 3 != 1) in.topk_experts[t * 3 + t % 3] = sentinels[t % 4];
+  for (int64_t k = 0; k < 3; ++k) in.topk_experts[7 * 3 + k] = -1;
+  expect_same(in, "sentinels");
+}
+
+TEST(CudaRoutingGiven, ExpertListedTwiceAndHotAndEmptyExperts) {
+  REQUIRE_GPU();
+  HostLayerInputs in = inputs(given_config(), 200, 5);
+  for (int64_t t = 0; t < in.T; t += 2) in.topk_experts[t * 2 + 1] = in.topk_experts[t * 2];
+  expect_same(in, "duplicates");
+  HostLayerInputs hot = inputs(given_config(8, 1), 333, 6);
+  for (int32_t& e : hot.topk_experts) e = 6;  // every row on expert 6, the others empty
+  expect_same(hot, "one expert takes every row");
+  HostLayerInputs both = inputs(given_config(8, 2), 129, 7);
+  for (int32_t& e : both.topk_experts) e = 2;  // every token lists expert 2 twice
+  expect_same(both, "expert 2 twice per token");
+}
+
+// Past one block of the metadata scans (256 tiles of 32 tokens, 4096 token counts).
+TEST(CudaRoutingGiven, ManyTokensAndExperts) {
+  REQUIRE_GPU();
+  expect_same(inputs(given_config(64, 4), 9000, 8), "T=9000 E=64");
+  expect_same(inputs(given_config(256, 8), 2000, 9), "T=2000 E=256 K=8");
+}
+
+TEST(CudaRoutingGiven, SingleTokenAndNoTokens) {
+  REQUIRE_GPU();
+  expect_same(inputs(given_config(), 1, 10), "T=1");
+  const HostLayerOutputs none = reference::run_backend(inputs(given_config(), 0, 11), Device::cuda);
+  EXPECT_TRUE(none.out.empty() && none.dx.empty() && none.d_topk_weights.empty());
+  for (float v : none.d_gate_up) ASSERT_EQ(v, 0.f);
+  for (float v : none.d_down) ASSERT_EQ(v, 0.f);
+}
+
+// forward_routed + backward_routed captured into one CUDA graph in global capture mode (no host
+// synchronisation), then replayed bit for bit equal to the eager run.
+TEST(CudaRoutingGiven, CaptureIntoOneGraph) {
+  REQUIRE_GPU();
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const reference::LayerLauncher in_a_graph = leanmoe::testing::graph_launcher(stream);
+  HostLayerInputs in = inputs(given_config(), 333, 12);
+  in.topk_experts[5] = -1;
+  const HostLayerOutputs eager = reference::run_backend(in, Device::cuda);
+  const HostLayerOutputs graph = reference::run_backend(in, Device::cuda, stream, in_a_graph);
+  EXPECT_EQ(graph.out, eager.out);
+  EXPECT_EQ(graph.dx, eager.dx);
+  EXPECT_EQ(graph.d_gate_up, eager.d_gate_up);
+  EXPECT_EQ(graph.d_down, eager.d_down);
+  EXPECT_EQ(graph.d_topk_weights, eager.d_topk_weights);
+  cudaStreamDestroy(stream);
+}
+
+// Until the GEMM epilogues fuse them, the GPU refuses every other activation, biases and the
+// interleaved and transposed layouts by name (the CPU backend runs them all).
+TEST(CudaRoutingGiven, RefusesWhatTheEpiloguesDoNotFuseYet) {
+  REQUIRE_GPU();
+  auto refused = [](const HostLayerInputs& in, const char* fragment) {
+    try {
+      reference::run_backend(in, Device::cuda);
+      ADD_FAILURE() << "accepted on cuda: " << in.cfg.describe();
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  for (Activation a : {Activation::geglu, Activation::geglu_tanh, Activation::reglu, Activation::swiglu_clamped,
+                       Activation::gelu, Activation::gelu_tanh, Activation::silu, Activation::relu,
+                       Activation::relu2}) {
+    MoEConfig c = given_config();
+    c.activation = a;
+    refused(inputs(c, 16, 13), "cfg.activation must be swiglu on cuda");
+  }
+  MoEConfig c = given_config();
+  c.interleaved = true;
+  refused(inputs(c, 16, 14), "cfg.interleaved");
+  c.interleaved = false;
+  c.transposed = true;
+  refused(inputs(c, 16, 15), "cfg.transposed");
+  c.transposed = false;
+  HostLayerInputs biased = inputs(c, 16, 16);
+  reference::add_random_biases(biased, 1);
+  refused(biased, "argument 'w.gate_up_bias': expert biases are not supported");
+}
+
+}  // namespace

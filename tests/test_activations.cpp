@@ -1,0 +1,155 @@
+// Every expert activation, with and without biases, in every weight layout (concatenated or
+// interleaved gate/up, HF or transposed), through the fused router and with routing given: the
+// CPU backend against the naive reference (fp32 and bf16), finite differences for every
+// activation's derivatives, and the activation functions at known values.
+#include <cmath>
+
+#include "../src/activation.h"
+#include "reference_checks.h"
+
+using namespace leanmoe;
+using namespace leanmoe::testing;
+using reference::HostLayerInputs;
+
+namespace {
+
+constexpr Activation kAll[] = {Activation::swiglu, Activation::geglu,     Activation::geglu_tanh,
+                               Activation::reglu,  Activation::swiglu_clamped, Activation::gelu,
+                               Activation::gelu_tanh, Activation::silu,   Activation::relu,
+                               Activation::relu2};
+
+// The clamp limit is small enough that many of the N(0, 1) pre-activations hit it (gpt-oss uses 7).
+MoEConfig act_config(Activation a, bool interleaved, bool transposed, Routing routing) {
+  MoEConfig c = small_config(/*d=*/32, /*n=*/16, /*E=*/8, /*K=*/2);
+  c.activation = a;
+  c.act_limit = 0.6f;
+  c.interleaved = interleaved && activation_is_gated(a);
+  c.transposed = transposed;
+  c.routing = routing;
+  if (routing != Routing::given) {
+    c.router = RouterConvention::topk_then_softmax;
+    c.aux_loss_coef = 0.05f;
+  }
+  return c;
+}
+
+void check(const MoEConfig& c, bool biases, int64_t T, uint64_t seed) {
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(describe_case(c, T, dtype) + (biases ? " biases" : "") + " seed " + std::to_string(seed));
+    HostLayerInputs in = reference::random_inputs(c, T, dtype, seed);
+    if (biases) reference::add_random_biases(in, seed);
+    check_cpu_against_naive(in);
+  }
+}
+
+}  // namespace
+
+TEST(Activations, EachActivationFusedRouterHfLayout) {
+  uint64_t seed = 8001;
+  for (Activation a : kAll) check(act_config(a, false, false, Routing::topk), false, 40, seed++);
+}
+
+TEST(Activations, EachActivationGivenRoutingBiasesEveryLayout) {
+  uint64_t seed = 8101;
+  for (Activation a : kAll)
+    for (bool interleaved : {false, true})
+      for (bool transposed : {false, true}) {
+        if (interleaved && !activation_is_gated(a)) continue;
+        check(act_config(a, interleaved, transposed, Routing::given), true, 30, seed++);
+      }
+}
+
+// gpt-oss's experts: clamped SwiGLU, interleaved, transposed, both biases, under its own router.
+TEST(Activations, GptOssExpertsUnderTheFusedRouter) {
+  MoEConfig c = act_config(Activation::swiglu_clamped, true, true, Routing::topk);
+  c.act_limit = 7.f;
+  check(c, true, 48, 8201);
+  c.act_limit = 0.5f;
+  check(c, true, 48, 8202);
+}
+
+// Token rounding with a plain activation and biases (rows added by rounding carry the biases too).
+TEST(Activations, PlainActivationWithTokenRounding) {
+  MoEConfig c = act_config(Activation::relu2, false, true, Routing::token_rounding);
+  c.tile = 8;
+  c.rounding_mode = RoundingMode::up;
+  check(c, true, 40, 8301);
+}
+
+// Finite differences of the double reference for the weights, biases and x, per activation, then
+// the backend's fp32 gradients against them.
+TEST(Activations, GradCheckEachActivation) {
+  uint64_t seed = 8401;
+  for (Activation a : kAll) {
+    MoEConfig c = small_config(/*d=*/8, /*n=*/4, /*E=*/4, /*K=*/2);
+    c.activation = a;
+    c.act_limit = 0.6f;
+    c.routing = Routing::given;
+    c.interleaved = activation_is_gated(a) && seed % 2 == 0;
+    c.transposed = seed % 3 == 0;
+    SCOPED_TRACE(describe_case(c, 7, DType::f32));
+    HostLayerInputs in = reference::random_inputs(c, 7, DType::f32, seed++);
+    reference::add_random_biases(in, seed);
+    const reference::HostLayerOutputs an = reference::naive_forward_backward<double>(in);
+    using reference::Param;
+    auto fd = [&](reference::Param p, size_t count) { return fd_gradient(in, p, count); };
+    // A kink (relu at 0, a clamp at its limit) within 1e-6 of a value would show as an O(1) error:
+    // the seeded inputs have none.
+    EXPECT_LT(reference::rel_error(fd(Param::x, in.x.size()), an.dx), 1e-6) << "dx";
+    EXPECT_LT(reference::rel_error(fd(Param::gate_up, in.gate_up.size()), an.d_gate_up), 1e-6) << "d_gate_up";
+    EXPECT_LT(reference::rel_error(fd(Param::down, in.down.size()), an.d_down), 1e-6) << "d_down";
+    EXPECT_LT(reference::rel_error(fd(Param::gate_up_bias, in.gate_up_bias.size()), an.d_gate_up_bias), 1e-6);
+    EXPECT_LT(reference::rel_error(fd(Param::down_bias, in.down_bias.size()), an.d_down_bias), 1e-6);
+    EXPECT_LT(reference::rel_error(fd(Param::topk_weights, in.topk_weights.size()), an.d_topk_weights), 1e-6);
+    expect_agree(reference::run_backend(in, Device::cpu), an, kF32Tol);
+  }
+}
+
+// The functions themselves at known values (double): GELU(1) = Phi(1), tanh-GELU(1), SiLU(1) =
+// sigmoid(1); and gpt-oss's clamped SwiGLU (transformers' GptOssExperts._apply_gate) written out.
+TEST(Activations, KnownValues) {
+  auto f = [](Activation k, double g, double u = 0.0) { return act::forward<double>({k, 1.702f, 7.f}, g, u); };
+  EXPECT_NEAR(f(Activation::gelu, 1.0), 0.8413447460685429, 1e-15);
+  EXPECT_NEAR(f(Activation::gelu_tanh, 1.0), 0.8411919906082768, 1e-15);
+  EXPECT_NEAR(f(Activation::silu, 1.0), 0.7310585786300049, 1e-15);
+  EXPECT_EQ(f(Activation::relu, -0.5), 0.0);
+  EXPECT_EQ(f(Activation::relu2, 3.0), 9.0);
+  EXPECT_NEAR(f(Activation::geglu, 1.0, 2.0), 2 * 0.8413447460685429, 1e-15);
+  EXPECT_NEAR(f(Activation::reglu, 2.0, -3.0), -6.0, 0);
+  auto oss = [](double g, double u) {
+    const double gc = std::min(g, double(7.f)), uc = std::clamp(u, double(-7.f), double(7.f));
+    return (uc + 1) * gc / (1 + std::exp(-double(1.702f) * gc));
+  };
+  for (double g : {-9.0, -1.0, 0.3, 6.9, 7.0, 12.0})
+    for (double u : {-8.0, -7.0, -0.5, 0.0, 2.0, 9.0})
+      EXPECT_NEAR(f(Activation::swiglu_clamped, g, u), oss(g, u), 1e-12) << g << ", " << u;
+  // The clamp passes the gradient on its closed interval, as torch.clamp's backward does.
+  double dg, du;
+  act::backward<double>({Activation::swiglu_clamped, 1.702f, 7.f}, 7.0, 7.0, dg, du);
+  EXPECT_NE(dg, 0.0);
+  EXPECT_NE(du, 0.0);
+  act::backward<double>({Activation::swiglu_clamped, 1.702f, 7.f}, 7.5, -7.5, dg, du);
+  EXPECT_EQ(dg, 0.0);
+  EXPECT_EQ(du, 0.0);
+}
+
+// The argument rules of the expert function.
+TEST(Activations, ConfigRules) {
+  MoEConfig c = small_config(16, 8, 4, 2);
+  c.activation = Activation::relu;
+  c.interleaved = true;
+  EXPECT_THROW(plan_layer(c, 4, DType::f32, Device::cpu), Error);
+  try {
+    plan_layer(c, 4, DType::f32, Device::cpu);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cfg.interleaved needs a gated activation"), std::string::npos) << e.what();
+  }
+  c.interleaved = false;
+  c.activation = Activation::swiglu_clamped;
+  c.act_limit = 0.f;
+  EXPECT_THROW(plan_layer(c, 4, DType::f32, Device::cpu), Error);
+  // A plain activation's up-projection has n rows, so its saved H is [R, n].
+  c.activation = Activation::gelu;
+  LayerMemory mem(c, 4, DType::f32, Device::cpu);
+  EXPECT_EQ(mem.saved().h.shape[1], c.n);
+}
