@@ -434,7 +434,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_a
     c10::string_view activation, double act_alpha, double act_limit, bool interleaved, bool transposed,
     at::ScalarType weights_dtype, const at::Tensor& gate_up_exp_avg, const at::Tensor& gate_up_exp_avg_sq,
     const at::Tensor& gate_up_step, const at::Tensor& down_exp_avg, const at::Tensor& down_exp_avg_sq,
-    const at::Tensor& down_step, double lr, double beta1, double beta2, double weight_decay, double eps) {
+    const at::Tensor& down_step, double lr, double beta1, double beta2, double weight_decay, double eps,
+    const c10::optional<at::Tensor>& gate_up_master, const c10::optional<at::Tensor>& down_master) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
@@ -450,10 +451,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_a
     bool updated_down = false, updated_gate_up = false;
     auto on_expert_grad = [&](leanmoe::ExpertWeight which, const leanmoe::Tensor&) {
       if (which == leanmoe::ExpertWeight::down_proj) {
-        adamw_update(down_proj, d_down, down_exp_avg, down_exp_avg_sq, down_step, hp);
+        adamw_update(down_proj, d_down, down_exp_avg, down_exp_avg_sq, down_step, hp, down_master);
         updated_down = true;
       } else if (which == leanmoe::ExpertWeight::gate_up_proj) {
-        adamw_update(gate_up_proj, d_gate_up, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, hp);
+        adamw_update(gate_up_proj, d_gate_up, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, hp, gate_up_master);
         updated_gate_up = true;
       }
     };
@@ -532,8 +533,9 @@ TORCH_LIBRARY(leanmoe, m) {
          "Tensor? gate_up_bias, Tensor? down_bias, " + routed_saved + ", " + expert_fn +
          ", ScalarType weights_dtype, Tensor(c!) gate_up_exp_avg, Tensor(d!) gate_up_exp_avg_sq, "
          "Tensor(e!) gate_up_step, Tensor(f!) down_exp_avg, Tensor(g!) down_exp_avg_sq, Tensor(h!) down_step, "
-         "float lr, float beta1, float beta2, float weight_decay, float eps) -> (Tensor dx, Tensor d_topk_weights, "
-         "Tensor d_gate_up_bias, Tensor d_down_bias)").c_str());
+         "float lr, float beta1, float beta2, float weight_decay, float eps, Tensor(i!)? gate_up_master=None, "
+         "Tensor(j!)? down_master=None) -> (Tensor dx, Tensor d_topk_weights, Tensor d_gate_up_bias, "
+         "Tensor d_down_bias)").c_str());
   m.def("expert_activation(Tensor h, str activation, float act_alpha, float act_limit, bool interleaved) -> Tensor");
   m.def("layer_unsupported_reason(Tensor like, str activation, float act_alpha, float act_limit, bool interleaved, "
         "bool transposed, bool biases) -> str",

@@ -190,10 +190,13 @@ def _routed_setup_context(ctx, inputs, output):
 def _routed_backward(ctx, d_out, *unused):
     x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved = ctx.saved_tensors
     d_out = torch.zeros_like(x) if d_out is None else d_out.to(x.dtype)
-    dx, d_weights, d_gate_up, d_down, d_b1, d_b2 = ops.moe_routed_backward(
-        d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved, *ctx.expert_fn, ctx.weights_dtype)
-    return (dx, None, d_weights, d_gate_up, d_down, d_b1 if ctx.has_bias[0] else None,
-            d_b2 if ctx.has_bias[1] else None) + (None,) * len(ctx.expert_fn)
+    with torch.no_grad():  # moe_routed_backward has no derivative of its own (see _once_differentiable)
+        dx, d_weights, d_gate_up, d_down, d_b1, d_b2 = ops.moe_routed_backward(
+            d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved, *ctx.expert_fn, ctx.weights_dtype)
+    dx, d_weights, d_gate_up, d_down, d_b1, d_b2 = _once_differentiable(
+        (dx, d_weights, d_gate_up, d_down, d_b1 if ctx.has_bias[0] else None, d_b2 if ctx.has_bias[1] else None),
+        ctx.needs_input_grad)
+    return (dx, None, d_weights, d_gate_up, d_down, d_b1, d_b2) + (None,) * len(ctx.expert_fn)
 
 
 torch.library.register_autograd("leanmoe::moe_routed_forward", _routed_backward, setup_context=_routed_setup_context)

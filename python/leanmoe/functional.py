@@ -96,15 +96,15 @@ def _check_tensors(fn, x, router_weight, gate_up_proj, down_proj, top_k):
         raise ValueError(f"{fn}: argument 'top_k': must be an int in 1..E = {E}, got {top_k!r}")
 
 
-def _autocast(x, weights):
+def _autocast(fn, x, weights):
     """Follows torch.autocast as F.linear does: floating operands other than float64 are cast to the
-    autocast dtype."""
+    autocast dtype (None stays None)."""
     device_type = x.device.type if isinstance(x, torch.Tensor) else "cpu"
     if not torch.is_autocast_enabled(device_type):
         return x, weights
     dtype = torch.get_autocast_dtype(device_type)
     if dtype not in STORAGE_DTYPES:
-        raise ValueError(f"leanmoe.moe: torch.autocast dtype must be torch.bfloat16 (leanmoe stores bfloat16 or "
+        raise ValueError(f"{fn}: torch.autocast dtype must be torch.bfloat16 (leanmoe stores bfloat16 or "
                          f"float32), got {dtype}: use torch.autocast('{device_type}', dtype=torch.bfloat16)")
 
     def cast(t):
@@ -129,22 +129,14 @@ def moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_the
     if isinstance(tile, bool) or not isinstance(tile, (int, torch.SymInt)) or tile <= 0:
         raise ValueError(f"leanmoe.moe: argument 'tile': must be an int > 0, got {tile!r}")
     params = (gate_up_proj, down_proj)
-    x, (router_weight, gate_up_proj, down_proj) = _autocast(x, (router_weight, gate_up_proj, down_proj))
+    x, (router_weight, gate_up_proj, down_proj) = _autocast("leanmoe.moe", x,
+                                                            (router_weight, gate_up_proj, down_proj))
     _check_tensors("leanmoe.moe", x, router_weight, gate_up_proj, down_proj, top_k)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     config = (int(top_k), router, bool(norm_topk_prob), routing, int(tile), rounding_mode)
-    from .optim import _in_backward_optimizer  # late import: optim imports this module
-
-    # Traced by torch.compile: always the standard path (the expert gradients then reach .grad and
-    # ExpertAdamW.step() applies them; same update, after backward).
-    optimizer = None if torch.compiler.is_compiling() else _in_backward_optimizer(*params)
-    if optimizer is not None and torch.is_grad_enabled() and gate_up_proj is not params[0]:
-        _warn_autocast_in_backward()
-        optimizer = None
-    if optimizer is not None and torch.is_grad_enabled():
-        optimizer._check_not_updated(gate_up_proj, down_proj, "forward")
-        optimizer._check_no_stale_grad(gate_up_proj, down_proj)
+    optimizer = _in_backward_optimizer_of_call(params, (gate_up_proj, down_proj))
+    if optimizer is not None:
         out, losses, *routing_arrays = _InBackwardMoE.apply(x2, router_weight, gate_up_proj, down_proj, config,
                                                             optimizer)
     else:
@@ -154,6 +146,24 @@ def moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_the
     if return_stats:
         return MoEOutputWithStats(out.view(shape), losses[0], losses[1], router_stats(x2.shape[0], *routing_arrays))
     return MoEOutput(out.view(shape), losses[0], losses[1])
+
+
+def _in_backward_optimizer_of_call(params, used):
+    """The in-backward ExpertAdamW that updates `params` (gate_up_proj, down_proj) inside this call's
+    backward, or None for the standard path. `used`: the tensors the call runs on (autocast's copies
+    when it cast them). Traced by torch.compile: always the standard path (the expert gradients then
+    reach .grad and ExpertAdamW.step() applies them; same update, after backward)."""
+    from .optim import _in_backward_optimizer  # late import: optim imports this module
+
+    optimizer = None if torch.compiler.is_compiling() else _in_backward_optimizer(*params)
+    if optimizer is None or not torch.is_grad_enabled():
+        return None
+    if used[0] is not params[0]:
+        _warn_autocast_in_backward()
+        return None
+    optimizer._check_not_updated(*params, "forward")
+    optimizer._check_no_stale_grad(*params)
+    return optimizer
 
 
 _warned_autocast_in_backward = False
@@ -167,7 +177,7 @@ def _warn_autocast_in_backward():
                       "in-backward updates cannot run in place: their gradients go to .grad and ExpertAdamW.step() "
                       "applies them (the standard path, same update). For in-backward updates keep the expert "
                       "weights in the autocast dtype (bfloat16, with ExpertAdamW(..., master_weights=True)).",
-                      stacklevel=3)
+                      stacklevel=4)
 
 
 class _InBackwardMoE(torch.autograd.Function):
@@ -209,7 +219,8 @@ def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_b
       down_proj    [E, d, n] ([E, n, d] when transposed)
       gate_up_bias [E, W], down_bias [E, d]: optional
     activation: one of leanmoe.functional.ACTIVATIONS (swiglu_clamped is gpt-oss's, with act_alpha
-    and act_limit). Expert weights and x share one dtype (bfloat16 or float32) and device."""
+    and act_limit). Expert weights and x share one dtype (bfloat16 or float32) and device; under
+    torch.autocast x, the weights and biases are cast as in ``moe``. x may have no tokens."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"leanmoe.moe_routed: argument 'activation': must be one of {ACTIVATIONS}, got {activation!r}")
     if interleaved and activation not in GATED_ACTIVATIONS:
@@ -217,6 +228,9 @@ def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_b
     if topk_weights.shape != topk_experts.shape:
         raise ValueError(f"leanmoe.moe_routed: argument 'topk_weights': must have the shape of topk_experts "
                          f"{tuple(topk_experts.shape)}, got {tuple(topk_weights.shape)}")
+    params = (gate_up_proj, down_proj)
+    x, (gate_up_proj, down_proj, gate_up_bias, down_bias) = _autocast(
+        "leanmoe.moe_routed", x, (gate_up_proj, down_proj, gate_up_bias, down_bias))
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     ids = topk_experts.reshape(-1, topk_experts.shape[-1]).to(torch.int32).contiguous()
@@ -225,11 +239,8 @@ def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_b
         weights = weights.float()
     weights = weights.contiguous()
     expert_fn = (activation, float(act_alpha), float(act_limit), bool(interleaved), bool(transposed))
-    from .optim import _in_backward_optimizer  # late import: optim imports this module
-
-    optimizer = None if torch.compiler.is_compiling() else _in_backward_optimizer(gate_up_proj, down_proj)
-    if optimizer is not None and torch.is_grad_enabled():
-        optimizer._check_not_updated(gate_up_proj, down_proj, "forward")
+    optimizer = _in_backward_optimizer_of_call(params, (gate_up_proj, down_proj))
+    if optimizer is not None:
         out = _InBackwardRoutedMoE.apply(x2, ids, weights, gate_up_proj, down_proj, gate_up_bias, down_bias,
                                          expert_fn, optimizer)
     else:
@@ -258,5 +269,7 @@ class _InBackwardRoutedMoE(torch.autograd.Function):
             d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, saved, ctx.expert_fn, ctx.weights_dtype)
         # The expert weights were updated in place: no gradient reaches their .grad. The biases'
         # gradients go the standard way (the optimizer steps them in step()).
-        return (dx, None, d_weights, None, None, d_b1 if gate_up_bias is not None else None,
-                d_b2 if down_bias is not None else None, None, None)
+        dx, d_weights, d_b1, d_b2 = _once_differentiable(
+            (dx, d_weights, d_b1 if gate_up_bias is not None else None, d_b2 if down_bias is not None else None),
+            ctx.needs_input_grad)
+        return dx, None, d_weights, None, None, d_b1, d_b2, None, None

@@ -204,7 +204,8 @@ class ExpertAdamW(torch.optim.Optimizer):
         with torch.no_grad():
             result = ops.moe_routed_backward_adamw_(
                 d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved, *expert_fn, weights_dtype,
-                g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper)
+                g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper,
+                self._master(g), self._master(d))
         self._updated.update((id(gate_up_proj), id(down_proj)))
         return result
 

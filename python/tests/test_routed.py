@@ -192,11 +192,12 @@ def test_torch_compile_matches_eager(backend, device):
             torch.testing.assert_close(t.grad, a, rtol=1e-2, atol=1e-3)
 
 
+@pytest.mark.parametrize("master", [False, True], ids=["plain", "master_weights"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_in_backward_adamw_bitwise_over_5_steps(bias, device):
+def test_in_backward_adamw_bitwise_over_5_steps(bias, master, device):
     """In-backward expert AdamW through moe_routed equals the standard path bit for bit (the biases
-    are stepped in step() from .grad in both)."""
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    are stepped in step() from .grad in both); with master_weights (bf16) the fp32 masters too."""
+    dtype = torch.bfloat16 if device == "cuda" or master else torch.float32
     if device == "cuda" and bias:
         pytest.skip("the CUDA backend has no expert biases (so far)")
     d, n = widths(device)
@@ -204,7 +205,8 @@ def test_in_backward_adamw_bitwise_over_5_steps(bias, device):
     for in_backward in (False, True):
         x, ids, wts, w1, w2, b1, b2 = make(40, d, n, 8, 2, "swiglu", False, bias, dtype, device, seed=5)
         params = [torch.nn.Parameter(t.detach()) for t in (w1, w2, b1, b2) if t is not None]
-        runs.append((params, ExpertAdamW(params, lr=1e-2, weight_decay=0.1, in_backward=in_backward)))
+        runs.append((params, ExpertAdamW(params, lr=1e-2, weight_decay=0.1, in_backward=in_backward,
+                                         master_weights=master)))
     for step in range(5):
         g = torch.Generator().manual_seed(100 + step)
         x = torch.randn(40, d, generator=g).to(dtype).to(device)
@@ -217,4 +219,53 @@ def test_in_backward_adamw_bitwise_over_5_steps(bias, device):
             opt.zero_grad()
         for a, b in zip(runs[0][0], runs[1][0]):
             assert torch.equal(a, b), f"step {step}: differs"
+            if master:
+                assert torch.equal(runs[0][1].state[a]["master"], runs[1][1].state[b]["master"])
     runs[1][1].release()
+
+
+@pytest.mark.parametrize("in_backward", [False, True])
+def test_double_backward_raises_clearly(in_backward):
+    x, ids, wts, w1, w2, b1, b2 = make(12, 32, 16, 6, 2, "swiglu", False, True, torch.float32, "cpu")
+    opt = ExpertAdamW([w1, w2, b1, b2], in_backward=True) if in_backward else None
+    out = leanmoe.moe_routed(x, ids, wts, w1, w2, b1, b2)
+    gx, gw = torch.autograd.grad(out.square().sum(), (x, wts), create_graph=True)
+    with pytest.raises(RuntimeError, match="no second derivative"):
+        (gx.sum() + gw.sum()).backward()
+    if opt is not None:
+        opt.release()
+
+
+def test_autocast_follows_like_f_linear(monkeypatch):
+    """As leanmoe.moe: under torch.autocast(bfloat16) x, the fp32 weights and biases run as bf16
+    copies (the routing weights stay fp32, which moe_routed takes), and the fp32 leaves get fp32
+    gradients; an in-backward optimizer then takes the standard path with a warning."""
+    x, ids, wts, w1, w2, b1, b2 = make(10, 32, 16, 6, 2, "swiglu", False, True, torch.float32, "cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = leanmoe.moe_routed(x, ids, wts, w1, w2, b1, b2)
+    assert out.dtype == torch.bfloat16
+    want = leanmoe.moe_routed(x.detach().bfloat16(), ids, wts.detach(),
+                              *(t.detach().bfloat16() for t in (w1, w2, b1, b2)))
+    assert torch.equal(out, want)
+    out.float().sum().backward()
+    assert all(t.grad.dtype == torch.float32 for t in (x, wts, w1, b2))
+    for t in (w1, w2, b1, b2):
+        t.grad = None
+    opt = ExpertAdamW([w1, w2, b1, b2], in_backward=True)
+    monkeypatch.setattr(leanmoe.functional, "_warned_autocast_in_backward", False)  # warned once per process
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(UserWarning, match="standard path"):
+        out = leanmoe.moe_routed(x, ids, wts, w1, w2, b1, b2)
+    out.float().sum().backward()
+    assert w1.grad is not None  # reaches .grad, step() applies it
+    opt.release()
+
+
+def test_stale_expert_grad_is_refused_before_anything_changes():
+    x, ids, wts, w1, w2, _, _ = make(16, 32, 16, 6, 2, "swiglu", False, False, torch.float32, "cpu")
+    leanmoe.moe_routed(x, ids, wts, w1, w2).sum().backward()  # before the optimizer existed
+    opt = ExpertAdamW([w1, w2], lr=1e-2)
+    before = w1.detach().clone()
+    with pytest.raises(RuntimeError, match=r"has a \.grad .*zero_grad"):
+        leanmoe.moe_routed(x, ids, wts, w1, w2)
+    assert torch.equal(w1, before)
+    opt.release()
