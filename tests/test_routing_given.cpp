@@ -2,7 +2,7 @@
 // naive reference, whose dS is <dO, y> from its cached Y: random routings, ragged and empty
 // experts, one expert taking every token, sentinel ids, an expert listed twice, T = 0 and 1,
 // f32 weights over bf16 storage; finite differences for every input; the saved-state contract,
-// the callback order and the argument rules.
+// the callback order, the argument rules and the aliasing rule.
 #include <cstring>
 
 #include "expect_error.h"
@@ -277,4 +277,29 @@ TEST(RoutingGiven, BadArguments) {
   expect_error([&] { backward_routed(a.cfg, a.f32(a.x, {a.T, 16}), a.weights(), a.mem.saved(), g,
                                      a.mem.backward_workspace()); },
                {"argument 'grads.d_gate_up_bias'", "must be undefined when w.gate_up_bias is not given"});
+}
+
+// The aliasing rule of forward/backward covers the routing-given tensors: the caller's ids and
+// weights are read by forward_routed, d_topk_weights is written by backward_routed.
+TEST(RoutingGiven, OutputsMustNotAliasInputs) {
+  GivenArgs a;
+  expect_error([&] { a.fwd(a.ids_t(), a.f32(a.out, {a.T, 2})); },
+               {"leanmoe::forward_routed", "argument 'out'", "must not overlap topk_weights"});
+  const Tensor ids_in_out = Tensor::contiguous(a.out.data(), DType::i32, Device::cpu, {a.T, 2});
+  expect_error([&] { a.fwd(ids_in_out, a.f32(a.wts, {a.T, 2})); }, {"argument 'out'", "must not overlap topk_experts"});
+
+  a.fwd(a.ids_t(), a.f32(a.wts, {a.T, 2}));
+  std::vector<float> d_out(size_t(a.T * 16), 1.f);
+  auto bwd = [&](const MoEGrads& g) {
+    backward_routed(a.cfg, a.f32(d_out, {a.T, 16}), a.weights(), a.mem.saved(), g, a.mem.backward_workspace());
+  };
+  MoEGrads g;
+  g.d_topk_weights = a.f32(d_out, {a.T, 2});
+  expect_error([&] { bwd(g); },
+               {"leanmoe::backward_routed", "argument 'grads.d_topk_weights'", "must not overlap d_out"});
+  g.dx = a.f32(a.dx, {a.T, 16});
+  g.d_topk_weights = a.f32(a.dx, {a.T, 2});
+  expect_error([&] { bwd(g); }, {"argument 'grads.dx'", "must not overlap grads.d_topk_weights", "both are written"});
+  g.d_topk_weights = a.f32(a.dwts, {a.T, 2});
+  EXPECT_NO_THROW(bwd(g));
 }
