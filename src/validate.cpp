@@ -282,6 +282,36 @@ void check_backward_aliasing(const char* fn, const Tensor& d_out, const Tensor& 
                     read, callback ? "grads.d_gate_up_proj" : nullptr, callback ? "grads.d_down_proj" : nullptr);
 }
 
+// What forward and forward_routed check alike, in order: x (its T), T's bounds, the backend, the
+// weights. Returns T.
+int64_t check_forward_inputs(const char* fn, const MoEConfig& cfg, const Tensor& x, const MoEWeights& w, Backend& be) {
+  check_activation(fn, "x", x, -1, cfg, "");
+  const int64_t T = x.shape[0];
+  validate_tokens(cfg, T, fn);
+  check_backend_support(fn, cfg, x.dtype, be);
+  check_weights(fn, cfg, w, x, "x", be);
+  return T;
+}
+
+// What backward and backward_routed check alike, in order: a saved state `filled_by` its forward,
+// d_out (T = saved.T), T's bounds, the backend, saved.x and the rest of the saved state, the
+// weights. Returns T.
+int64_t check_backward_inputs(const char* fn, const char* filled_by, const MoEConfig& cfg, const SavedState& s,
+                              const Tensor& d_out, const MoEWeights& w, Backend& be) {
+  if (!s.x.defined())
+    fail(fn, "saved", std::string("must be filled by ") + filled_by + " (saved.x is undefined)",
+         "a saved state with no x");
+  check_activation(fn, "d_out", d_out, s.T, cfg, "saved.T");
+  const int64_t T = s.T;
+  validate_tokens(cfg, T, fn);
+  check_backend_support(fn, cfg, d_out.dtype, be);
+  check_tensor(fn, "saved.x", s.x, {{"T", T}, {"d", cfg.d}}, d_out.dtype, "(the storage dtype of d_out)", d_out,
+               "d_out");
+  check_saved(fn, cfg, s, T, d_out, "d_out");
+  check_weights(fn, cfg, w, d_out, "d_out", be);
+  return T;
+}
+
 }  // namespace
 
 void validate_config(const MoEConfig& cfg, const char* fn) {
@@ -333,11 +363,7 @@ void validate_forward(const ForwardArgs& a, Backend& be) {
   validate_config(cfg, fn);
   if (cfg.routing == Routing::given)
     fail(fn, "cfg", "cfg.routing = given takes the caller's routing: call forward_routed", cfg.describe());
-  check_activation(fn, "x", a.x, -1, cfg, "");
-  const int64_t T = a.x.shape[0];
-  validate_tokens(cfg, T, fn);
-  check_backend_support(fn, cfg, a.x.dtype, be);
-  check_weights(fn, cfg, a.w, a.x, "x", be);
+  const int64_t T = check_forward_inputs(fn, cfg, a.x, a.w, be);
   check_tensor(fn, "out", a.out, {{"T", T}, {"d", cfg.d}}, a.x.dtype, "(the storage dtype of x)", a.x, "x");
   check_loss_pair(fn, "losses", a.losses, a.x, "x");
   check_saved(fn, cfg, a.saved, T, a.x, "x");
@@ -357,16 +383,8 @@ void validate_backward(const BackwardArgs& a, Backend& be) {
   if (cfg.routing == Routing::given)
     fail(fn, "cfg", "cfg.routing = given takes the caller's routing: call backward_routed", cfg.describe());
   const SavedState& s = a.saved;
-  if (!s.x.defined())
-    fail(fn, "saved", "must be filled by forward before backward (saved.x is undefined)", "a saved state with no x");
-  check_activation(fn, "d_out", a.d_out, s.T, cfg, "saved.T");
-  const int64_t T = s.T;
-  validate_tokens(cfg, T, fn);
+  const int64_t T = check_backward_inputs(fn, "forward before backward", cfg, s, a.d_out, a.w, be);
   const DType dtype = a.d_out.dtype;
-  check_backend_support(fn, cfg, dtype, be);
-  check_tensor(fn, "saved.x", s.x, {{"T", T}, {"d", cfg.d}}, dtype, "(the storage dtype of d_out)", a.d_out, "d_out");
-  check_saved(fn, cfg, s, T, a.d_out, "d_out");
-  check_weights(fn, cfg, a.w, a.d_out, "d_out", be);
   check_loss_pair(fn, "d_losses", a.d_losses, a.d_out, "d_out");
   const MoEGrads& g = a.grads;
   if (g.d_router.defined())
@@ -406,11 +424,7 @@ void validate_forward_routed(const RoutedForwardArgs& a, Backend& be) {
   const char* fn = "leanmoe::forward_routed";
   const MoEConfig& cfg = a.cfg;
   validate_routed_config(cfg, fn);
-  check_activation(fn, "x", a.x, -1, cfg, "");
-  const int64_t T = a.x.shape[0];
-  validate_tokens(cfg, T, fn);
-  check_backend_support(fn, cfg, a.x.dtype, be);
-  check_weights(fn, cfg, a.w, a.x, "x", be);
+  const int64_t T = check_forward_inputs(fn, cfg, a.x, a.w, be);
   check_routing_pair(fn, "topk_experts", a.topk_experts, T, cfg, a.x.dtype, a.x, "x", true);
   check_routing_pair(fn, "topk_weights", a.topk_weights, T, cfg, a.x.dtype, a.x, "x", false);
   check_tensor(fn, "out", a.out, {{"T", T}, {"d", cfg.d}}, a.x.dtype, "(the storage dtype of x)", a.x, "x");
@@ -430,17 +444,8 @@ void validate_backward_routed(const RoutedBackwardArgs& a, Backend& be) {
   const MoEConfig& cfg = a.cfg;
   validate_routed_config(cfg, fn);
   const SavedState& s = a.saved;
-  if (!s.x.defined())
-    fail(fn, "saved", "must be filled by forward_routed before backward_routed (saved.x is undefined)",
-         "a saved state with no x");
-  check_activation(fn, "d_out", a.d_out, s.T, cfg, "saved.T");
-  const int64_t T = s.T;
-  validate_tokens(cfg, T, fn);
+  const int64_t T = check_backward_inputs(fn, "forward_routed before backward_routed", cfg, s, a.d_out, a.w, be);
   const DType dtype = a.d_out.dtype;
-  check_backend_support(fn, cfg, dtype, be);
-  check_tensor(fn, "saved.x", s.x, {{"T", T}, {"d", cfg.d}}, dtype, "(the storage dtype of d_out)", a.d_out, "d_out");
-  check_saved(fn, cfg, s, T, a.d_out, "d_out");
-  check_weights(fn, cfg, a.w, a.d_out, "d_out", be);
   const MoEGrads& g = a.grads;
   if (g.d_router.defined())
     fail(fn, "grads.d_router", "must be undefined with routing given (the caller's router gets d_topk_weights)",

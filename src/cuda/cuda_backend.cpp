@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 #include <mutex>
 #include <utility>
 #include <string>
@@ -131,6 +132,38 @@ void require_aligned_workspace(const char* fn, Workspace ws) {
                 "got an address that is not");
 }
 
+// Everything forward or forward_routed touches on the device: 16-byte rows, element-aligned
+// saved arrays and `elements` (the call's own small tensors); an undefined tensor passes.
+void require_forward_aligned(const char* fn, const MoEConfig& cfg, const Tensor& x, const MoEWeights& w,
+                             const Tensor& out, const SavedState& s, Workspace ws,
+                             std::initializer_list<std::pair<const char*, const Tensor*>> elements) {
+  const Tensor no_router;  // not read with routing given
+  for (auto [name, t] : {std::pair{"x", &x}, {"out", &out},
+                         {"w.router", cfg.routing == Routing::given ? &no_router : &w.router},
+                         {"w.gate_up_proj", &w.gate_up_proj}, {"w.down_proj", &w.down_proj}, {"saved.h", &s.h}})
+    require_aligned(fn, name, *t);
+  require_saved_elements_aligned(fn, s);
+  for (auto [name, t] : elements) require_element_aligned(fn, name, *t);
+  require_aligned_workspace(fn, ws);
+}
+
+// Everything backward or backward_routed touches on the device (as require_forward_aligned).
+void require_backward_aligned(const char* fn, const MoEConfig& cfg, const Tensor& d_out, const Tensor& d_losses,
+                              const MoEWeights& w, const SavedState& s, const MoEGrads& g, Workspace ws) {
+  const Tensor no_router;
+  for (auto [name, t] : {std::pair{"d_out", &d_out},
+                         {"w.router", cfg.routing == Routing::given ? &no_router : &w.router},
+                         {"w.gate_up_proj", &w.gate_up_proj}, {"w.down_proj", &w.down_proj},
+                         {"grads.dx", &g.dx}, {"grads.d_router", &g.d_router},
+                         {"grads.d_gate_up_proj", &g.d_gate_up_proj}, {"grads.d_down_proj", &g.d_down_proj},
+                         {"saved.x", &s.x}, {"saved.h", &s.h}})
+    require_aligned(fn, name, *t);
+  require_saved_elements_aligned(fn, s);
+  require_element_aligned(fn, "d_losses", d_losses);
+  require_element_aligned(fn, "grads.d_topk_weights", g.d_topk_weights);
+  require_aligned_workspace(fn, ws);
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend() {
@@ -212,13 +245,7 @@ class CudaBackend final : public Backend {
   void forward(const ForwardArgs& a) override {
     std::lock_guard<std::mutex> lock(mutex_);  // one cuBLAS handle: its stream/workspace are per call
     const MoEConfig& cfg = a.cfg;
-    for (auto [name, t] : {std::pair{"x", &a.x}, {"out", &a.out}, {"w.router", &a.w.router},
-                           {"w.gate_up_proj", &a.w.gate_up_proj}, {"w.down_proj", &a.w.down_proj},
-                           {"saved.h", &a.saved.h}})
-      require_aligned("forward", name, *t);
-    require_saved_elements_aligned("forward", a.saved);
-    require_element_aligned("forward", "losses", a.losses);
-    require_aligned_workspace("forward", a.ws);
+    require_forward_aligned("forward", cfg, a.x, a.w, a.out, a.saved, a.ws, {{"losses", &a.losses}});
     const int64_t T = a.x.shape[0], E = cfg.E, K = cfg.K;
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     SavedState& s = a.saved;
@@ -248,15 +275,7 @@ class CudaBackend final : public Backend {
     const MoEConfig& cfg = a.cfg;
     const SavedState& s = a.saved;
     const MoEGrads& g = a.grads;
-    for (auto [name, t] : {std::pair{"d_out", &a.d_out}, {"w.router", &a.w.router},
-                           {"w.gate_up_proj", &a.w.gate_up_proj}, {"w.down_proj", &a.w.down_proj},
-                           {"grads.dx", &g.dx}, {"grads.d_router", &g.d_router},
-                           {"grads.d_gate_up_proj", &g.d_gate_up_proj}, {"grads.d_down_proj", &g.d_down_proj},
-                           {"saved.x", &s.x}, {"saved.h", &s.h}})
-      require_aligned("backward", name, *t);
-    require_saved_elements_aligned("backward", s);
-    require_element_aligned("backward", "d_losses", a.d_losses);
-    require_aligned_workspace("backward", a.ws);
+    require_backward_aligned("backward", cfg, a.d_out, a.d_losses, a.w, s, g, a.ws);
     const int64_t T = s.T, E = cfg.E, K = cfg.K;
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     if (T == 0) {  // no tokens: every weight gradient is 0 (handed over in the usual order), dx is empty
@@ -312,13 +331,8 @@ class CudaBackend final : public Backend {
   void forward_routed(const RoutedForwardArgs& a) override {
     std::lock_guard<std::mutex> lock(mutex_);
     const MoEConfig& cfg = a.cfg;
-    for (auto [name, t] : {std::pair{"x", &a.x}, {"out", &a.out}, {"w.gate_up_proj", &a.w.gate_up_proj},
-                           {"w.down_proj", &a.w.down_proj}, {"saved.h", &a.saved.h}})
-      require_aligned("forward_routed", name, *t);
-    require_saved_elements_aligned("forward_routed", a.saved);
-    require_element_aligned("forward_routed", "topk_experts", a.topk_experts);
-    require_element_aligned("forward_routed", "topk_weights", a.topk_weights);
-    require_aligned_workspace("forward_routed", a.ws);
+    require_forward_aligned("forward_routed", cfg, a.x, a.w, a.out, a.saved, a.ws,
+                            {{"topk_experts", &a.topk_experts}, {"topk_weights", &a.topk_weights}});
     const int64_t T = a.x.shape[0], E = cfg.E, K = cfg.K;
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     SavedState& s = a.saved;
@@ -343,14 +357,7 @@ class CudaBackend final : public Backend {
     const MoEConfig& cfg = a.cfg;
     const SavedState& s = a.saved;
     const MoEGrads& g = a.grads;
-    for (auto [name, t] : {std::pair{"d_out", &a.d_out}, {"w.gate_up_proj", &a.w.gate_up_proj},
-                           {"w.down_proj", &a.w.down_proj}, {"grads.dx", &g.dx},
-                           {"grads.d_gate_up_proj", &g.d_gate_up_proj}, {"grads.d_down_proj", &g.d_down_proj},
-                           {"saved.x", &s.x}, {"saved.h", &s.h}})
-      require_aligned("backward_routed", name, *t);
-    require_saved_elements_aligned("backward_routed", s);
-    require_element_aligned("backward_routed", "grads.d_topk_weights", g.d_topk_weights);
-    require_aligned_workspace("backward_routed", a.ws);
+    require_backward_aligned("backward_routed", cfg, a.d_out, Tensor{}, a.w, s, g, a.ws);
     const int64_t T = s.T, E = cfg.E, K = cfg.K;
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     if (T == 0) {  // no tokens: every expert gradient is 0 (handed over in the usual order), dx is empty
