@@ -245,6 +245,48 @@ void adamw_step_(const at::Tensor& param, const at::Tensor& grad, const at::Tens
   adamw_update(param, grad, exp_avg, exp_avg_sq, step, {lr, beta1, beta2, weight_decay, eps}, master);
 }
 
+// The in-backward AdamW step of one layer's two expert weights, for both routings. One gradient
+// buffer for both: dW2 ([E, d, n]) sits in the front of dW1's [E, 2n, d] and is consumed (the
+// callback) before dW1 is written, so the layer's expert gradients cost 2/3 of dW1 + dW2.
+struct InBackwardAdamW {
+  struct Weight {
+    const at::Tensor& param;
+    const at::Tensor &exp_avg, &exp_avg_sq, &step;
+    const c10::optional<at::Tensor>& master;
+  };
+  const char* op;
+  Weight gate_up, down;
+  AdamWHyper hp;
+  at::Tensor d_gate_up, d_down;
+  bool updated_down = false, updated_gate_up = false;
+
+  InBackwardAdamW(const char* op_name, Weight gate_up_w, Weight down_w, AdamWHyper hyper)
+      : op(op_name), gate_up(gate_up_w), down(down_w), hp(hyper) {
+    TORCH_CHECK_VALUE(gate_up.param.is_contiguous() && down.param.is_contiguous(), op,
+                      ": arguments 'gate_up_proj' and 'down_proj': must be contiguous (they are updated in place)");
+    at::Tensor grad_buffer = at::empty({gate_up.param.numel()}, gate_up.param.options());
+    d_gate_up = grad_buffer.view(gate_up.param.sizes());
+    d_down = grad_buffer.narrow(0, 0, down.param.numel()).view(down.param.sizes());
+  }
+  // The expert biases (routing given) are not updated here: their gradients are returned.
+  leanmoe::ExpertGradCallback callback() {
+    return [this](leanmoe::ExpertWeight which, const leanmoe::Tensor&) {
+      if (which == leanmoe::ExpertWeight::down_proj) {
+        adamw_update(down.param, d_down, down.exp_avg, down.exp_avg_sq, down.step, hp, down.master);
+        updated_down = true;
+      } else if (which == leanmoe::ExpertWeight::gate_up_proj) {
+        adamw_update(gate_up.param, d_gate_up, gate_up.exp_avg, gate_up.exp_avg_sq, gate_up.step, hp,
+                     gate_up.master);
+        updated_gate_up = true;
+      }
+    };
+  }
+  void check_done() const {
+    TORCH_CHECK(updated_down && updated_gate_up, op, ": the backend returned without handing over both expert "
+                "gradients");
+  }
+};
+
 std::tuple<at::Tensor, at::Tensor> moe_backward_adamw_(
     const at::Tensor& d_out, const at::Tensor& d_losses, const at::Tensor& x, const at::Tensor& router_weight,
     const at::Tensor& gate_up_proj, const at::Tensor& down_proj, const at::Tensor& h, const at::Tensor& row_gate,
@@ -259,32 +301,15 @@ std::tuple<at::Tensor, at::Tensor> moe_backward_adamw_(
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
         make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode);
-    TORCH_CHECK(gate_up_proj.is_contiguous() && down_proj.is_contiguous(),
-                "leanmoe::moe_backward_adamw_: arguments 'gate_up_proj' and 'down_proj': must be contiguous "
-                "(they are updated in place)");
-    // One gradient buffer for both weights: dW2 ([E, d, n]) sits in the front of dW1's
-    // [E, 2n, d] and is consumed (the callback) before dW1 is written, so the layer's expert
-    // gradients cost 2/3 of dW1 + dW2.
-    at::Tensor grad_buffer = at::empty({gate_up_proj.numel()}, gate_up_proj.options());
-    const at::Tensor d_gate_up = grad_buffer.view(gate_up_proj.sizes());
-    const at::Tensor d_down = grad_buffer.narrow(0, 0, down_proj.numel()).view(down_proj.sizes());
-    const AdamWHyper hp{lr, beta1, beta2, weight_decay, eps};
-    bool updated_down = false, updated_gate_up = false;
-    auto on_expert_grad = [&](leanmoe::ExpertWeight which, const leanmoe::Tensor&) {
-      if (which == leanmoe::ExpertWeight::down_proj) {
-        adamw_update(down_proj, d_down, down_exp_avg, down_exp_avg_sq, down_step, hp, down_master);
-        updated_down = true;
-      } else {
-        adamw_update(gate_up_proj, d_gate_up, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, hp, gate_up_master);
-        updated_gate_up = true;
-      }
-    };
+    InBackwardAdamW update("leanmoe::moe_backward_adamw_",
+                           {gate_up_proj, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, gate_up_master},
+                           {down_proj, down_exp_avg, down_exp_avg_sq, down_step, down_master},
+                           {lr, beta1, beta2, weight_decay, eps});
     auto result = run_backward(cfg, d_out, d_losses, x, router_weight, gate_up_proj, down_proj, h, row_gate,
                                row_token, token_rows, token_offsets, expert_offsets, topk_experts,
-                               view_of(d_gate_up, "d_gate_up_proj"), view_of(d_down, "d_down_proj"),
-                               on_expert_grad);
-    TORCH_CHECK(updated_down && updated_gate_up,
-                "leanmoe::moe_backward_adamw_: the backend returned without handing over both expert gradients");
+                               view_of(update.d_gate_up, "d_gate_up_proj"), view_of(update.d_down, "d_down_proj"),
+                               update.callback());
+    update.check_done();
     return result;
   });
 }
@@ -423,9 +448,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
   });
 }
 
-// In-backward mode of routing given: the expert weights are updated by AdamW inside backward (one
-// gradient buffer for both, as moe_backward_adamw_); the biases' gradients are returned (the
-// optimizer steps them after backward: they are E x W and E x d, not where the memory is).
+// In-backward mode of routing given: the expert weights are updated by AdamW inside backward
+// (InBackwardAdamW, as moe_backward_adamw_); the biases' gradients are returned (the optimizer
+// steps them after backward: they are E x W and E x d, not where the memory is).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_adamw_(
     const at::Tensor& d_out, const at::Tensor& x, const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
     const c10::optional<at::Tensor>& gate_up_bias, const c10::optional<at::Tensor>& down_bias, const at::Tensor& h,
@@ -440,30 +465,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_a
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
         routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, interleaved, transposed);
-    TORCH_CHECK_VALUE(gate_up_proj.is_contiguous() && down_proj.is_contiguous(),
-                      "leanmoe::moe_routed_backward_adamw_: arguments 'gate_up_proj' and 'down_proj': must be "
-                      "contiguous (they are updated in place)");
-    // dW2 sits in the front of dW1's buffer and is consumed (the callback) before dW1 is written.
-    at::Tensor grad_buffer = at::empty({gate_up_proj.numel()}, gate_up_proj.options());
-    const at::Tensor d_gate_up = grad_buffer.view(gate_up_proj.sizes());
-    const at::Tensor d_down = grad_buffer.narrow(0, 0, down_proj.numel()).view(down_proj.sizes());
-    const AdamWHyper hp{lr, beta1, beta2, weight_decay, eps};
-    bool updated_down = false, updated_gate_up = false;
-    auto on_expert_grad = [&](leanmoe::ExpertWeight which, const leanmoe::Tensor&) {
-      if (which == leanmoe::ExpertWeight::down_proj) {
-        adamw_update(down_proj, d_down, down_exp_avg, down_exp_avg_sq, down_step, hp, down_master);
-        updated_down = true;
-      } else if (which == leanmoe::ExpertWeight::gate_up_proj) {
-        adamw_update(gate_up_proj, d_gate_up, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, hp, gate_up_master);
-        updated_gate_up = true;
-      }
-    };
+    InBackwardAdamW update("leanmoe::moe_routed_backward_adamw_",
+                           {gate_up_proj, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, gate_up_master},
+                           {down_proj, down_exp_avg, down_exp_avg_sq, down_step, down_master},
+                           {lr, beta1, beta2, weight_decay, eps});
     auto result = run_routed_backward(cfg, d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate,
                                       row_token, token_rows, token_offsets, expert_offsets, topk_saved, weights_dtype,
-                                      view_of(d_gate_up, "d_gate_up_proj"), view_of(d_down, "d_down_proj"),
-                                      on_expert_grad);
-    TORCH_CHECK(updated_down && updated_gate_up, "leanmoe::moe_routed_backward_adamw_: the backend returned without "
-                "handing over both expert gradients");
+                                      view_of(update.d_gate_up, "d_gate_up_proj"),
+                                      view_of(update.d_down, "d_down_proj"), update.callback());
+    update.check_done();
     return result;
   });
 }
@@ -509,12 +519,15 @@ TORCH_LIBRARY(leanmoe, m) {
   m.def(("moe_backward(Tensor d_out, Tensor d_losses, Tensor x, Tensor router_weight, Tensor gate_up_proj, "
         "Tensor down_proj, " + saved + ", " + config +
         ") -> (Tensor dx, Tensor d_router, Tensor d_gate_up_proj, Tensor d_down_proj)").c_str());
+  // The AdamW state and hyper-parameters of both in-backward operators (InBackwardAdamW).
+  const std::string adamw_state =
+      "Tensor(c!) gate_up_exp_avg, Tensor(d!) gate_up_exp_avg_sq, Tensor(e!) gate_up_step, "
+      "Tensor(f!) down_exp_avg, Tensor(g!) down_exp_avg_sq, Tensor(h!) down_step, "
+      "float lr, float beta1, float beta2, float weight_decay, float eps, Tensor(i!)? gate_up_master=None, "
+      "Tensor(j!)? down_master=None";
   m.def(("moe_backward_adamw_(Tensor d_out, Tensor d_losses, Tensor x, Tensor router_weight, "
-        "Tensor(a!) gate_up_proj, Tensor(b!) down_proj, " + saved + ", " + config +
-        ", Tensor(c!) gate_up_exp_avg, Tensor(d!) gate_up_exp_avg_sq, Tensor(e!) gate_up_step, "
-        "Tensor(f!) down_exp_avg, Tensor(g!) down_exp_avg_sq, Tensor(h!) down_step, "
-        "float lr, float beta1, float beta2, float weight_decay, float eps, Tensor(i!)? gate_up_master=None, "
-        "Tensor(j!)? down_master=None) -> (Tensor dx, Tensor d_router)").c_str());
+        "Tensor(a!) gate_up_proj, Tensor(b!) down_proj, " + saved + ", " + config + ", " + adamw_state +
+        ") -> (Tensor dx, Tensor d_router)").c_str());
   m.def("adamw_step_(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
         "float lr, float beta1, float beta2, float weight_decay, float eps, Tensor(e!)? master=None) -> ()");
   m.def("cuda_available() -> bool", [] { return leanmoe::backend_available(leanmoe::Device::cuda); });
@@ -531,11 +544,8 @@ TORCH_LIBRARY(leanmoe, m) {
          "Tensor d_down_proj, Tensor d_gate_up_bias, Tensor d_down_bias)").c_str());
   m.def(("moe_routed_backward_adamw_(Tensor d_out, Tensor x, Tensor(a!) gate_up_proj, Tensor(b!) down_proj, "
          "Tensor? gate_up_bias, Tensor? down_bias, " + routed_saved + ", " + expert_fn +
-         ", ScalarType weights_dtype, Tensor(c!) gate_up_exp_avg, Tensor(d!) gate_up_exp_avg_sq, "
-         "Tensor(e!) gate_up_step, Tensor(f!) down_exp_avg, Tensor(g!) down_exp_avg_sq, Tensor(h!) down_step, "
-         "float lr, float beta1, float beta2, float weight_decay, float eps, Tensor(i!)? gate_up_master=None, "
-         "Tensor(j!)? down_master=None) -> (Tensor dx, Tensor d_topk_weights, Tensor d_gate_up_bias, "
-         "Tensor d_down_bias)").c_str());
+         ", ScalarType weights_dtype, " + adamw_state +
+         ") -> (Tensor dx, Tensor d_topk_weights, Tensor d_gate_up_bias, Tensor d_down_bias)").c_str());
   m.def("expert_activation(Tensor h, str activation, float act_alpha, float act_limit, bool interleaved) -> Tensor");
   m.def("layer_unsupported_reason(Tensor like, str activation, float act_alpha, float act_limit, bool interleaved, "
         "bool transposed, bool biases) -> str",
