@@ -384,14 +384,15 @@ def test_stale_grad_gets_one_clear_error():
 
 
 # ---- transformers' aux loss (item 4), stats through leanmoe.hf (item 8), checkpoints (item 10) ----
-HF_KINDS = ["olmoe", "qwen3_moe", "granitemoe"]
+HF_KINDS = ["olmoe", "qwen3_moe", "granitemoe", "mixtral"]  # test_hf.KINDS (that module needs transformers)
 
 
 @pytest.mark.parametrize("kind", HF_KINDS)
 def test_transformers_aux_loss_is_transformers_value(kind):
-    """With output_router_logits=True the model's own aux_loss, and the loss it adds with
-    router_aux_loss_coef, equal transformers' for the same routing, gradients included (fp32);
-    leanmoe.hf.aux_loss(formulation="transformers") gives the same value."""
+    """With output_router_logits=True the block runs the model's router too, so transformers records
+    the logits: the model's own aux_loss, and the loss it adds with router_aux_loss_coef, equal
+    transformers' for the same routing, gradients included (fp32); leanmoe.hf.aux_loss(formulation=
+    "transformers") gives the same value. Without router logits the router module is not run."""
     pytest.importorskip("transformers")
     import leanmoe.hf
     from test_hf import batch, tiny
@@ -407,6 +408,7 @@ def test_transformers_aux_loss_is_transformers_value(kind):
     leanmoe.hf.apply(model)
     got = model(**b, output_router_logits=True)
     got.loss.backward()
+    assert len(got.router_logits) == model.config.num_hidden_layers
     torch.testing.assert_close(got.aux_loss, want.aux_loss, rtol=1e-5, atol=0)
     torch.testing.assert_close(got.loss, want.loss, rtol=1e-4, atol=0)
     torch.testing.assert_close(leanmoe.hf.aux_loss(model, formulation="transformers"), want.aux_loss, rtol=1e-5,
@@ -420,6 +422,13 @@ def test_transformers_aux_loss_is_transformers_value(kind):
     per_layer = [leanmoe.hf.transformers_aux_loss([blk.leanmoe_router_logits], [K])
                  for blk in model.modules() if "leanmoe_router_logits" in blk.__dict__]
     torch.testing.assert_close(leanmoe.hf.aux_loss(model), sum(per_layer) / K, rtol=1e-5, atol=0)
+    with torch.no_grad():
+        calls = []
+        router = next(m for m in model.modules() if type(m).__name__.endswith("TopKRouter"))
+        handle = router.register_forward_hook(lambda *a: calls.append(1))
+        model(**b)
+        handle.remove()
+    assert not calls
 
 
 def test_transformers_aux_loss_needs_recorded_logits():
