@@ -84,9 +84,10 @@ class MoE(nn.Module):
     @classmethod
     def from_hf_block(cls, block: nn.Module, **kwargs) -> "MoE":
         """A leanmoe.MoE computing what a transformers v5 MoE block (OlmoeSparseMoeBlock,
-        Qwen3MoeSparseMoeBlock, GraniteMoeMoE) computes, on the block's device and dtype, with a copy
-        of its weights. kwargs (routing, tile, rounding_mode, inference_routing, return_stats) go to
-        the constructor."""
+        Qwen3MoeSparseMoeBlock, GraniteMoeMoE, MixtralSparseMoeBlock: leanmoe.hf.SUPPORTED_BLOCKS)
+        computes, on the block's device and dtype, with a copy of its weights (Mixtral's training-time
+        router jitter is not part of the layer). kwargs (routing, tile, rounding_mode,
+        inference_routing, return_stats) go to the constructor."""
         from .hf import block_spec  # late import: hf imports functional
 
         spec = block_spec(block, "leanmoe.MoE.from_hf_block")
