@@ -7,7 +7,7 @@ MoEOptimizers(model, lr, schedule, in_backward=...) holds
 - one LR schedule (a factor of the step index, for torch's LambdaLR) for both.
 step() clips the dense gradients by their global norm, then steps both optimizers and the
 schedule. Expert gradients are never clipped: with in-backward updates they are applied and
-freed before the global norm is known (SPEC §6), and the standard mode does the same so that the
+freed before the global norm is known (docs/SPEC.md §6), and the standard mode does the same so that the
 two modes stay bitwise identical.
 """
 import resource

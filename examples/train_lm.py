@@ -29,13 +29,13 @@ embedding matrix. Parameters in bf16 on the GPU (fp32 on the CPU). Loss: cross-e
 --aux-coef x the load-balancing loss + --z-coef x the router z-loss (both averaged over layers).
 Optimiser: leanmoe.optim.ExpertAdamW for the expert tensors, torch AdamW for the rest, one cosine
 schedule with linear warm-up; the dense gradients are clipped to a global norm, the expert
-gradients are not (SPEC §6: with in-backward updates they are applied before the norm is known).
+gradients are not (docs/SPEC.md §6: with in-backward updates they are applied before the norm is known).
 
 Runs (--runs), each from the same initialisation over the same batches (batch i is a function of
 --seed and i alone):
   topk          top-K routing
   in-backward   top-K, expert tensors updated inside backward (Sonar-MoE)
-  tr-nearest    token rounding (SPEC §5), each expert's count rounded to the nearest tile multiple
+  tr-nearest    token rounding (docs/SPEC.md §5), each expert's count rounded to the nearest tile multiple
   tr-up, tr-down  rounded up / down
 Token rounding is a training-time routing: validation always routes with plain top-K (SonicMoE).
 Each run logs train loss every step, validation loss every --eval-every steps, tokens/s, step time
@@ -85,7 +85,7 @@ from train_common import MoEOptimizers, peak_memory_gib, reset_peak_memory  # no
 EOT = "<|endoftext|>"
 CHECKPOINT_FORMAT = "leanmoe-train_lm-1"
 TOKEN_ROUNDING_BAR = 0.02  # nats: token rounding's final validation loss against top-K's (issue 15)
-EVAL_ROUTING = "topk"  # validation routes with plain top-K in every run (SPEC §5: rounding is for training)
+EVAL_ROUTING = "topk"  # validation routes with plain top-K in every run (docs/SPEC.md §5: rounding is for training)
 
 # Model and data sizes. "h200": 8 layers of fine-grained experts (SonicMoE's spirit: E 64, K 8,
 # n 256 = d/3), 32 sequences of 1024 tokens per step (T = 32768 routed tokens per layer).

@@ -152,7 +152,7 @@ std::string MoEConfig::describe() const {
 }
 
 // The gate denominator D_t of a chosen pair is the sum of its token's top-K p under these
-// conventions, else 1 (SPEC §2).
+// conventions, else 1 (docs/SPEC.md §2).
 bool gates_renormalised(const MoEConfig& cfg) {
   return cfg.router == RouterConvention::topk_then_softmax || cfg.norm_topk_prob;
 }

@@ -1,4 +1,4 @@
-// The token-rounding target of one expert (SPEC §5, docs/DESIGN.md "Routing"): one definition for
+// The token-rounding target of one expert (docs/SPEC.md §5, docs/DESIGN.md "Routing"): one definition for
 // the CPU backend and the CUDA routing kernels.
 #pragma once
 #include <cstdint>

@@ -161,7 +161,7 @@ TEST(EdgeCases, TokensLeftWithoutExperts) {
 }
 
 // An undefined expert gradient is neither computed nor handed to the callback; the other one is,
-// in SPEC §6 order.
+// in docs/SPEC.md §6 order.
 TEST(EdgeCases, UndefinedExpertGradientSkipsItsCallback) {
   using namespace leanmoe;
   MoEConfig cfg;

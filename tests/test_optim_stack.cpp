@@ -1,4 +1,4 @@
-// MoEStack: in-backward expert updates against the standard path (SPEC §6). Same seed, same data,
+// MoEStack: in-backward expert updates against the standard path (docs/SPEC.md §6). Same seed, same data,
 // 3 layers of different sizes, 20 steps: weights and optimizer state must be bitwise equal after
 // every step, for AdamW with and without fp32 master weights, SGD, and fp32 storage.
 #include <gtest/gtest.h>

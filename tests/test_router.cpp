@@ -220,7 +220,7 @@ TEST(Router, RoundedCount) {
         }
 }
 
-// Priority of a pair as SPEC §5 defines it: q computed in fp32 as routing does, p - 1 in double
+// Priority of a pair as docs/SPEC.md §5 defines it: q computed in fp32 as routing does, p - 1 in double
 // so that small p stay distinct.
 double priority(const Routed& r, int64_t t, int64_t e) {
   const float p = r.p[t * r.E + e];

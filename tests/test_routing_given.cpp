@@ -166,7 +166,7 @@ TEST(RoutingGiven, GradCheck) {
   expect_agree(reference::run_backend(in, Device::cpu), an, kF32Tol);
 }
 
-// SPEC §3 holds with routing given: the saved state is the fused router's (nothing of size R*d).
+// docs/SPEC.md §3 holds with routing given: the saved state is the fused router's (nothing of size R*d).
 TEST(RoutingGiven, SavedStateIsTheFusedRoutersContract) {
   MoEConfig c = given_config(256, 64, 16, 4);
   MoEConfig fused = c;

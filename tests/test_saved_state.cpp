@@ -1,4 +1,4 @@
-// The memory contract (SPEC §3, DESIGN.md "Memory contract"): SavedState holds exactly x (a
+// The memory contract (docs/SPEC.md §3, DESIGN.md "Memory contract"): SavedState holds exactly x (a
 // reference), H, the gates and the routing indices, nothing of size T*K*d, all inside the
 // caller's saved buffer, and its contents describe the routing consistently.
 #include <algorithm>

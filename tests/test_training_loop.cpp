@@ -37,7 +37,7 @@ std::vector<uint32_t> nan_storage(int64_t count) { return std::vector<uint32_t>(
 }  // namespace
 
 // T = 0: forward writes no rows (expert_offsets all 0) and losses {0, 0}; backward writes every
-// weight gradient as exact zeros and hands both expert gradients to the callback in SPEC §6
+// weight gradient as exact zeros and hands both expert gradients to the callback in docs/SPEC.md §6
 // order; x, out, d_out and dx are empty tensors without memory (data = null, as torch's).
 TEST(TrainingLoop, ZeroTokensForwardAndBackward) {
   for (const MoEConfig& c : zero_token_configs())

@@ -1,5 +1,5 @@
 // `leanmoe_bench_inbackward`: standard vs in-backward expert updates on a stack of MoE layers
-// (SPEC §6), and whole-tensor vs per-expert optimizer updates.
+// (docs/SPEC.md §6), and whole-tensor vs per-expert optimizer updates.
 //
 // Per mode: peak device memory, median step time (forward + backward + step, synchronised), and the
 // expert-gradient bytes the stack tracks. Then the updater alone on one layer's expert tensors:
@@ -8,7 +8,7 @@
 //
 // Peak device memory is measured with cudaMemGetInfo: free bytes before building the stack minus
 // the lowest free bytes seen after construction and after every (synchronised) step. Nothing is
-// allocated inside forward/backward/step (SPEC §3), so this is the peak of the whole step; it
+// allocated inside forward/backward/step (docs/SPEC.md §3), so this is the peak of the whole step; it
 // includes everything the stack and the backend allocate, at cudaMalloc's 2 MiB granularity.
 // On the CPU (smoke runs) only the tracked expert-gradient bytes are reported.
 #include <algorithm>

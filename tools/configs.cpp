@@ -23,7 +23,7 @@ const std::vector<BenchShape>& grid_shapes() {
       {"granite-3.1-3b-a800m", 32768, 1536, 512, 40, 8},
       {"gpt-oss-20b", 32768, 2880, 2880, 32, 4},
       // High sparsity, few tokens per expert (T*K/E = 256-512 rows, 2-4 tiles of 128): each expert's
-      // last partial tile is a large share of the work, the case token rounding is for (SPEC §5).
+      // last partial tile is a large share of the work, the case token rounding is for (docs/SPEC.md §5).
       {"sparse-T16k-d4096-n1024-E256", 16384, 4096, 1024, 256, 8},
       {"sparse-T8k-d4096-n1024-E256", 8192, 4096, 1024, 256, 8},
       {"sparse-T16k-d2048-n512-E256", 16384, 2048, 512, 256, 8},

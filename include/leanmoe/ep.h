@@ -82,7 +82,7 @@ class ExpertParallelLayer {
   // x is referenced until backward (like SavedState::x): keep it alive and unchanged.
   void forward(const Tensor& x, const MoEWeights& w, const Tensor& out);
   // grads.dx [T_r, d], d_router [E, d] (this rank's tokens only: all-reduce it), expert gradients
-  // of the local slices. on_expert_grad sees the local slices, W2 first, then W1 (SPEC §6).
+  // of the local slices. on_expert_grad sees the local slices, W2 first, then W1 (docs/SPEC.md §6).
   // Collective: every rank must define the same set of gradients (what travels depends on it).
   void backward(const Tensor& d_out, const MoEWeights& w, const MoEGrads& grads,
                 const ExpertGradCallback& on_expert_grad = nullptr);

@@ -3,7 +3,7 @@
 //
 // Plain types only: raw pointers + shape + strides + dtype + device, an opaque stream, and
 // exceptions (leanmoe::Error) whose message names the argument and the rule it broke.
-// No torch header appears here or anywhere in the core. Shape letters follow SPEC.md:
+// No torch header appears here or anywhere in the core. Shape letters follow docs/SPEC.md §1:
 //   T tokens, d model width, n expert intermediate width, E experts, K experts per token,
 //   R routed (token, expert) rows (R = T*K for top-K; varies with token rounding).
 #pragma once
@@ -140,7 +140,7 @@ int64_t max_routed_rows(const MoEConfig& cfg, int64_t T);
 // or softmax_then_topk with norm_topk_prob) rather than p itself.
 bool gates_renormalised(const MoEConfig& cfg);
 
-// Expert FLOPs of one layer (SPEC §1): forward 6*T*K*d*n, backward 12*T*K*d*n.
+// Expert FLOPs of one layer (docs/SPEC.md §1): forward 6*T*K*d*n, backward 12*T*K*d*n.
 double forward_flops(const MoEConfig& cfg, int64_t T);
 double backward_flops(const MoEConfig& cfg, int64_t T);
 
@@ -172,7 +172,7 @@ struct MoEGrads {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Saved state: exactly what SPEC §3 allows to live between forward and backward.
+// Saved state: exactly what docs/SPEC.md §3 allows to live between forward and backward.
 // ---------------------------------------------------------------------------------------------
 // All views point into one caller-owned buffer of LayerPlan::saved_bytes bytes (except x, which
 // is the caller's own input: it is referenced, never copied). Nothing here grows with T*K*d.

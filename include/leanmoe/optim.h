@@ -1,4 +1,4 @@
-// leanmoe expert optimizer and in-backward expert updates (SPEC §6, Sonar-MoE).
+// leanmoe expert optimizer and in-backward expert updates (docs/SPEC.md §6, Sonar-MoE).
 //
 // ExpertOptimizer: AdamW or SGD-with-momentum over whole batched expert tensors ([E, 2n, d] or
 // [E, d, n]); one fused, element-wise update per tensor (threaded on the CPU, one launch on the
@@ -129,7 +129,7 @@ class MoEStack {
   const StackOptions& options() const;
 
   // x [T, d] in the stack's dtype on its device; the caller keeps x alive until backward() returns
-  // (layer 0 references it, SPEC §3). Returns a view of the last layer's output, owned by the stack.
+  // (layer 0 references it, docs/SPEC.md §3). Returns a view of the last layer's output, owned by the stack.
   Tensor forward(const Tensor& x);
   // d_out [T, d]: gradient of the loss w.r.t. forward()'s output. in_backward: updates every
   // expert tensor before returning. standard: materialises every expert gradient.

@@ -1,7 +1,7 @@
 // PyTorch operators over the leanmoe C++ API (with ep_ops.cpp, the only files of the project that include torch).
 //
 //   leanmoe::moe_forward          routing + experts; returns the output, the losses {aux, z} and
-//                                 the saved state of SPEC §3 as tensors (H, gates, routing arrays)
+//                                 the saved state of docs/SPEC.md §3 as tensors (H, gates, routing arrays)
 //   leanmoe::moe_backward         gradients of x, the router and both expert weights
 //   leanmoe::moe_backward_adamw_  in-backward mode: dx and d_router are returned, each expert
 //                                 weight is updated by AdamW the moment its gradient is complete

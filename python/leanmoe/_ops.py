@@ -68,7 +68,7 @@ def _setup_context(ctx, inputs, output):
     x, router_weight, gate_up_proj, down_proj = inputs[:4]
     ctx.config = tuple(inputs[4:])
     saved = output[2:]
-    # SPEC §3: x, H, gates and routing arrays; the weights are the caller's parameters.
+    # docs/SPEC.md §3: x, H, gates and routing arrays; the weights are the caller's parameters.
     ctx.save_for_backward(x, router_weight, gate_up_proj, down_proj, *saved)
     ctx.mark_non_differentiable(*saved)
     ctx.set_materialize_grads(False)
@@ -181,7 +181,7 @@ def _routed_setup_context(ctx, inputs, output):
     ctx.weights_dtype = topk_weights.dtype
     ctx.has_bias = (gate_up_bias is not None, down_bias is not None)
     saved = output[1:]
-    # SPEC §3: x, H, gates and routing arrays; the weights and biases are the caller's parameters.
+    # docs/SPEC.md §3: x, H, gates and routing arrays; the weights and biases are the caller's parameters.
     ctx.save_for_backward(x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved)
     ctx.mark_non_differentiable(*saved)
     ctx.set_materialize_grads(False)

@@ -26,7 +26,7 @@ ROUNDING_MODES = ("nearest", "up", "down")
 
 
 def routing_for_call(routing, inference_routing, training) -> str:
-    """The routing of one call. Token rounding is a training-time routing (SPEC §5): a module in
+    """The routing of one call. Token rounding is a training-time routing (docs/SPEC.md §5): a module in
     eval mode, or a call under torch.no_grad() / torch.inference_mode(), routes with
     ``inference_routing`` (plain top-K unless asked otherwise); a training forward with autograd
     on routes with ``routing``."""

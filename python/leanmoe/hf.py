@@ -28,7 +28,7 @@
 
    The block object, its router and experts stay in the model with the same Parameter objects
    (no copies, state_dict keys unchanged); only the block's forward is swapped for one call of
-   leanmoe.moe, which fuses routing, experts and the router backward (SPEC §3-§4: it never
+   leanmoe.moe, which fuses routing, experts and the router backward (docs/SPEC.md §3-§4: it never
    materialises the per-pair gate tensor autograd would need).
 
 Two load-balancing losses with apply() (both unscaled; a trainer multiplies by its coefficient):
@@ -250,7 +250,7 @@ def _check_swiglu(fn, name, block):
                          f"got {type(act).__name__}; the experts implementation (experts_implementation="
                          f"'leanmoe') runs other activations")
     # transformers >= 5.2x describes its experts' layout; leanmoe takes the concatenated [gate; up]
-    # SwiGLU layout of SPEC §2 without biases.
+    # SwiGLU layout of docs/SPEC.md §2 without biases.
     layout = dict(has_gate=True, has_bias=False, is_transposed=False, is_concatenated=True)
     for attr, want in layout.items():
         if getattr(block.experts, attr, want) != want:
@@ -273,7 +273,7 @@ def block_spec(block: torch.nn.Module, fn: str = "leanmoe.hf", name: str = "") -
 def apply(model: torch.nn.Module, routing: str = "topk", tile: int = 128, rounding_mode: str = "nearest",
           inference_routing: str = "topk", *, router_logits: bool = False, return_stats: bool = False) -> int:
     """Runs every supported MoE block of `model` through leanmoe. Returns the number of blocks.
-    routing="token_rounding" is for training (SPEC §5): a block in eval mode, or a forward under
+    routing="token_rounding" is for training (docs/SPEC.md §5): a block in eval mode, or a forward under
     torch.no_grad() / torch.inference_mode(), routes with `inference_routing` (plain top-K by
     default; "token_rounding" to round there too).
     router_logits: record every forward's router logits (for aux_loss(formulation="transformers"));

@@ -33,7 +33,7 @@ class MoE(nn.Module):
 
     routing="token_rounding" applies to training forwards only: in eval mode, under
     torch.no_grad() or torch.inference_mode() the layer routes with ``inference_routing``
-    ("topk" by default, SPEC §5; "token_rounding" to round there too).
+    ("topk" by default, docs/SPEC.md §5; "token_rounding" to round there too).
 
     A transformers MoE block's state_dict (keys ``gate.weight`` or ``router.weight``,
     ``experts.gate_up_proj``, ``experts.down_proj``) loads directly; ``MoE.from_hf_block(block)``

@@ -1,4 +1,4 @@
-"""Expert optimizer with in-backward updates (SPEC §6, Sonar-MoE).
+"""Expert optimizer with in-backward updates (docs/SPEC.md §6, Sonar-MoE).
 
 ExpertAdamW(expert_params, lr, betas, eps, weight_decay, in_backward=True, master_weights=False) is a
 torch Optimizer over the batched expert tensors ([E, 2n, d] gate_up_proj and [E, d, n] down_proj of

@@ -79,7 +79,7 @@ def test_token_rounding_counts(mode, device):
     *_, keep = moe_reference(*(t.detach().float().cpu() for t in (x, wr, w1, w2)), K, **cfg)
     assert counts.tolist() == keep.sum(0).tolist()
     assert all(c % tile == 0 for c in counts.tolist())
-    # Saved state: exactly the SPEC §3 arrays, sized R_max.
+    # Saved state: exactly the docs/SPEC.md §3 arrays, sized R_max.
     R = leanmoe.max_routed_rows(T, E, K, "token_rounding", tile, mode)
     assert saved[2].shape == (R, 2 * n) and saved[3].shape == (R,) and saved[8].shape == (T, K)
 
@@ -117,7 +117,7 @@ def test_module_layout_and_losses():
 
 
 def test_autograd_saves_only_the_spec_state(device):
-    """SPEC §3: autograd keeps x, H, the gates and the routing arrays (plus references to the
+    """docs/SPEC.md §3: autograd keeps x, H, the gates and the routing arrays (plus references to the
     weights, which are parameters); nothing of size T*K*d (no A, Y or gathered X)."""
     (d, n), T, E, K = widths(device), 64, 8, 2
     dtype = torch.bfloat16 if device == "cuda" else torch.float32

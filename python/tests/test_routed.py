@@ -117,7 +117,7 @@ def test_no_tokens():
 
 
 def test_saves_only_the_spec_state():
-    """SPEC §3 with routing given: x, H, the gates and routing arrays; nothing of size T*K*d."""
+    """docs/SPEC.md §3 with routing given: x, H, the gates and routing arrays; nothing of size T*K*d."""
     T, d, n, E, K = 64, 32, 16, 8, 2
     x, ids, wts, w1, w2, b1, b2 = make(T, d, n, E, K, "swiglu", False, True, torch.float32, "cpu")
     saved = []

@@ -1,7 +1,7 @@
 // The CPU backend: the readable, threaded fp32-math reference that runs anywhere.
 // OpenMP for gathers, elementwise work and routing; OpenBLAS sgemm for every GEMM.
 // Routing lives in router.h, expert math in experts.h; this file owns the workspace layout and
-// the order of the steps (notably the in-backward update points of SPEC §6).
+// the order of the steps (notably the in-backward update points of docs/SPEC.md §6).
 #include <cblas.h>
 #include <omp.h>
 

@@ -32,10 +32,10 @@ void mark_topk_pairs(const int32_t* topk_experts, int64_t T, int64_t E, int64_t 
 // Routed pairs of each expert (nonzero codes of column e).
 void count_routed(const int32_t* code, int64_t T, int64_t E, int32_t* counts);
 
-// Token rounding target r_e for a top-K count f (SPEC §5): a multiple of tile, or T.
+// Token rounding target r_e for a top-K count f (docs/SPEC.md §5): a multiple of tile, or T.
 using leanmoe::detail::rounded_count;
 
-// Token rounding (SPEC §5): starting from the plain top-K codes, each expert keeps its r_e
+// Token rounding (docs/SPEC.md §5): starting from the plain top-K codes, each expert keeps its r_e
 // highest-priority tokens (priority p/sum_chosen for chosen pairs, p - 1 otherwise; ties -> lower
 // token). Dropped chosen pairs become kNotRouted, added pairs kAdded. `scratch` holds T*E int32.
 void round_tokens(const float* p, const float* sum_chosen, int64_t T, int64_t E, int64_t tile, RoundingMode mode,

@@ -1,4 +1,4 @@
-// Host launchers of the expert grouped GEMMs (SPEC §3 kernels 3-4, §4 kernels 1-4), bf16 storage,
+// Host launchers of the expert grouped GEMMs (docs/SPEC.md §3 kernels 3-4, §4 kernels 1-4), bf16 storage,
 // fp32 accumulation. Every launcher is asynchronous on `stream` and never synchronises with the
 // host: the number of rows per expert lives on the device (expert_offsets), so grids are sized
 // from rows_capacity (an upper bound) and tiles past an expert's rows exit early.

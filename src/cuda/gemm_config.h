@@ -13,7 +13,7 @@
 
 namespace leanmoe::cuda {
 
-// The six expert GEMMs (SPEC §3-§4), named as in leanmoe_bench_gemms:
+// The six expert GEMMs (docs/SPEC.md §3-§4), named as in leanmoe_bench_gemms:
 //   up  = X[tok]·W1_eᵀ with the activation epilogue   down = A·W2_eᵀ
 //   dh  = dO[tok]·W2_e with the activation backward   dw2  = dO[tok]ᵀ·A'
 //   dx  = dH·W1_e                                     dw1  = dHᵀ·X[tok]

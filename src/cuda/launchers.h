@@ -34,7 +34,7 @@ int64_t loss_partial_doubles(int64_t T, int64_t E);
 void router_losses(const float* p, const float* lse, const int32_t* topk_counts, int64_t T, int64_t E, int64_t K,
                    double* partial, float* losses, cudaStream_t stream);
 
-// Token rounding (SPEC §5, DESIGN.md): rewrites code so expert e keeps its r_e highest-priority
+// Token rounding (docs/SPEC.md §5, DESIGN.md): rewrites code so expert e keeps its r_e highest-priority
 // tokens; topk_counts are the f_e. keys: scratch of T*E uint32 (the priorities, expert-major).
 void round_tokens(const float* p, const float* sum_chosen, const int32_t* topk_counts, int64_t T, int64_t E,
                   int64_t tile, RoundingMode mode, uint32_t* keys, uint8_t* code, cudaStream_t stream);

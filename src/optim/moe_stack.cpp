@@ -1,4 +1,4 @@
-// MoEStack: L MoE layers trained with standard or in-backward expert updates (SPEC §6).
+// MoEStack: L MoE layers trained with standard or in-backward expert updates (docs/SPEC.md §6).
 //
 // Both modes run the same fused update on the same gradient bits in the same order (layer L-1
 // down_proj, gate_up_proj, ..., layer 0 down_proj, gate_up_proj), so weights and optimizer state
@@ -118,7 +118,7 @@ struct MoEStack::Impl {
         if (l.updated[int(which)])
           throw Error(std::string(fn) + ": weight '" + l.tensor(which) +
                       "' was already updated in place by this step's backward; reading it again before step() "
-                      "would see the updated weight (SPEC §6: no read after update)");
+                      "would see the updated weight (docs/SPEC.md §6: no read after update)");
   }
 
   void on_expert_grad(Layer& l, ExpertWeight which, const Tensor& grad) {
@@ -127,7 +127,7 @@ struct MoEStack::Impl {
       throw Error("MoEStack::backward: weight '" + name + "': updated twice in one backward");
     if (which == ExpertWeight::down_proj && l.updated[int(ExpertWeight::gate_up_proj)])
       throw Error("MoEStack::backward: weight '" + name +
-                  "': dW2 arrived after dW1, but both share one gradient buffer (SPEC §6 order: dW2, then dW1)");
+                  "': dW2 arrived after dW1, but both share one gradient buffer (docs/SPEC.md §6 order: dW2, then dW1)");
     experts.step(name, grad);
     l.updated[int(which)] = true;
   }
@@ -142,7 +142,7 @@ MoEStack::MoEStack(std::vector<MoEConfig> cfgs, int64_t T, DType dtype, Device d
     if (opt.mode == ExpertUpdateMode::in_backward)
       throw Error(std::string(fn) +
                   ": argument 'opt.accumulate_gradients': gradient accumulation is incompatible with in-backward "
-                  "expert updates (each backward would update the experts per micro-batch, SPEC §6); use "
+                  "expert updates (each backward would update the experts per micro-batch, docs/SPEC.md §6); use "
                   "mode = standard");
     throw Error(std::string(fn) + ": argument 'opt.accumulate_gradients': not implemented by MoEStack yet");
   }
@@ -238,7 +238,7 @@ void MoEStack::backward(const Tensor& d_out) {
     if (m.opt.mode == ExpertUpdateMode::in_backward)
       throw Error(std::string(fn) +
                   ": a second backward before step() is gradient accumulation, which in-backward expert updates "
-                  "refuse (the experts were already updated by the first one, SPEC §6)");
+                  "refuse (the experts were already updated by the first one, docs/SPEC.md §6)");
     throw Error(std::string(fn) + ": a second backward before step() (gradient accumulation) is not implemented");
   }
   m.check_no_update_pending(fn);

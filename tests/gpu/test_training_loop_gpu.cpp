@@ -1,6 +1,6 @@
 // The CUDA backend under what a training loop sends it (issue 14), as tests/test_training_loop.cpp
 // does on the CPU: T = 0 tokens on a non-blocking stream (no empty grid is launched: forward writes
-// no rows and losses {0, 0}, backward zero weight gradients handed over in SPEC §6 order), outputs
+// no rows and losses {0, 0}, backward zero weight gradients handed over in docs/SPEC.md §6 order), outputs
 // aliasing inputs refused, and device pointers that break the kernels' 16-byte vector access
 // refused naming the argument. Skipped when no GPU is visible.
 #include <cuda_runtime.h>

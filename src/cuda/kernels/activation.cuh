@@ -8,7 +8,7 @@
 
 namespace leanmoe::cuda::kernels {
 
-// a = silu(g) · u of H's gate column g and up column u (SPEC §2).
+// a = silu(g) · u of H's gate column g and up column u (docs/SPEC.md §2).
 //
 // __fdividef (MUFU.RCP and a multiply, 2 ulp) instead of '/': the IEEE division brought a compare, a
 // branch and a called slow path per element into the up and dH epilogues (128 CALLs in the dH

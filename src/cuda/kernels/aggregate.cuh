@@ -1,4 +1,4 @@
-// Gather-and-sum kernels (SPEC §3 kernel 5, §4 kernel 5): each token reads its own rows and sums
+// Gather-and-sum kernels (docs/SPEC.md §3 kernel 5, §4 kernel 5): each token reads its own rows and sums
 // them in fp32, in the order token_rows lists them (ascending expert), then rounds once to bf16.
 // One block per token and 8 bf16 (16 bytes) per thread per load; no atomics.
 #pragma once

@@ -1,4 +1,4 @@
-// Router and routing-metadata kernels (SPEC §3 kernels 1-2, §5 token rounding), bit-for-bit the
+// Router and routing-metadata kernels (docs/SPEC.md §3 kernels 1-2, §5 token rounding), bit-for-bit the
 // choices of the CPU backend: top-K on z with ties to the lower expert, rows sorted by expert and
 // stable by token, each token's rows in ascending expert order. No float atomics anywhere; the
 // integer counters use shared-memory atomics whose totals do not depend on order.
