@@ -71,6 +71,22 @@ inline std::vector<float> fd_gradient(const reference::HostLayerInputs& in, refe
   return g;
 }
 
+// Every gradient of routing given by the caller (x, both expert weights, both biases, the routing
+// weights) against central differences of the naive reference's double-precision loss.
+inline void expect_routed_gradients_match_fd(const reference::HostLayerInputs& in,
+                                             const reference::HostLayerOutputs& an) {
+  using reference::Param;
+  auto fd = [&](Param p, size_t count) { return fd_gradient(in, p, count); };
+  EXPECT_LT(reference::rel_error(fd(Param::x, in.x.size()), an.dx), 1e-6) << "dx";
+  EXPECT_LT(reference::rel_error(fd(Param::gate_up, in.gate_up.size()), an.d_gate_up), 1e-6) << "d_gate_up";
+  EXPECT_LT(reference::rel_error(fd(Param::down, in.down.size()), an.d_down), 1e-6) << "d_down";
+  EXPECT_LT(reference::rel_error(fd(Param::gate_up_bias, in.gate_up_bias.size()), an.d_gate_up_bias), 1e-6)
+      << "d_gate_up_bias";
+  EXPECT_LT(reference::rel_error(fd(Param::down_bias, in.down_bias.size()), an.d_down_bias), 1e-6) << "d_down_bias";
+  EXPECT_LT(reference::rel_error(fd(Param::topk_weights, in.topk_weights.size()), an.d_topk_weights), 1e-6)
+      << "d_topk_weights";
+}
+
 inline MoEConfig small_config(int64_t d, int64_t n, int64_t E, int64_t K) {
   MoEConfig c;
   c.d = d;

@@ -91,16 +91,9 @@ TEST(Activations, GradCheckEachActivation) {
     HostLayerInputs in = reference::random_inputs(c, 7, DType::f32, seed++);
     reference::add_random_biases(in, seed);
     const reference::HostLayerOutputs an = reference::naive_forward_backward<double>(in);
-    using reference::Param;
-    auto fd = [&](reference::Param p, size_t count) { return fd_gradient(in, p, count); };
     // A kink (relu at 0, a clamp at its limit) within 1e-6 of a value would show as an O(1) error:
     // the seeded inputs have none.
-    EXPECT_LT(reference::rel_error(fd(Param::x, in.x.size()), an.dx), 1e-6) << "dx";
-    EXPECT_LT(reference::rel_error(fd(Param::gate_up, in.gate_up.size()), an.d_gate_up), 1e-6) << "d_gate_up";
-    EXPECT_LT(reference::rel_error(fd(Param::down, in.down.size()), an.d_down), 1e-6) << "d_down";
-    EXPECT_LT(reference::rel_error(fd(Param::gate_up_bias, in.gate_up_bias.size()), an.d_gate_up_bias), 1e-6);
-    EXPECT_LT(reference::rel_error(fd(Param::down_bias, in.down_bias.size()), an.d_down_bias), 1e-6);
-    EXPECT_LT(reference::rel_error(fd(Param::topk_weights, in.topk_weights.size()), an.d_topk_weights), 1e-6);
+    expect_routed_gradients_match_fd(in, an);
     expect_agree(reference::run_backend(in, Device::cpu), an, kF32Tol);
   }
 }

@@ -154,14 +154,7 @@ TEST(RoutingGiven, GradCheck) {
   reference::add_random_biases(in, 3);
   in.topk_experts[3] = -1;  // a sentinel
   const HostLayerOutputs an = reference::naive_forward_backward<double>(in);
-  auto fd = [&](reference::Param p, size_t count) { return fd_gradient(in, p, count); };
-  using reference::Param;
-  EXPECT_LT(reference::rel_error(fd(Param::x, in.x.size()), an.dx), 1e-6) << "dx";
-  EXPECT_LT(reference::rel_error(fd(Param::gate_up, in.gate_up.size()), an.d_gate_up), 1e-6) << "d_gate_up";
-  EXPECT_LT(reference::rel_error(fd(Param::down, in.down.size()), an.d_down), 1e-6) << "d_down";
-  EXPECT_LT(reference::rel_error(fd(Param::gate_up_bias, in.gate_up_bias.size()), an.d_gate_up_bias), 1e-6);
-  EXPECT_LT(reference::rel_error(fd(Param::down_bias, in.down_bias.size()), an.d_down_bias), 1e-6);
-  EXPECT_LT(reference::rel_error(fd(Param::topk_weights, in.topk_weights.size()), an.d_topk_weights), 1e-6);
+  expect_routed_gradients_match_fd(in, an);
   EXPECT_EQ(an.d_topk_weights[3], 0.f);
   expect_agree(reference::run_backend(in, Device::cpu), an, kF32Tol);
 }
