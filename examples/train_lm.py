@@ -41,7 +41,11 @@ Token rounding is a training-time routing: validation always routes with plain t
 Each run logs train loss every step, validation loss every --eval-every steps, tokens/s, step time
 (median over the timed steps: a step is forward + backward + optimizer, synchronised) and peak
 memory over the timed steps, and writes run_<name>.json; results.md and val_loss.png are made
-from those files after every run.
+from those files after every run. At each validation point the training step also records what
+routing did (leanmoe.RouterStats over the layers: load spread, pairs token rounding dropped and
+added; that step is not timed); a token-rounding run is validated once more at the end with its
+own routing (how much of its gap is the train/eval routing mismatch), and results.md says at what
+token count top-K reached each token-rounding run's final loss.
 
 Determinism: torch's deterministic algorithms are switched on (flash attention's backward then
 runs its deterministic variant), so a run is a function of its seed and flags on one machine.
