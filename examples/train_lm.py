@@ -41,7 +41,11 @@ Token rounding is a training-time routing: validation always routes with plain t
 Each run logs train loss every step, validation loss every --eval-every steps, tokens/s, step time
 (median over the timed steps: a step is forward + backward + optimizer, synchronised) and peak
 memory over the timed steps, and writes run_<name>.json; results.md and val_loss.png are made
-from those files after every run.
+from those files after every run. At each validation point the training step also records what
+routing did (leanmoe.RouterStats over the layers: load spread, pairs token rounding dropped and
+added; that step is not timed); a token-rounding run is validated once more at the end with its
+own routing (how much of its gap is the train/eval routing mismatch), and results.md says at what
+token count top-K reached each token-rounding run's final loss.
 
 Determinism: torch's deterministic algorithms are switched on (flash attention's backward then
 runs its deterministic variant), so a run is a function of its seed and flags on one machine.
@@ -326,6 +330,7 @@ class Block(nn.Module):
     def forward(self, x, rotary):
         x = x + self.attn(self.attn_norm(x), rotary)
         out = self.moe(self.moe_norm(x))
+        self.stats = out.stats if self.moe.return_stats else None
         return x + out.output, out.aux_loss, out.z_loss
 
 
@@ -403,21 +408,30 @@ class Trainer:
                                  in_backward=run.in_backward, weight_decay=args.weight_decay, betas=(0.9, 0.95),
                                  clip=args.clip, fused=device == "cuda")
 
-    def step(self, x, y):
+    def step(self, x, y, routing_stats=False):
+        """One training step; with routing_stats also what routing did in each layer (routing_summary)."""
+        for b in self.model.blocks:
+            b.moe.return_stats = routing_stats
         loss, aux, z = self.model(x, y)
         (loss + self.args.aux_coef * aux + self.args.z_coef * z).backward()
         norm = self.opt.step()
-        return loss.detach(), aux.detach(), norm
+        stats = routing_summary([b.stats for b in self.model.blocks], self.cfg) if routing_stats else None
+        return loss.detach(), aux.detach(), norm, stats
 
     @torch.no_grad()
-    def evaluate(self, batches):
-        """Mean validation loss per token. In eval mode leanmoe.MoE routes with its inference_routing
-        (plain top-K here) whatever the run trains with."""
+    def evaluate(self, batches, routing=EVAL_ROUTING):
+        """Mean validation loss per token. In eval mode leanmoe.MoE routes with its inference_routing:
+        `routing` (plain top-K unless asked), whatever the run trains with."""
         self.model.eval()
+        saved = [b.moe.inference_routing for b in self.model.blocks]
+        for b in self.model.blocks:
+            b.moe.inference_routing = routing
         try:
             losses = [self.model(x, y)[0] for x, y in batches]
         finally:
             self.model.train()
+            for b, r in zip(self.model.blocks, saved):
+                b.moe.inference_routing = r
         return torch.stack(losses).mean().item()
 
     def state_dict(self):
@@ -429,6 +443,27 @@ class Trainer:
 
     def release(self):
         self.opt.release()
+
+
+def routing_summary(layer_stats, cfg):
+    """What routing did in one step, over the layers (leanmoe.RouterStats of each): the mean top-K
+    rows per expert (T*K/E) against the tile, how unequal the experts' loads are, and the share of
+    the T*K top-K pairs that token rounding dropped and added. Token rounding moves each expert's
+    count by less than a tile, so the perturbation it makes is about tile/2 / (T*K/E) per pair."""
+    f = torch.stack([s.topk_counts for s in layer_stats]).double()  # [layers, E]
+    r = torch.stack([s.expert_rows for s in layer_stats]).double()
+    pairs = layer_stats[0].tokens * cfg.topk
+    dropped = torch.stack([s.dropped_pairs for s in layer_stats]).double() / pairs
+    added = torch.stack([s.added_pairs for s in layer_stats]).double() / pairs
+    empty = torch.stack([s.tokens_without_expert for s in layer_stats]).double() / layer_stats[0].tokens
+    return dict(rows_per_expert=pairs / cfg.experts, tile=cfg.tile,
+                load_cv=(f.std(dim=1) / f.mean(dim=1)).mean().item(),  # coefficient of variation of f_e
+                f_min=int(f.min().item()), f_max=int(f.max().item()),
+                experts_below_half_tile=(f < cfg.tile / 2).sum(dim=1).double().mean().item(),
+                experts_without_rows=(r == 0).sum(dim=1).double().mean().item(),
+                dropped=dropped.mean().item(), added=added.mean().item(),
+                dropped_max=dropped.max().item(), added_max=added.max().item(),
+                tokens_without_expert=empty.mean().item())
 
 
 def digest(tensors):
@@ -541,12 +576,15 @@ def train_run(run, args, cfg, data, tok_json, meta, *, trainer=None, record=None
             twin.step(x, y)
         sync(dev)
         t0 = time.perf_counter()
-        loss, aux, norm = trainer.step(x, y)
+        stats_step = bool(args.eval_every) and step % args.eval_every == 0
+        loss, aux, norm, stats = trainer.step(x, y, routing_stats=stats_step)
         loss = loss.item()
         sync(dev)
         dt = time.perf_counter() - t0
-        if step >= time_from:
+        if step >= time_from and not stats_step:  # a step that reads routing statistics is not timed
             record["step_ms"].append(dt * 1e3)
+        if stats is not None:
+            record.setdefault("routing_stats", []).append([step, stats])
         aux, norm = aux.item(), norm.item()
         record["train_loss"].append(loss)
         record["aux_loss"].append(aux)
@@ -566,6 +604,9 @@ def train_run(run, args, cfg, data, tok_json, meta, *, trainer=None, record=None
                   f"peak {peak_memory_gib(dev):.2f} GiB  eta {(args.steps - step - 1) * ms / 1e3:.0f} s", flush=True)
     if args.eval_every and "diverged_at" not in record:
         record["val"].append([args.steps, args.steps * record["tokens_per_step"], trainer.evaluate(data.val)])
+        if run.routing != EVAL_ROUTING:  # the same model validated with its training routing: how much of
+            # the gap to top-K is the train/eval routing mismatch rather than a worse model
+            record["final_val_loss_train_routing"] = trainer.evaluate(data.val, run.routing)
     times = record["step_ms"]
     record.update(
         final_val_loss=record["val"][-1][2] if record["val"] and "diverged_at" not in record else None,
@@ -655,6 +696,20 @@ def difference(r, base, key):
     return r[key] - base[key]
 
 
+def topk_tokens_to_reach(base, loss):
+    """Tokens the top-K run needed to reach validation loss `loss` (linear between its validation
+    points; None if it never got there). A routing whose final loss top-K reached at a share s of the
+    budget costs 1 - s of the tokens: compare that with its step-time gain. Read it with care while
+    the curve is steep (a fixed loss gap is then few tokens) or flat (many)."""
+    pts = base["val"]
+    if loss is None or not pts:
+        return None
+    for (_, n0, l0), (_, n1, l1) in zip(pts, pts[1:]):
+        if l1 <= loss <= l0 and l0 > l1:
+            return n0 + (l0 - loss) / (l0 - l1) * (n1 - n0)
+    return pts[0][1] if loss >= pts[0][2] else None
+
+
 def render_table(records):
     meta = records[0]["meta"]
     m, d, a = meta["model"], meta["data"], meta["train"]
@@ -697,6 +752,21 @@ def render_table(records):
         loss = fmt(r["final_val_loss"], ".4f") if "diverged_at" not in r else f"diverged at step {r['diverged_at']}"
         lines.append(f"| {r['name']} | {r['label']} | {loss} | {fmt(dv, '+.4f')} | {fmt(r['tokens_per_s'], ',.0f')} | "
                      f"{fmt(r['step_ms_median'], '.2f')} | {fmt(ratio, '.3f')} | {fmt(r['peak_gib'], '.2f')} |")
+    with_stats = [r for r in records if r.get("routing_stats")]
+    if with_stats:
+        s0 = with_stats[0]["routing_stats"][0][1]
+        lines += ["", f"## Routing (training steps, mean over the layers and the {len(with_stats[0]['routing_stats'])} "
+                  f"validation steps; T·K/E = {s0['rows_per_expert']:.0f} top-K rows per expert on average, "
+                  f"tile {s0['tile']})", "",
+                  "| run | load CV | f_e min..max | experts < tile/2 | experts with no rows | pairs dropped | "
+                  "pairs added | val loss, own routing |", "|---|---|---|---|---|---|---|---|"]
+        for r in with_stats:
+            st = [x[1] for x in r["routing_stats"]]
+            mean = lambda k: sum(x[k] for x in st) / len(st)  # noqa: E731
+            lines.append(f"| {r['name']} | {mean('load_cv'):.2f} | {min(x['f_min'] for x in st)}.."
+                         f"{max(x['f_max'] for x in st)} | {mean('experts_below_half_tile'):.1f} | "
+                         f"{mean('experts_without_rows'):.1f} | {100 * mean('dropped'):.2f}% | "
+                         f"{100 * mean('added'):.2f}% | {fmt(r.get('final_val_loss_train_routing'), '.4f')} |")
     lines += ["", "## Bars and checks", ""]
     for r in records:
         dv = difference(r, base, "final_val_loss")
@@ -705,8 +775,12 @@ def render_table(records):
             speed = ("" if difference(r, base, "step_ms_median") is None else
                      f"; step time {r['step_ms_median']:.2f} ms vs top-K {base['step_ms_median']:.2f} ms "
                      f"(top-K / token rounding = {base['step_ms_median'] / r['step_ms_median']:.3f}x)")
+            reach = topk_tokens_to_reach(base, r["final_val_loss"])
+            reach = ("" if reach is None or not r.get("tokens") else
+                     f"; top-K reached that loss at {reach / 1e6:.2f} M tokens, {100 * reach / r['tokens']:.0f}% of "
+                     f"the budget")
             lines.append(f"- {r['name']}: |Δ val loss| {abs(dv):.4f} {'<=' if ok else '>'} {TOKEN_ROUNDING_BAR} nats: "
-                         f"{'PASS' if ok else 'FAIL'}{speed}")
+                         f"{'PASS' if ok else 'FAIL'}{speed}{reach}")
     for r in records:
         c = r["checks"].get("in_backward_bitwise")
         if c:

@@ -39,6 +39,18 @@ def test_train_lm_learns_and_its_checks_pass(tmp_path):
         assert r["tokens_per_s"] > 0 and r["step_ms_median"] > 0 and r["peak_gib"] > 0
     topk, inb = runs["topk"], runs["in-backward"]
     assert runs["tr-nearest"]["routing"] == "token_rounding" and runs["tr-nearest"]["eval_routing"] == "topk"
+    # Routing statistics of the training steps at the validation points: top-K moves nothing; nearest
+    # rounding moves each expert's count by at most tile/2, so at most E * tile/2 of the T*K pairs.
+    for name, r in runs.items():
+        stats = [s for _, s in r["routing_stats"]]
+        assert len(stats) == 10, name
+        for s in stats:
+            assert s["rows_per_expert"] == 8 * 64 * 2 / 8 and 0 <= s["f_min"] <= s["f_max"] <= 8 * 64, s
+            moved = s["dropped_max"] + s["added_max"]
+            assert 0 <= moved <= (0 if r["routing"] == "topk" else 8 * 16 / 2 / (8 * 64 * 2)), s
+    assert sum(s["dropped"] + s["added"] for _, s in runs["tr-nearest"]["routing_stats"]) > 0
+    assert "final_val_loss_train_routing" not in topk
+    assert abs(runs["tr-nearest"]["final_val_loss_train_routing"] - runs["tr-nearest"]["final_val_loss"]) < 0.5
 
     check = inb["checks"]["in_backward_bitwise"]
     assert check["passed"] and check["steps"] == STEPS, check
