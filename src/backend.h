@@ -30,7 +30,8 @@ struct BackwardArgs {
   Stream stream;
 };
 
-// Routing given by the caller (forward_routed / backward_routed).
+// Routing given by the caller (forward_routed / backward_routed), and the expert-parallel owner's
+// expert steps (src/ep: the pairs it received are the tokens, K = 1, experts local to the rank).
 struct RoutedForwardArgs {
   const MoEConfig& cfg;
   const Tensor& x;
@@ -41,6 +42,12 @@ struct RoutedForwardArgs {
   SavedState& saved;
   Workspace ws;
   Stream stream;
+  // The EP owner only (forward_routed leaves both): token t's rows read x row x_rows[t] (i32 [T] on
+  // x's device; x then holds the received tokens, fewer than T, and so does saved.x for backward),
+  // and out [T, d] gets each token's rows unweighted, so the pair's origin applies the gate in its
+  // own gather-sum, in the single-device order (docs/ep.md). backward_routed needs no such field.
+  const int32_t* x_rows = nullptr;
+  bool weighted_out = true;
 };
 
 struct RoutedBackwardArgs {

@@ -314,18 +314,19 @@ class CpuBackend final : public Backend {
 
   void forward_routed(const RoutedForwardArgs& a) override {
     const MoEConfig& c = a.cfg;
-    const int64_t T = a.x.shape[0], K = c.K;
+    const int64_t T = a.topk_experts.shape[0], K = c.K;
     const DType dtype = a.x.dtype;
     SavedState& saved = a.saved;
     Carver cv(a.ws, "forward_routed");
     const RoutedForwardScratch s = RoutedForwardScratch::carve(c, T, dtype, cv);
-    to_float(a.x.data, dtype, T * c.d, s.x);
+    to_float(a.x.data, dtype, a.x.numel(), s.x);  // T rows, or the EP owner's received tokens (<= T)
     to_float(a.topk_weights.data, a.topk_weights.dtype, T * K, s.weights);
     if (T > 0) std::memcpy(saved.topk_experts.data, a.topk_experts.data, size_t(T * K) * sizeof(int32_t));
     const RoutingMetadata meta{saved.row_token.ptr<int32_t>(), saved.row_gate.ptr<float>(),
                                saved.expert_offsets.ptr<int32_t>(), saved.token_offsets.ptr<int32_t>(),
                                saved.token_rows.ptr<int32_t>()};
-    const int64_t R = build_given_metadata(saved.topk_experts.ptr<int32_t>(), s.weights, T, c.E, K, s.cursor, meta);
+    const int64_t R =
+        build_given_metadata(saved.topk_experts.ptr<int32_t>(), s.weights, T, c.E, K, s.cursor, meta, a.x_rows);
     // Rows past the routed ones (sentinel slots) are zeroed: the saved state is a function of the inputs.
     const int64_t tail = saved.rows_capacity - R, W = up_width(c);
     if (tail > 0) {
@@ -334,7 +335,8 @@ class CpuBackend final : public Backend {
         std::memset(static_cast<char*>(t->data) + R * 4, 0, size_t(tail) * 4);
     }
     experts_forward(experts_problem(c, dtype, a.w, saved), s.x, saved.h.data, s.y, s.experts);
-    gather_sum_rows(s.y, meta.row_gate, nullptr, meta.token_offsets, meta.token_rows, T, c.d, dtype, a.out.data);
+    gather_sum_rows(s.y, a.weighted_out ? meta.row_gate : nullptr, nullptr, meta.token_offsets, meta.token_rows, T,
+                    c.d, dtype, a.out.data);
   }
 
   void backward_routed(const RoutedBackwardArgs& a) override {
@@ -345,7 +347,7 @@ class CpuBackend final : public Backend {
     const MoEGrads& g = a.grads;
     Carver cv(a.ws, "backward_routed");
     const RoutedBackwardScratch s = RoutedBackwardScratch::carve(c, T, dtype, cv);
-    to_float(saved.x.data, saved.x.dtype, T * d, s.x);
+    to_float(saved.x.data, saved.x.dtype, saved.x.numel(), s.x);  // as in forward_routed
     const bool want_dx = g.dx.defined();
     experts_backward(experts_problem(c, dtype, a.w, saved), a.d_out.data, saved, s.x, s.dS, s.dH,
                      want_dx ? s.dx_rows : nullptr, g, a.on_expert_grad, s.experts);

@@ -194,7 +194,7 @@ void router_backward(const RouterBackwardInputs& in, int64_t T, int64_t E, int64
 }
 
 int64_t build_given_metadata(const int32_t* topk_experts, const float* weights, int64_t T, int64_t E, int64_t K,
-                             int32_t* cursor, const RoutingMetadata& m) {
+                             int32_t* cursor, const RoutingMetadata& m, const int32_t* x_rows) {
   auto valid = [E](int32_t e) { return e >= 0 && e < E; };
   std::fill(cursor, cursor + E, 0);
   for (int64_t i = 0; i < T * K; ++i)
@@ -212,7 +212,7 @@ int64_t build_given_metadata(const int32_t* topk_experts, const float* weights, 
       const int32_t e = topk_experts[t * K + k];
       if (!valid(e)) continue;
       const int32_t row = cursor[e]++;
-      m.row_token[row] = int32_t(t);
+      m.row_token[row] = x_rows ? x_rows[t] : int32_t(t);
       m.row_gate[row] = weights[t * K + k];
       m.token_rows[at++] = row;
     }

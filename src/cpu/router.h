@@ -86,8 +86,9 @@ void router_backward(const RouterBackwardInputs& in, int64_t T, int64_t E, int64
 // Routing given by the caller: metadata from topk_experts [T, K] and weights [T, K] (fp32). Rows
 // are sorted by expert, stable by (token, slot); a token's rows are listed in slot order. Slots
 // with an expert id outside [0, E) get no row. cursor: [E] int32 scratch. Returns R.
+// row_token[row] = x_rows[t] when x_rows is given (the EP owner: the x row of a received pair), else t.
 int64_t build_given_metadata(const int32_t* topk_experts, const float* weights, int64_t T, int64_t E, int64_t K,
-                             int32_t* cursor, const RoutingMetadata& meta);
+                             int32_t* cursor, const RoutingMetadata& meta, const int32_t* x_rows = nullptr);
 
 // d_weights[t, k] = dS of the slot's row (0 for a slot without an expert), stored in `dtype`.
 void scatter_given_ds(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, const int32_t* token_offsets,

@@ -333,7 +333,7 @@ class CudaBackend final : public Backend {
     const MoEConfig& cfg = a.cfg;
     require_forward_aligned("forward_routed", cfg, a.x, a.w, a.out, a.saved, a.ws,
                             {{"topk_experts", &a.topk_experts}, {"topk_weights", &a.topk_weights}});
-    const int64_t T = a.x.shape[0], E = cfg.E, K = cfg.K;
+    const int64_t T = a.topk_experts.shape[0], E = cfg.E, K = cfg.K;  // x: T rows, or EP's received tokens
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     SavedState& s = a.saved;
     if (T == 0) {  // no tokens (no grid may be empty): no rows, as in forward
@@ -346,8 +346,9 @@ class CudaBackend final : public Backend {
     LEANMOE_CUDA_CHECK(cudaMemcpyAsync(s.topk_experts.data, a.topk_experts.data, size_t(T * K) * sizeof(int32_t),
                                        cudaMemcpyDeviceToDevice, stream));
     cuda::build_given_metadata(s.topk_experts.ptr<int32_t>(), a.topk_weights.data,
-                               a.topk_weights.dtype == DType::bf16, T, E, K, w.given_meta, metadata_out(s), stream);
-    experts_forward(cfg, T, a.x, a.w, s, w, a.out, stream);
+                               a.topk_weights.dtype == DType::bf16, T, E, K, w.given_meta, metadata_out(s), stream,
+                               a.x_rows);
+    experts_forward(cfg, T, a.x, a.w, s, w, a.out, stream, a.weighted_out);
     cuda::zero_unrouted_rows(s.expert_offsets.ptr<int32_t>(), E, s.rows_capacity, up_width(cfg), s.h.data,
                              metadata_out(s), stream);
   }
@@ -393,16 +394,16 @@ class CudaBackend final : public Backend {
     }
   }
 
-  // The expert steps of forward, both routings: up-projection + activation, down-projection, the
-  // gather-sum o_t = sum of gate * Y over the token's rows.
+  // The expert steps of forward, both routings and the EP owner: up-projection + activation,
+  // down-projection, the gather-sum o_t = sum of gate * Y over the token's rows (unweighted: EP).
   void experts_forward(const MoEConfig& cfg, int64_t T, const Tensor& x, const MoEWeights& wt, SavedState& s,
-                       const ForwardWorkspace& w, const Tensor& out, cudaStream_t stream) {
+                       const ForwardWorkspace& w, const Tensor& out, cudaStream_t stream, bool weighted = true) {
     const cuda::RoutedRows rows = routed_rows(s, cfg.E);
     const cuda::ExpertShape shape = expert_shape(cfg, T);
     cuda::up_proj_swiglu(rows, shape, x.data, wt.gate_up_proj.data, s.h.data, w.a, stream);
     cuda::down_proj(rows, shape, w.a, wt.down_proj.data, w.y, stream, w.expert_gemm);
-    cuda::aggregate_rows(w.y, s.row_gate.ptr<float>(), s.token_offsets.ptr<int32_t>(), s.token_rows.ptr<int32_t>(),
-                         T, cfg.d, out.data, stream);
+    cuda::aggregate_rows(w.y, weighted ? s.row_gate.ptr<float>() : nullptr, s.token_offsets.ptr<int32_t>(),
+                         s.token_rows.ptr<int32_t>(), T, cfg.d, out.data, stream);
   }
 
   // The expert steps of backward, both routings, in the order that lets the callback update each

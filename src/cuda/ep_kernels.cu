@@ -105,33 +105,15 @@ __device__ int64_t received_token(const PairRecord& rec, int64_t i, const int32_
   return int64_t(recv_offsets[src]) + rec.token;
 }
 
-__global__ void scatter_pairs_kernel(const PairRecord* __restrict__ records, int64_t R_loc,
-                                     const int32_t* __restrict__ recv_offsets, int P, int El, uint8_t* __restrict__ code,
-                                     float* __restrict__ gate_matrix) {
+__global__ void unpack_pairs_kernel(const PairRecord* __restrict__ records, int64_t R_loc,
+                                    const int32_t* __restrict__ recv_offsets, int P, int32_t* __restrict__ local_expert,
+                                    float* __restrict__ gate, int32_t* __restrict__ x_row) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= R_loc) return;
   const PairRecord rec = records[i];
-  const int64_t at = received_token(rec, i, recv_offsets, P) * El + rec.local_expert;
-  code[at] = kChosen;
-  gate_matrix[at] = rec.gate;
-}
-
-__global__ void pair_rows_kernel(const PairRecord* __restrict__ records, int64_t R_loc,
-                                 const int32_t* __restrict__ recv_offsets, int P,
-                                 const int32_t* __restrict__ expert_offsets, const int32_t* __restrict__ token_offsets,
-                                 const int32_t* __restrict__ token_rows, int32_t* __restrict__ pair_row) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= R_loc) return;
-  const PairRecord rec = records[i];
-  const int64_t t = received_token(rec, i, recv_offsets, P);
-  const int32_t lo = expert_offsets[rec.local_expert], hi = expert_offsets[rec.local_expert + 1];
-  for (int j = token_offsets[t]; j < token_offsets[t + 1]; ++j) {
-    const int32_t row = token_rows[j];
-    if (row >= lo && row < hi) {
-      pair_row[i] = row;
-      return;
-    }
-  }
+  local_expert[i] = rec.local_expert;
+  gate[i] = rec.gate;
+  x_row[i] = int32_t(received_token(rec, i, recv_offsets, P));
 }
 
 template <class V>
@@ -175,21 +157,12 @@ void receive_offsets(const PeerCounts* recv_counts, int P, int32_t* recv_offsets
   LEANMOE_CUDA_CHECK_LAUNCH("receive_offsets_kernel");
 }
 
-void scatter_received_pairs(const PairRecord* records, int64_t R_loc, const int32_t* recv_offsets, int P,
-                            int64_t El, uint8_t* code, float* gate_matrix, cudaStream_t stream) {
+void unpack_received_pairs(const PairRecord* records, int64_t R_loc, const int32_t* recv_offsets, int P,
+                           int32_t* local_expert, float* gate, int32_t* x_row, cudaStream_t stream) {
   if (R_loc <= 0) return;
-  scatter_pairs_kernel<<<blocks_for(R_loc), kThreads, 0, stream>>>(records, R_loc, recv_offsets, P, int(El), code,
-                                                                   gate_matrix);
-  LEANMOE_CUDA_CHECK_LAUNCH("scatter_pairs_kernel");
-}
-
-void received_pair_rows(const PairRecord* records, int64_t R_loc, const int32_t* recv_offsets, int P,
-                        const int32_t* expert_offsets, const int32_t* token_offsets, const int32_t* token_rows,
-                        int32_t* pair_row, cudaStream_t stream) {
-  if (R_loc <= 0) return;
-  pair_rows_kernel<<<blocks_for(R_loc), kThreads, 0, stream>>>(records, R_loc, recv_offsets, P, expert_offsets,
-                                                               token_offsets, token_rows, pair_row);
-  LEANMOE_CUDA_CHECK_LAUNCH("pair_rows_kernel");
+  unpack_pairs_kernel<<<blocks_for(R_loc), kThreads, 0, stream>>>(records, R_loc, recv_offsets, P, local_expert,
+                                                                  gate, x_row);
+  LEANMOE_CUDA_CHECK_LAUNCH("unpack_pairs_kernel");
 }
 
 void gather_rows(const void* src, const int32_t* index, int64_t count, size_t row_bytes, void* dst,

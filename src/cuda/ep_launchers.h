@@ -1,6 +1,6 @@
 // Host launchers of the expert-parallel pack/unpack kernels (ep_kernels.cu): everything the CUDA
-// EP layer (ep_layer.cpp) does on the device besides routing, the expert GEMMs and the gather-sum,
-// which it borrows from the single-GPU backend (launchers.h, expert_gemms.h). All asynchronous on
+// EP layer (ep_layer.cpp) does on the device besides routing, the expert steps and the gather-sum,
+// which are the single-GPU backend's (launchers.h, its routing-given entry point). All asynchronous on
 // `stream`; counts stay on the device, grids come from host-known bounds.
 #pragma once
 #include <cuda_runtime.h>
@@ -41,16 +41,11 @@ void pack_pair_records(const int32_t* expert_offsets, const int32_t* row_token, 
 // recv_offsets [2, P+1] = exclusive prefix sums of recv_counts' tokens, then of its pairs.
 void receive_offsets(const PeerCounts* recv_counts, int P, int32_t* recv_offsets, cudaStream_t stream);
 
-// The received pairs as a [T_loc, El] routing matrix for build_metadata: code = kChosen and
-// gate_matrix = the gate at (received token, local expert). code must be zeroed by the caller.
-// Received token index = recv_offsets[source] + record.token (messages arrive by source rank).
-void scatter_received_pairs(const PairRecord* records, int64_t R_loc, const int32_t* recv_offsets, int P,
-                            int64_t El, uint8_t* code, float* gate_matrix, cudaStream_t stream);
-
-// pair_row[i] = the owner's expert-sorted row of received pair i (from the metadata built above).
-void received_pair_rows(const PairRecord* records, int64_t R_loc, const int32_t* recv_offsets, int P,
-                        const int32_t* expert_offsets, const int32_t* token_offsets, const int32_t* token_rows,
-                        int32_t* pair_row, cudaStream_t stream);
+// The received pairs as the tokens of the owner's routing-given layer call (K = 1): pair i goes
+// to local_expert[i] with weight gate[i] and reads x row x_row[i] = recv_offsets[source] +
+// record.token (messages arrive by source rank, in both receive buffers).
+void unpack_received_pairs(const PairRecord* records, int64_t R_loc, const int32_t* recv_offsets, int P,
+                           int32_t* local_expert, float* gate, int32_t* x_row, cudaStream_t stream);
 
 // ---- both -----------------------------------------------------------------------------------
 // dst[i] = src[index[i]] for i < count, rows of row_bytes (a multiple of 4; 16-byte vectors when

@@ -2,17 +2,18 @@
 //   forward:  router GEMM + the single-GPU routing kernels on this rank's T_r tokens (token
 //             rounding per rank included) -> message plan and pair records (ep_kernels.cu) ->
 //             count exchange -> ONE host sync (the all-to-all sizes) -> x rows and records to the
-//             owners -> owner metadata built by the single-GPU build_metadata over a [T_loc, El]
-//             routing matrix of the received pairs -> up_proj_swiglu / down_proj on the received
-//             rows -> Y per pair back to the origin -> the single-GPU gather-sum.
-//   backward: dO rows to the owners -> dh_swiglu_bwd, dw2, dx_expert, dw1 on the owner (the
-//             in-backward callbacks see the local slices) -> dS and dX_exp per pair back -> the
-//             single-GPU router backward and dx gather at the origin. No host sync.
+//             owners -> the owner runs the CUDA backend's routing-given forward (the single-GPU
+//             layer's entry point) over its received pairs as tokens, K = 1, local experts -> Y per
+//             pair back to the origin -> the single-GPU gather-sum.
+//   backward: dO rows to the owners -> the backend's routing-given backward of the same call (dW2,
+//             dW1 and the in-backward callbacks on the local slices; dS and dX_exp per pair) -> dS
+//             and dX_exp back -> the single-GPU router backward and dx gather at the origin. No
+//             host sync.
 //
 // Equivalence with one GPU running the concatenated batch [rank 0's tokens; rank 1's; ...]
-// (docs/ep.md): the owner's rows of expert e are the received tokens in (source rank, source
-// token) order, which is the global token order, because build_metadata sorts stable by token and
-// the received tokens are laid out by source rank, ascending within a source. So every expert
+// (docs/ep.md): routing given sorts the owner's rows by local expert, stable by pair, and pairs
+// arrive by source rank, each source's in its row order (by expert, stable by token), so the rows
+// of expert e are in (source rank, source token) order = the global token order. So every expert
 // GEMM sees the same rows in the same order as on one GPU, and the per-row and per-expert results
 // only depend on those (grids come from rows_capacity, but no reduction is split across rows of
 // different experts, and a row's result does not depend on its tile neighbours). What can differ:
@@ -22,7 +23,8 @@
 //
 // Memory: three grow-only arenas (stream-ordered cudaMallocAsync, so growing never syncs the host):
 // the origin's (routing state kept for backward), the owner's (sized after the count exchange:
-// the received x rows, H and the owner metadata kept for backward), and backward's scratch.
+// the received x rows and the owner call's SavedState and forward workspace, plan_layer's sizes),
+// and backward's scratch (with the owner call's backward workspace).
 #include "cuda/ep_layer.h"
 
 #include <cublas_v2.h>
@@ -31,6 +33,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "backend.h"
 #include "carver.h"
 #include "cuda/check.h"
 #include "cuda/ep_launchers.h"
@@ -113,60 +116,42 @@ struct OriginMem {
   }
 };
 
-// Sized after the count exchange. x_recv, the owner metadata, pair_row and h are kept for backward.
+// Sized after the count exchange. x_recv and the owner's SavedState (H and its routing metadata,
+// plan_layer(owner_config, R_loc).saved_bytes) are kept for backward.
 struct OwnerMem {
   bf16_bits* x_send = nullptr;       // [n_send, d]
   bf16_bits* x_recv = nullptr;       // [T_loc, d]
   PairRecord* records = nullptr;     // [R_loc]
-  uint8_t* code = nullptr;           // [T_loc, El]
-  float* gate_matrix = nullptr;      // [T_loc, El]
-  int32_t* meta_scratch = nullptr;
-  int32_t* row_token = nullptr;      // [R_loc]
-  float* row_gate = nullptr;         // [R_loc]
-  int32_t* token_rows = nullptr;     // [R_loc]
-  int32_t* token_offsets = nullptr;  // [T_loc+1]
-  int32_t* expert_offsets = nullptr; // [El+1]
-  int32_t* pair_row = nullptr;       // [R_loc]
-  bf16_bits* h = nullptr;            // [R_loc, 2n]
-  bf16_bits* a = nullptr;            // [R_loc, n]
-  bf16_bits* y = nullptr;            // [R_loc, d]
-  bf16_bits* y_send = nullptr;       // [R_loc, d] in received-pair order
+  int32_t* pair_expert = nullptr;    // [R_loc] the owner call's topk_experts [R_loc, 1]
+  float* pair_gate = nullptr;        // [R_loc] its topk_weights
+  int32_t* pair_x_row = nullptr;     // [R_loc] its x_rows
+  void* saved = nullptr;             // the owner call's SavedState
+  void* forward_ws = nullptr;        // its forward workspace
+  bf16_bits* y_send = nullptr;       // [R_loc, d] Y per pair in received-pair order
   bf16_bits* y_rows = nullptr;       // [R, d] in the origin's row order
-  void* expert_gemm = nullptr;       // down_proj's own scratch: ranks on one GPU run concurrently
   OwnerMem() = default;
-  OwnerMem(Carver& c, const MoEConfig& cfg, const Sizes& z, int64_t El) {
-    const int64_t d = cfg.d, n = cfg.n;
+  OwnerMem(Carver& c, const MoEConfig& cfg, const Sizes& z, const LayerPlan& plan) {
+    const int64_t d = cfg.d;
     x_send = c.take<bf16_bits>(z.n_send * d);
     x_recv = c.take<bf16_bits>(z.T_loc * d);
     records = c.take<PairRecord>(z.R_loc);
-    code = c.take<uint8_t>(z.T_loc * El);
-    gate_matrix = c.take<float>(z.T_loc * El);
-    meta_scratch = c.take<int32_t>(z.T_loc > 0 ? metadata_scratch_ints(z.T_loc, El) : 0);
-    row_token = c.take<int32_t>(z.R_loc);
-    row_gate = c.take<float>(z.R_loc);
-    token_rows = c.take<int32_t>(z.R_loc);
-    token_offsets = c.take<int32_t>(z.T_loc + 1);
-    expert_offsets = c.take<int32_t>(El + 1);
-    pair_row = c.take<int32_t>(z.R_loc);
-    h = c.take<bf16_bits>(z.R_loc * 2 * n);
-    a = c.take<bf16_bits>(z.R_loc * n);
-    y = c.take<bf16_bits>(z.R_loc * d);
+    pair_expert = c.take<int32_t>(z.R_loc);
+    pair_gate = c.take<float>(z.R_loc);
+    pair_x_row = c.take<int32_t>(z.R_loc);
+    saved = c.take<char>(int64_t(plan.saved_bytes));
+    forward_ws = c.take<char>(int64_t(plan.forward_workspace_bytes));
     y_send = c.take<bf16_bits>(z.R_loc * d);
     y_rows = c.take<bf16_bits>(z.R * d);
-    expert_gemm = c.take<char>(int64_t(expert_gemm_workspace_bytes(El)));
   }
 };
 
 struct BackwardMem {
   bf16_bits* dout_send = nullptr;   // [n_send, d]
   bf16_bits* dout_recv = nullptr;   // [T_loc, d]
-  float* ds_partial = nullptr;      // [R_loc, parts]
-  float* ds_loc = nullptr;          // [R_loc]
-  float* ds_send = nullptr;         // [R_loc]
-  bf16_bits* dh = nullptr;          // [R_loc, 2n]
-  bf16_bits* a_prime_dx = nullptr;  // [R_loc, max(n, d)]: A', later dX_exp (as cuda_backend.cpp)
-  bf16_bits* dx_send = nullptr;     // [R_loc, d]
-  float* dS;              // [R] origin rows
+  void* routed_ws = nullptr;        // the owner call's backward workspace
+  float* ds_send = nullptr;         // [R_loc] dS per received pair (its d_topk_weights)
+  bf16_bits* dx_send = nullptr;     // [R_loc, d] dX_exp per received pair (its dx)
+  float* dS = nullptr;              // [R] origin rows
   bf16_bits* dx_rows = nullptr;     // [R, d] origin rows
   float* zdz = nullptr;             // [T, E]
   bf16_bits* dz_split = nullptr;    // [T, 2E]
@@ -174,17 +159,13 @@ struct BackwardMem {
   int32_t* topk_counts = nullptr;   // [E]
   float* dx_router = nullptr;       // [T, d]
   float* d_router_f32 = nullptr;    // [2E, d]
-  void* expert_gemm = nullptr;      // dx_expert's own scratch
   BackwardMem() = default;
-  BackwardMem(Carver& c, const MoEConfig& cfg, const Sizes& z, int parts, int64_t El) {
-    const int64_t d = cfg.d, n = cfg.n, E = cfg.E;
+  BackwardMem(Carver& c, const MoEConfig& cfg, const Sizes& z, size_t routed_ws_bytes) {
+    const int64_t d = cfg.d, E = cfg.E;
     dout_send = c.take<bf16_bits>(z.n_send * d);
     dout_recv = c.take<bf16_bits>(z.T_loc * d);
-    ds_partial = c.take<float>(z.R_loc * parts);
-    ds_loc = c.take<float>(z.R_loc);
+    routed_ws = c.take<char>(int64_t(routed_ws_bytes));
     ds_send = c.take<float>(z.R_loc);
-    dh = c.take<bf16_bits>(z.R_loc * 2 * n);
-    a_prime_dx = c.take<bf16_bits>(z.R_loc * std::max(n, d));
     dx_send = c.take<bf16_bits>(z.R_loc * d);
     dS = c.take<float>(z.R);
     dx_rows = c.take<bf16_bits>(z.R * d);
@@ -194,7 +175,6 @@ struct BackwardMem {
     topk_counts = c.take<int32_t>(E);
     dx_router = c.take<float>(z.T * d);
     d_router_f32 = c.take<float>(2 * E * d);
-    expert_gemm = c.take<char>(int64_t(expert_gemm_workspace_bytes(El)));
   }
 };
 
@@ -233,10 +213,20 @@ struct EpLayer::Impl {
   Sizes z;
   OriginMem o;  // the origin's routing (kept for backward)
   OwnerMem own;  // the owner's received rows and metadata (kept for backward)
+  MoEConfig owner_cfg;
+  LayerPlan owner_plan;      // plan_layer(owner_cfg, R_loc)
+  SavedState owner_saved;    // the owner call's saved state, over own.saved; x = the received x rows
+  detail::Backend& backend;  // the CUDA backend: its routing-given entry point runs the owner's experts
   std::vector<int64_t> send_tokens, send_pairs, recv_tokens, recv_pairs;  // per peer
 
-  Impl(const MoEConfig& c, ::leanmoe::ep::Communicator& cm)
-      : cfg(c), comm(cm), P(cm.size()), El(c.E / cm.size()), stream(static_cast<cudaStream_t>(cm.stream())) {
+  Impl(const MoEConfig& c, const MoEConfig& owner, ::leanmoe::ep::Communicator& cm)
+      : cfg(c),
+        comm(cm),
+        P(cm.size()),
+        El(c.E / cm.size()),
+        stream(static_cast<cudaStream_t>(cm.stream())),
+        owner_cfg(owner),
+        backend(detail::backend_for(Device::cuda, "comm")) {
     LEANMOE_CUBLAS_CHECK(cublasCreate(&cublas));
     LEANMOE_CUDA_CHECK(cudaMalloc(&cublas_ws, kRouterCublasWorkspace));
     LEANMOE_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&host_counts), 2 * P * sizeof(PeerCounts)));
@@ -268,9 +258,6 @@ struct EpLayer::Impl {
   void router_logits(const void* xd, const void* wr, int64_t T, float* zout) {
     gemm_bf16(CUBLAS_OP_T, CUBLAS_OP_N, int(cfg.E), int(T), int(cfg.d), wr, int(cfg.d), xd, int(cfg.d), zout);
   }
-
-  RoutedRows local_rows() const { return {own.expert_offsets, own.row_token, own.row_gate, z.R_loc, El}; }
-  ExpertShape local_shape() const { return {z.T_loc, cfg.d, cfg.n}; }
 
   void forward(const Tensor& xin, const MoEWeights& wt, const Tensor& out) {
     const int64_t T = xin.shape[0], E = cfg.E, d = cfg.d;
@@ -319,31 +306,33 @@ struct EpLayer::Impl {
                   " pairs; both must be <= 2^31 - 1 (the owner's routing metadata is i32)");
 
     // 4. Dispatch: token rows and pair records to the owners.
-    own = owner_arena.carve<OwnerMem>(stream, cfg, z, El);
+    owner_plan = plan_layer(owner_cfg, z.R_loc, DType::bf16, Device::cuda);
+    own = owner_arena.carve<OwnerMem>(stream, cfg, z, owner_plan);
     ep::gather_rows(x.data, o.send_tokens, z.n_send, row_bytes, own.x_send, stream);
     exchange(own.x_send, send_tokens, own.x_recv, recv_tokens, row_bytes);
     exchange(o.records, send_pairs, own.records, recv_pairs, sizeof(PairRecord));
 
-    // 5. Owner metadata: rows by local expert, stable by received token = (source rank, token).
-    if (z.T_loc > 0) {
-      LEANMOE_CUDA_CHECK(cudaMemsetAsync(own.code, 0, size_t(z.T_loc * El), stream));
-      const int32_t* recv_offsets = o.recv_offsets;
-      ep::scatter_received_pairs(own.records, z.R_loc, recv_offsets, P, El, own.code, own.gate_matrix, stream);
-      // gate = the matrix value as is (renormalised = false; sum_chosen is then never read).
-      build_metadata(own.code, own.gate_matrix, own.gate_matrix, false, z.T_loc, El, own.meta_scratch,
-                     {own.row_token, own.row_gate, own.token_rows, own.token_offsets, own.expert_offsets}, stream);
-      ep::received_pair_rows(own.records, z.R_loc, recv_offsets, P, own.expert_offsets, own.token_offsets, own.token_rows,
-                             own.pair_row, stream);
-    } else {
-      LEANMOE_CUDA_CHECK(cudaMemsetAsync(own.expert_offsets, 0, size_t(El + 1) * sizeof(int32_t), stream));
-    }
+    // 5. Owner: the CUDA backend's routing-given forward over the received pairs as tokens (K = 1):
+    //    pair i goes to its local expert with its gate and reads the x row of its token. Rows come
+    //    out sorted by local expert, stable by pair = (source rank, token) = global token order;
+    //    H and the metadata stay in owner_saved for backward; y_send gets Y per pair, unweighted,
+    //    in received order.
+    ep::unpack_received_pairs(own.records, z.R_loc, o.recv_offsets, P, own.pair_expert, own.pair_gate,
+                              own.pair_x_row, stream);
+    const int dev = x.device_index;
+    owner_saved = make_saved_state(owner_cfg, z.R_loc, DType::bf16, Device::cuda, own.saved, owner_plan.saved_bytes,
+                                   dev);
+    owner_saved.x = Tensor::contiguous(own.x_recv, DType::bf16, Device::cuda, {z.T_loc, d}, dev);
+    const Tensor topk = Tensor::contiguous(own.pair_expert, DType::i32, Device::cuda, {z.R_loc, 1}, dev);
+    const Tensor gates = Tensor::contiguous(own.pair_gate, DType::f32, Device::cuda, {z.R_loc, 1}, dev);
+    const Tensor y_send = Tensor::contiguous(own.y_send, DType::bf16, Device::cuda, {z.R_loc, d}, dev);
+    backend.forward_routed({owner_cfg, owner_saved.x, topk, gates, wt, y_send, owner_saved,
+                            {own.forward_ws, owner_plan.forward_workspace_bytes}, stream, own.pair_x_row,
+                            /*weighted_out=*/false});
     forward_done = true;
 
-    // 6. Local experts on the received rows (H kept for backward), Y per pair back to the origin,
-    //    which receives them in its own row order and runs the single-GPU gather-sum.
-    up_proj_swiglu(local_rows(), local_shape(), own.x_recv, wt.gate_up_proj.data, own.h, own.a, stream);
-    down_proj(local_rows(), local_shape(), own.a, wt.down_proj.data, own.y, stream, own.expert_gemm);
-    ep::gather_rows(own.y, own.pair_row, z.R_loc, row_bytes, own.y_send, stream);
+    // 6. Y per pair back to the origin, which receives them in its own row order and runs the
+    //    single-GPU gather-sum.
     exchange(own.y_send, recv_pairs, own.y_rows, send_pairs, row_bytes);
     aggregate_rows(own.y_rows, o.row_gate, o.token_offsets, o.token_rows, T, d, out.data, stream);
   }
@@ -351,37 +340,31 @@ struct EpLayer::Impl {
   void backward(const Tensor& d_out, const MoEWeights& wt, const MoEGrads& g, const ExpertGradCallback& cb) {
     const int64_t T = z.T, E = cfg.E, K = cfg.K, d = cfg.d;
     const size_t row_bytes = size_t(d) * sizeof(bf16_bits);
-    const int parts = ds_partials(local_shape());
-    BackwardMem b = backward_arena.carve<BackwardMem>(stream, cfg, z, parts, El);
-    const RoutedRows rows = local_rows();
-    const ExpertShape shape = local_shape();
+    BackwardMem b = backward_arena.carve<BackwardMem>(stream, cfg, z, owner_plan.backward_workspace_bytes);
 
     // 1. dO rows to the owners (the same tokens as x in forward).
     ep::gather_rows(d_out.data, o.send_tokens, z.n_send, row_bytes, b.dout_send, stream);
     exchange(b.dout_send, send_tokens, b.dout_recv, recv_tokens, row_bytes);
 
-    // 2. Owner: the single-GPU expert backward on the received rows, callbacks on the local slices.
-    dh_swiglu_bwd(rows, shape, b.dout_recv, wt.down_proj.data, own.h, b.dh, b.a_prime_dx, b.ds_partial, stream);
-    if (g.d_down_proj.defined()) {
-      dw2(rows, shape, b.dout_recv, b.a_prime_dx, g.d_down_proj.data, stream);
-      if (cb) cb(ExpertWeight::down_proj, g.d_down_proj);
-    }
-    if (g.dx.defined()) dx_expert(rows, shape, b.dh, wt.gate_up_proj.data, b.a_prime_dx, stream, b.expert_gemm);
-    if (g.d_gate_up_proj.defined()) {
-      dw1(rows, shape, b.dh, own.x_recv, g.d_gate_up_proj.data, stream);
-      if (cb) cb(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
-    }
-    if (!g.dx.defined() && !g.d_router.defined()) return;
+    // 2. Owner: the routing-given backward of the same call. The in-backward callbacks see the
+    //    local slices; dS and dX_exp come out per received pair, in received order.
+    const bool want_dx = g.dx.defined(), want_ds = want_dx || g.d_router.defined();
+    const int dev = x.device_index;
+    MoEGrads owner_grads;
+    if (want_dx) owner_grads.dx = Tensor::contiguous(b.dx_send, DType::bf16, Device::cuda, {z.R_loc, d}, dev);
+    owner_grads.d_gate_up_proj = g.d_gate_up_proj;
+    owner_grads.d_down_proj = g.d_down_proj;
+    if (want_ds)
+      owner_grads.d_topk_weights = Tensor::contiguous(b.ds_send, DType::f32, Device::cuda, {z.R_loc, 1}, dev);
+    const Tensor dout = Tensor::contiguous(b.dout_recv, DType::bf16, Device::cuda, {z.T_loc, d}, dev);
+    backend.backward_routed({owner_cfg, dout, wt, owner_saved, owner_grads,
+                             {b.routed_ws, owner_plan.backward_workspace_bytes}, cb, stream});
+    if (!want_ds) return;
 
-    // 3. Per pair back to the origin: dS (the router needs it for dx and dWr), dX_exp rows (dx only).
-    //    Two exchanges that land where they are read, instead of one packed message and an unpack.
-    if (z.R_loc > 0) reduce_ds(b.ds_partial, parts, own.expert_offsets, El, z.R_loc, b.ds_loc, stream);
-    ep::gather_rows(b.ds_loc, own.pair_row, z.R_loc, sizeof(float), b.ds_send, stream);
+    // 3. Per pair back to the origin: dS (the router needs it for dx and dWr), dX_exp rows (dx only),
+    //    each landing where the origin reads it.
     exchange(b.ds_send, recv_pairs, b.dS, send_pairs, sizeof(float));
-    if (g.dx.defined()) {
-      ep::gather_rows(b.a_prime_dx, own.pair_row, z.R_loc, row_bytes, b.dx_send, stream);
-      exchange(b.dx_send, recv_pairs, b.dx_rows, send_pairs, row_bytes);
-    }
+    if (want_dx) exchange(b.dx_send, recv_pairs, b.dx_rows, send_pairs, row_bytes);
 
     // 4. Router backward at the origin: cuda_backend.cpp's steps on this rank's T_r tokens.
     router_logits(x.data, wt.router.data, T, b.zdz);
@@ -419,7 +402,8 @@ struct EpLayer::Impl {
   }
 };
 
-EpLayer::EpLayer(const MoEConfig& cfg, ::leanmoe::ep::Communicator& comm) : impl_(std::make_unique<Impl>(cfg, comm)) {}
+EpLayer::EpLayer(const MoEConfig& cfg, const MoEConfig& owner_cfg, ::leanmoe::ep::Communicator& comm)
+    : impl_(std::make_unique<Impl>(cfg, owner_cfg, comm)) {}
 EpLayer::~EpLayer() = default;
 
 void EpLayer::forward(const Tensor& x, const MoEWeights& w, const Tensor& out) { impl_->forward(x, w, out); }
@@ -433,7 +417,7 @@ std::vector<int64_t> EpLayer::local_expert_counts() {
   std::vector<int64_t> counts(El, 0);
   if (!impl_->forward_done) return counts;
   std::vector<int32_t> offsets(El + 1);
-  LEANMOE_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), impl_->own.expert_offsets, offsets.size() * sizeof(int32_t),
+  LEANMOE_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), impl_->owner_saved.expert_offsets.data, offsets.size() * sizeof(int32_t),
                                      cudaMemcpyDeviceToHost, impl_->stream));
   LEANMOE_CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
   for (int64_t e = 0; e < El; ++e) counts[e] = offsets[e + 1] - offsets[e];

@@ -16,7 +16,9 @@ std::string ep_unsupported_reason(const MoEConfig& cfg, DType dtype);
 
 class EpLayer {
  public:
-  EpLayer(const MoEConfig& cfg, ::leanmoe::ep::Communicator& comm);
+  // owner_cfg: the config of the owner's routing-given layer call over the received pairs
+  // (expert_parallel_layer.cpp's owner_config: E/P experts, K = 1).
+  EpLayer(const MoEConfig& cfg, const MoEConfig& owner_cfg, ::leanmoe::ep::Communicator& comm);
   ~EpLayer();
   EpLayer(const EpLayer&) = delete;
   EpLayer& operator=(const EpLayer&) = delete;

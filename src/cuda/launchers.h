@@ -81,8 +81,10 @@ void route(const MoEConfig& cfg, int64_t T, const RoutingScratch& scratch, bool 
 // Routing given by the caller: metadata from topk_experts [T, K] (ids outside [0, E) get no row)
 // and their weights [T, K] (fp32, or bf16 when weights_bf16). Rows sorted by expert, stable by
 // (token, slot); a token's rows in slot order. scratch: metadata_scratch_ints(T, E). T > 0.
+// row_token[row] = x_rows[t] when x_rows is given (the EP owner: the x row of a received pair), else t.
 void build_given_metadata(const int32_t* topk_experts, const void* weights, bool weights_bf16, int64_t T, int64_t E,
-                          int64_t K, int32_t* scratch, const MetadataOut& out, cudaStream_t stream);
+                          int64_t K, int32_t* scratch, const MetadataOut& out, cudaStream_t stream,
+                          const int32_t* x_rows = nullptr);
 
 // Zeroes the saved rows past expert_offsets[E] (h bf16 [R_max, width], row_gate, row_token, token_rows).
 void zero_unrouted_rows(const int32_t* expert_offsets, int64_t E, int64_t rows_capacity, int64_t width, void* h,

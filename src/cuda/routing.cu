@@ -111,7 +111,8 @@ void route(const MoEConfig& cfg, int64_t T, const RoutingScratch& r, bool count,
 }
 
 void build_given_metadata(const int32_t* topk_experts, const void* weights, bool weights_bf16, int64_t T, int64_t E,
-                          int64_t K, int32_t* scratch, const MetadataOut& out, cudaStream_t stream) {
+                          int64_t K, int32_t* scratch, const MetadataOut& out, cudaStream_t stream,
+                          const int32_t* x_rows) {
   const MetadataScratch m(scratch, T, E);
   kernels::count_given_kernel<<<m.tiles, kernels::kGivenCountThreads, size_t(E) * sizeof(int), stream>>>(
       topk_experts, int(T), int(E), int(K), m.tile_counts, m.token_counts);
@@ -120,7 +121,7 @@ void build_given_metadata(const int32_t* topk_experts, const void* weights, bool
   const int blocks = (m.tiles + kernels::kGivenScatterWarps - 1) / kernels::kGivenScatterWarps;
   const size_t smem = size_t(kernels::kGivenScatterWarps) * E * sizeof(int);
   kernels::scatter_given_kernel<<<blocks, 32 * kernels::kGivenScatterWarps, smem, stream>>>(
-      topk_experts, weights, weights_bf16, int(T), int(E), int(K), m.tiles, m.tile_base, out);
+      topk_experts, weights, weights_bf16, int(T), int(E), int(K), m.tiles, m.tile_base, x_rows, out);
   LEANMOE_CUDA_CHECK_LAUNCH("scatter_given_kernel");
 }
 

@@ -1,17 +1,18 @@
 // ExpertParallelLayer (include/leanmoe/ep.h): routing on the token's own rank, dispatch of token
-// rows to the expert owners, local expert math, and the way back. The expert math and routing are
-// the CPU backend's own functions (cpu/router.h, cpu/experts.h), called on the received rows with
-// routing metadata built here, so EP computes exactly what one rank computes.
+// rows to the expert owners, local expert math, and the way back. The routing is the CPU backend's
+// own functions (cpu/router.h); the owner's expert steps are the CPU backend's routing-given entry
+// point (Backend::forward_routed / backward_routed) over the pairs it received, as tokens with
+// K = 1 and experts local to the rank, so EP runs exactly the steps one rank runs.
 //
 // Row orders. EP keeps every sum of one rank running the concatenated batch
 // [rank 0's tokens; rank 1's tokens; ...] in the same order (docs/ep.md):
 // - origin: rows sorted by expert, stable by token (build_metadata). Owner q's experts are
 //   contiguous, so the rows bound for q are one contiguous range, sent in row order.
-// - owner: rows sorted by local expert, stable by (source rank, source token) = global token
-//   order, which is the single-rank row order of that expert: the grouped GEMMs see the same rows
-//   in the same order.
-// - combine: the owner returns one row per (token, expert) pair (Y forward; dX_exp and dS
-//   backward), in the order it received them, so the origin receives them in its own row order
+// - owner: pairs arrive by source rank, in the source's row order. Routing given sorts them by
+//   local expert, stable by pair = by (source rank, source token) = global token order, which is
+//   the single-rank row order of that expert: the grouped GEMMs see the same rows in the same order.
+// - combine: the owner returns one row per (token, expert) pair (Y forward, unweighted; dX_exp and
+//   dS backward) in the order it received them, so the origin receives them in its own row order
 //   and runs the single-rank gather-sum unchanged. Returning per-pair rows costs K*d per token
 //   instead of at most min(K, P)*d for owner-side partial sums; it buys the unchanged sum order.
 // Results are still not bitwise equal to one rank: BLAS picks GEMM kernels by shape (the router
@@ -20,9 +21,10 @@
 //
 // With a cuda communicator (comm.device() == cuda) the tensors live on the GPU and this file only
 // validates and forwards to the CUDA implementation (src/cuda/ep_layer.cpp), which follows the same
-// row orders with the CUDA backend's kernels.
+// row orders and calls the CUDA backend's routing-given entry point the same way.
 #include <cstring>
 
+#include "backend.h"
 #include "cpu/experts.h"
 #include "cpu/router.h"
 #include "leanmoe/ep.h"
@@ -79,24 +81,15 @@ void check_matrix(const Tensor& t, const char* fn, const char* arg, std::initial
   EP_REQUIRE(t.is_contiguous(), where + "must be contiguous, got " + t.describe());
 }
 
-// Scratch for the expert loops on the owner, sized for T_loc received tokens (an expert gets at
-// most one row per token).
-struct OwnedScratch {
-  std::vector<float> rows, w1, w2, h_acc, act, d_act, dw;
-  ExpertScratch view;
-  OwnedScratch(const MoEConfig& c, int64_t T_loc, DType dtype) {
-    const int64_t d = c.d, n = c.n;
-    const bool copies = dtype == DType::bf16;
-    rows.resize(T_loc * d);
-    w1.resize(copies ? 2 * n * d : 0);
-    w2.resize(copies ? d * n : 0);
-    h_acc.resize(T_loc * 2 * n);
-    act.resize(T_loc * n);
-    d_act.resize(T_loc * n);
-    dw.resize(2 * n * d);
-    view = {rows.data(), w1.data(), w2.data(), h_acc.data(), act.data(), d_act.data(), dw.data()};
-  }
-};
+// The owner's layer call: cfg over the local experts, the received pairs as tokens (K = 1),
+// routing given (the origin routed them).
+MoEConfig owner_config(const MoEConfig& cfg, int64_t local_experts) {
+  MoEConfig c = cfg;
+  c.E = local_experts;
+  c.K = 1;
+  c.routing = Routing::given;
+  return c;
+}
 
 }  // namespace
 
@@ -117,25 +110,19 @@ struct ExpertParallelLayer::State {
   std::vector<int64_t> send_token_counts;    // [P]
   std::vector<int64_t> send_pair_counts;     // [P] = this rank's rows of each owner's experts
 
-  // Owner side: the rows received for the local experts.
+  // Owner side: the received pairs, the tokens of one routing-given call over the local experts.
   int64_t T_loc = 0, R_loc = 0;
   std::vector<int64_t> recv_token_counts, recv_pair_counts;  // [P]
   std::vector<char> x_recv;                  // [T_loc, d] storage dtype (kept: backward's dW1 needs it)
-  std::vector<int32_t> local_expert_offsets;  // [El+1]
-  std::vector<int32_t> local_row_token;      // [R_loc]
-  std::vector<float> local_row_gate;         // [R_loc]
-  std::vector<int32_t> pair_row;             // [R_loc] received pair i -> local sorted row
-  std::vector<char> h;                       // [R_loc, 2n] storage dtype
+  MoEConfig owner_cfg;                       // owner_config(cfg, El), both devices
+  LayerPlan owner_plan;                      // plan_layer(owner_cfg, R_loc)
+  Buffer owner_saved_buf;                    // behind owner_saved (H and the owner's routing metadata)
+  SavedState owner_saved;                    // owner_saved.x = the received x rows
 #if defined(LEANMOE_WITH_CUDA)
   std::unique_ptr<cuda::EpLayer> gpu;        // set when comm.device() == cuda: everything below is unused
 #endif
 
   State(const MoEConfig& c, Communicator& cm) : cfg(c), comm(cm) {}
-
-  ExpertsProblem local_problem(const MoEWeights& w) const {
-    return {cfg.d, cfg.n, El, dtype, w.gate_up_proj.data, w.down_proj.data, local_expert_offsets.data(),
-            local_row_token.data(), local_row_gate.data()};
-  }
 
   // all_to_all_v of `per_peer` elements of elem_bytes from each rank (counts on both sides known).
   void exchange(const void* send, const std::vector<int64_t>& send_counts, void* recv,
@@ -175,13 +162,14 @@ ExpertParallelLayer::ExpertParallelLayer(const MoEConfig& cfg, Communicator& com
              "got " + cfg.describe());
   s_->P = P;
   s_->El = cfg.E / P;
+  s_->owner_cfg = owner_config(cfg, s_->El);
   s_->first = comm.rank() * s_->El;
   if (comm.device() == Device::cuda) {
 #if defined(LEANMOE_WITH_CUDA)
     // Storage-independent rules here; the dtype (bf16 only) is checked in forward.
     const std::string why = cuda::ep_unsupported_reason(cfg, DType::bf16);
     EP_REQUIRE(why.empty(), "ExpertParallelLayer: argument 'cfg': not supported by the CUDA EP layer: " + why);
-    s_->gpu = std::make_unique<cuda::EpLayer>(cfg, comm);
+    s_->gpu = std::make_unique<cuda::EpLayer>(cfg, s_->owner_cfg, comm);
 #else
     throw Error("ExpertParallelLayer: argument 'comm': is a cuda communicator, but this leanmoe was built without "
                 "the CUDA backend");
@@ -200,7 +188,8 @@ std::vector<int64_t> ExpertParallelLayer::local_expert_counts() const {
 #endif
   std::vector<int64_t> counts(s_->El, 0);
   if (!s_->forward_done) return counts;
-  for (int64_t e = 0; e < s_->El; ++e) counts[e] = s_->local_expert_offsets[e + 1] - s_->local_expert_offsets[e];
+  const int32_t* offsets = s_->owner_saved.expert_offsets.ptr<int32_t>();
+  for (int64_t e = 0; e < s_->El; ++e) counts[e] = offsets[e + 1] - offsets[e];
   return counts;
 }
 
@@ -308,38 +297,41 @@ void ExpertParallelLayer::forward(const Tensor& x, const MoEWeights& w, const Te
   std::vector<PairRecord> pairs_recv(s.R_loc);
   s.exchange(pairs.data(), s.send_pair_counts, pairs_recv.data(), s.recv_pair_counts, sizeof(PairRecord));
 
-  // 4. Owner metadata: rows by local expert, stable by (source rank, source token).
-  s.local_expert_offsets.assign(El + 1, 0);
-  for (const PairRecord& r : pairs_recv) ++s.local_expert_offsets[r.local_expert + 1];
-  for (int64_t e = 0; e < El; ++e) s.local_expert_offsets[e + 1] += s.local_expert_offsets[e];
-  std::vector<int32_t> cursor(s.local_expert_offsets.begin(), s.local_expert_offsets.end() - 1);
-  s.local_row_token.assign(s.R_loc, 0);
-  s.local_row_gate.assign(s.R_loc, 0.f);
-  s.pair_row.assign(s.R_loc, 0);
+  // 4. Owner: the CPU backend's routing-given forward over the received pairs as tokens (K = 1):
+  //    pair i goes to its local expert with its gate and reads the x row of its token. Rows come
+  //    out sorted by local expert, stable by pair; H and the metadata stay in owner_saved for
+  //    backward; y_send gets Y per pair, unweighted, in received order.
+  std::vector<int32_t> pair_expert(s.R_loc), pair_x_row(s.R_loc);
+  std::vector<float> pair_gate(s.R_loc);
   for (int src = 0; src < P; ++src)
     for (int64_t i = recv_pair_off[src]; i < recv_pair_off[src + 1]; ++i) {
-      const PairRecord& r = pairs_recv[i];
-      const int32_t row = cursor[r.local_expert]++;
-      s.pair_row[i] = row;
-      s.local_row_token[row] = int32_t(recv_token_off[src] + r.token);
-      s.local_row_gate[row] = r.gate;
+      pair_expert[i] = pairs_recv[i].local_expert;
+      pair_gate[i] = pairs_recv[i].gate;
+      pair_x_row[i] = int32_t(recv_token_off[src] + pairs_recv[i].token);
     }
+  s.owner_plan = plan_layer(s.owner_cfg, s.R_loc, s.dtype, dev);
+  s.owner_saved_buf = Buffer(dev, s.owner_plan.saved_bytes);
+  s.owner_saved = make_saved_state(s.owner_cfg, s.R_loc, s.dtype, dev, s.owner_saved_buf.data(),
+                                   s.owner_saved_buf.bytes());
+  s.owner_saved.x = Tensor::contiguous(s.x_recv.data(), s.dtype, dev, {s.T_loc, d});
+  const Tensor topk = Tensor::contiguous(pair_expert.data(), DType::i32, dev, {s.R_loc, 1});
+  const Tensor gates = Tensor::contiguous(pair_gate.data(), DType::f32, dev, {s.R_loc, 1});
+  std::vector<char> y_send(s.R_loc * row_bytes);
+  const Tensor y_send_t = Tensor::contiguous(y_send.data(), s.dtype, dev, {s.R_loc, d});
+  const Buffer ws(dev, s.owner_plan.forward_workspace_bytes);
+  const ::leanmoe::detail::RoutedForwardArgs routed{
+      s.owner_cfg, s.owner_saved.x, topk, gates, w, y_send_t, s.owner_saved, {ws.data(), ws.bytes()}, nullptr,
+      pair_x_row.data(), /*weighted_out=*/false};
+  ::leanmoe::detail::cpu_backend().forward_routed(routed);
   s.forward_done = true;
 
-  // 5. Local experts on the received rows: H kept for backward, Y rounded to storage.
-  std::vector<float> x_loc(s.T_loc * d), y_loc(s.R_loc * d);
-  to_float(s.x_recv.data(), s.dtype, s.T_loc * d, x_loc.data());
-  s.h.assign(s.R_loc * 2 * n * dtype_size(s.dtype), 0);
-  OwnedScratch scratch(c, s.T_loc, s.dtype);
-  experts_forward(s.local_problem(w), x_loc.data(), s.h.data(), y_loc.data(), scratch.view);
-
-  // 6. Combine: Y per pair back to its origin, which receives them in its own row order.
-  std::vector<float> y_send(s.R_loc * d), y_rows(s.R * d);
-  for (int64_t i = 0; i < s.R_loc; ++i)
-    std::memcpy(&y_send[i * d], &y_loc[int64_t(s.pair_row[i]) * d], d * sizeof(float));
-  s.exchange(y_send.data(), s.recv_pair_counts, y_rows.data(), s.send_pair_counts, d * sizeof(float));
-  gather_sum_rows(y_rows.data(), s.row_gate.data(), nullptr, s.token_offsets.data(), s.token_rows.data(), T, d,
-                  s.dtype, out.data);
+  // 5. Combine: Y per pair back to its origin, which receives them in its own row order.
+  std::vector<char> y_rows(s.R * row_bytes);
+  s.exchange(y_send.data(), s.recv_pair_counts, y_rows.data(), s.send_pair_counts, row_bytes);
+  std::vector<float> y(s.R * d);
+  to_float(y_rows.data(), s.dtype, s.R * d, y.data());
+  gather_sum_rows(y.data(), s.row_gate.data(), nullptr, s.token_offsets.data(), s.token_rows.data(), T, d, s.dtype,
+                  out.data);
 }
 
 void ExpertParallelLayer::backward(const Tensor& d_out, const MoEWeights& w, const MoEGrads& g,
@@ -369,34 +361,33 @@ void ExpertParallelLayer::backward(const Tensor& d_out, const MoEWeights& w, con
   std::vector<char> dout_recv(s.T_loc * row_bytes);
   s.exchange(dout_send.data(), s.send_token_counts, dout_recv.data(), s.recv_token_counts, row_bytes);
 
-  // 2. Local expert backward; the in-backward callbacks see only this rank's slices.
-  const ExpertsProblem problem = s.local_problem(w);
-  OwnedScratch scratch(c, s.T_loc, s.dtype);
-  std::vector<float> dS_loc(s.R_loc), dH(s.R_loc * 2 * n), dx_loc(s.R_loc * d), x_loc(s.T_loc * d);
-  experts_backward_down(problem, dout_recv.data(), s.h.data(), dS_loc.data(), dH.data(), g.d_down_proj.data,
-                        scratch.view);
-  if (on_expert_grad && g.d_down_proj.defined()) on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
-  to_float(s.x_recv.data(), s.dtype, s.T_loc * d, x_loc.data());
-  experts_backward_up(problem, x_loc.data(), dH.data(), dx_loc.data(), g.d_gate_up_proj.data, scratch.view);
-  if (on_expert_grad && g.d_gate_up_proj.defined()) on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
+  // 2. Owner: the routing-given backward of the same call. The in-backward callbacks see only
+  //    this rank's slices; dX_exp (storage dtype) and dS come out per received pair, in order.
+  const bool want_dx = g.dx.defined(), want_ds = want_dx || g.d_router.defined();
+  std::vector<char> dx_send(want_dx ? s.R_loc * row_bytes : 0);
+  std::vector<float> ds_send(s.R_loc);
+  MoEGrads owner_grads;
+  if (want_dx) owner_grads.dx = Tensor::contiguous(dx_send.data(), s.dtype, dev, {s.R_loc, d});
+  owner_grads.d_gate_up_proj = g.d_gate_up_proj;
+  owner_grads.d_down_proj = g.d_down_proj;
+  if (want_ds) owner_grads.d_topk_weights = Tensor::contiguous(ds_send.data(), DType::f32, dev, {s.R_loc, 1});
+  const Tensor dout_t = Tensor::contiguous(dout_recv.data(), s.dtype, dev, {s.T_loc, d});
+  const Buffer ws(dev, s.owner_plan.backward_workspace_bytes);
+  const ::leanmoe::detail::RoutedBackwardArgs routed{
+      s.owner_cfg, dout_t, w, s.owner_saved, owner_grads, {ws.data(), ws.bytes()}, on_expert_grad, nullptr};
+  ::leanmoe::detail::cpu_backend().backward_routed(routed);
+  if (!want_ds) return;
 
-  // 3. Per pair back to the origin: [dX_exp row (d floats), dS] in the received pair order.
-  const int64_t packed = d + 1;
-  std::vector<float> back_send(s.R_loc * packed), back_recv(s.R * packed);
-  for (int64_t i = 0; i < s.R_loc; ++i) {
-    const int64_t row = s.pair_row[i];
-    std::memcpy(&back_send[i * packed], &dx_loc[row * d], d * sizeof(float));
-    back_send[i * packed + d] = dS_loc[row];
-  }
-  s.exchange(back_send.data(), s.recv_pair_counts, back_recv.data(), s.send_pair_counts, packed * sizeof(float));
-  std::vector<float> dS(s.R), dx_rows(s.R * d);
-  for (int64_t row = 0; row < s.R; ++row) {
-    std::memcpy(&dx_rows[row * d], &back_recv[row * packed], d * sizeof(float));
-    dS[row] = back_recv[row * packed + d];
+  // 3. Per pair back to the origin: dS (the router needs it for dx and dWr), dX_exp rows (dx only).
+  std::vector<float> dS(s.R), dx_rows(want_dx ? s.R * d : 0);
+  s.exchange(ds_send.data(), s.recv_pair_counts, dS.data(), s.send_pair_counts, sizeof(float));
+  if (want_dx) {
+    std::vector<char> dx_recv(s.R * row_bytes);
+    s.exchange(dx_send.data(), s.recv_pair_counts, dx_recv.data(), s.send_pair_counts, row_bytes);
+    to_float(dx_recv.data(), s.dtype, s.R * d, dx_rows.data());
   }
 
   // 4. Router backward on the origin, from logits recomputed out of X and Wr (as on one rank).
-  if (!g.dx.defined() && !g.d_router.defined()) return;
   std::vector<float> xf(T * d), wr(E * d), z(T * E), p(T * E), lse(T), sum_chosen(T), dz(T * E);
   std::vector<int32_t> counts(E), row_expert(s.R);
   to_float(s.x.data, s.dtype, T * d, xf.data());

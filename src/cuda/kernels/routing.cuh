@@ -382,7 +382,8 @@ __device__ __forceinline__ float given_weight(const void* weights, bool bf16, in
 // memory (kGivenScatterWarps * E ints), starting at expert_offsets[e] + tile_base[tile][e].
 __global__ void scatter_given_kernel(const int32_t* __restrict__ topk, const void* __restrict__ weights,
                                      bool weights_bf16, int T, int E, int K, int tiles,
-                                     const int32_t* __restrict__ tile_base, MetadataOut out) {
+                                     const int32_t* __restrict__ tile_base, const int32_t* __restrict__ x_rows,
+                                     MetadataOut out) {
   extern __shared__ int cursor_given[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int tile = blockIdx.x * kGivenScatterWarps + warp;
@@ -408,7 +409,7 @@ __global__ void scatter_given_kernel(const int32_t* __restrict__ topk, const voi
     const int t = int(i / K), k = int(i % K);
     int before = 0;  // valid slots of t before k: the row's place among the token's rows
     for (int j = 0; j < k; ++j) before += given_valid(topk[int64_t(t) * K + j], E);
-    out.row_token[row] = t;
+    out.row_token[row] = x_rows ? x_rows[t] : t;
     out.row_gate[row] = given_weight(weights, weights_bf16, i);
     out.token_rows[out.token_offsets[t] + before] = row;
   }
