@@ -20,11 +20,6 @@ constexpr int kTileTokens = 32;        // tokens per warp in the code-matrix met
 constexpr int kScanThreads = 256;
 constexpr int kLossChunk = 256;        // tokens per partial sum of the loss reductions
 
-// (v, e) comes before (pv, pe) in the top-K order: larger z first, then lower expert index.
-__device__ __forceinline__ bool topk_before(float v, int e, float pv, int pe) {
-  return v > pv || (v == pv && e < pe);
-}
-
 // z as an unsigned key that orders like the float compare (-0 == +0, so both map to +0's key);
 // every value, -inf included, maps above 0, which marks "no candidate".
 __device__ __forceinline__ uint32_t topk_key(float v) {
@@ -37,8 +32,8 @@ __device__ __forceinline__ float topk_key_value(uint32_t key) {
 
 // One warp per token, the token's logits in registers: lane l holds z_e for e = l + 32 j,
 // j < kPerLane (kPerLane * 32 >= E). Top-K round k: each lane's best untaken (key, lowest j),
-// the warp's max key by one redux, the lowest expert holding it by a second (ties -> lower
-// expert, as topk_before). The softmax sums each lane's values in j order and then butterflies,
+// the warp's max key by one redux, the lowest expert holding it by a second (the top-K order:
+// larger z first, ties -> lower expert). The softmax sums each lane's values in j order and then butterflies,
 // the order the CPU-matched shared-memory version used, so p, lse and sum_chosen keep their bits.
 // Out: p in place of z, lse, sum_chosen (sequential in k), topk_experts by descending z; `code`
 // (token rounding, else null): kChosen on S_t; `pair_experts`/`pair_gates` (top-K, else null):
