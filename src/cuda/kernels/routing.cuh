@@ -33,8 +33,8 @@ __device__ __forceinline__ float topk_key_value(uint32_t key) {
 // One warp per token, the token's logits in registers: lane l holds z_e for e = l + 32 j,
 // j < kPerLane (kPerLane * 32 >= E). Top-K round k: each lane's best untaken (key, lowest j),
 // the warp's max key by one redux, the lowest expert holding it by a second (the top-K order:
-// larger z first, ties -> lower expert). The softmax sums each lane's values in j order and then butterflies,
-// the order the CPU-matched shared-memory version used, so p, lse and sum_chosen keep their bits.
+// larger z first, ties -> lower expert). The softmax sums each lane's values in j order and then
+// butterflies, the order of the former shared-memory version, so p, lse and sum_chosen keep their bits.
 // Out: p in place of z, lse, sum_chosen (sequential in k), topk_experts by descending z; `code`
 // (token rounding, else null): kChosen on S_t; `pair_experts`/`pair_gates` (top-K, else null):
 // S_t in ascending expert order with each pair's gate, the input of the pair metadata passes.
