@@ -45,7 +45,7 @@ cuda::ExpertShape expert_shape(const MoEConfig& cfg, int64_t T) { return {T, cfg
 struct ForwardWorkspace {
   void* cublas;
   cuda::RoutingScratch routing;
-  int32_t* given_meta = nullptr;  // metadata_scratch_ints(T, E), routing given only
+  int32_t* given_meta = nullptr;  // pair_metadata_scratch_ints(T * K, E), routing given only
   double* loss_partial;
   bf16_storage* a;       // [R_max, n]
   bf16_storage* y;       // [R_max, d]
@@ -58,7 +58,7 @@ struct ForwardWorkspace {
     if (router)
       routing = cuda::RoutingScratch(c, cfg, T);
     else
-      given_meta = c.take<int32_t>(cuda::metadata_scratch_ints(T, E));
+      given_meta = c.take<int32_t>(cuda::pair_metadata_scratch_ints(T * cfg.K, E));
     loss_partial = c.take<double>(router ? cuda::loss_partial_doubles(T, E) : 0);
     a = c.take<bf16_storage>(R * cfg.n);
     y = c.take<bf16_storage>(R * cfg.d);
@@ -291,11 +291,13 @@ class CudaBackend final : public Backend {
     // Router part: dS per row, recomputed logits, dz, then the two products with dz.
     cuda::reduce_ds(w.ds_partial, w.ds_parts, s.expert_offsets.ptr<int32_t>(), E, s.rows_capacity, w.dS, stream);
     router_logits(s.x.data, a.w.router.data, T, cfg, w.cublas, w.zdz, stream);
-    cuda::count_topk(s.topk_experts.ptr<int32_t>(), T, E, K, w.topk_counts, stream);
+    // With top-K routing the rows per expert are the top-K counts (the kernel reads expert_offsets).
+    const bool rounding = cfg.routing == Routing::token_rounding;
+    if (rounding) cuda::count_topk(s.topk_experts.ptr<int32_t>(), T, E, K, w.topk_counts, stream);
     cuda::RouterBackwardArgs rb{};
     rb.zdz = w.zdz;
     rb.topk_experts = s.topk_experts.ptr<int32_t>();
-    rb.topk_counts = w.topk_counts;
+    rb.topk_counts = rounding ? w.topk_counts : nullptr;
     rb.token_offsets = s.token_offsets.ptr<int32_t>();
     rb.token_rows = s.token_rows.ptr<int32_t>();
     rb.expert_offsets = s.expert_offsets.ptr<int32_t>();
@@ -345,7 +347,7 @@ class CudaBackend final : public Backend {
     ForwardWorkspace w(carver, cfg, T);
     LEANMOE_CUDA_CHECK(cudaMemcpyAsync(s.topk_experts.data, a.topk_experts.data, size_t(T * K) * sizeof(int32_t),
                                        cudaMemcpyDeviceToDevice, stream));
-    cuda::build_given_metadata(s.topk_experts.ptr<int32_t>(), a.topk_weights.data,
+    cuda::build_pair_metadata(s.topk_experts.ptr<int32_t>(), a.topk_weights.data,
                                a.topk_weights.dtype == DType::bf16, T, E, K, w.given_meta, metadata_out(s), stream,
                                a.x_rows);
     experts_forward(cfg, T, a.x, a.w, s, w, a.out, stream, a.weighted_out);

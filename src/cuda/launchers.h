@@ -20,9 +20,13 @@ constexpr size_t kRouterCublasWorkspace = size_t(4) << 20;
 
 // ---- routing.cu ----------------------------------------------------------------------------
 // In: zp = logits z [T, E]. Out: zp = p = softmax(z), lse [T], sum_chosen [T] (sum of p over the
-// top-K set), topk_experts [T, K] by descending z (ties -> lower expert), code [T, E] (kChosen on S_t).
-void router_topk_softmax(float* zp, int64_t T, int64_t E, int64_t K, int32_t* topk_experts, float* lse,
-                         float* sum_chosen, uint8_t* code, cudaStream_t stream);
+// top-K set), topk_experts [T, K] by descending z (ties -> lower expert). Optional (null: not
+// written): code [T, E] (kChosen on S_t, the token-rounding input); pair_experts/pair_gates
+// [T, K]: S_t in ascending expert order with each pair's gate (p / sum_chosen when renormalised,
+// else p), the input of build_pair_metadata.
+void router_topk_softmax(float* zp, int64_t T, int64_t E, int64_t K, bool renormalised, int32_t* topk_experts,
+                         float* lse, float* sum_chosen, uint8_t* code, int32_t* pair_experts, float* pair_gates,
+                         cudaStream_t stream);
 
 // counts[e] = number of tokens whose top-K set holds e (zeroes counts first).
 void count_topk(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, int32_t* counts,
@@ -52,39 +56,50 @@ int64_t metadata_scratch_ints(int64_t T, int64_t E);
 void build_metadata(const uint8_t* code, const float* p, const float* sum_chosen, bool renormalised, int64_t T,
                     int64_t E, int32_t* scratch, const MetadataOut& out, cudaStream_t stream);
 
+// Routing metadata from (token, slot) pairs: pair_experts [T, K] (ids outside [0, E) get no row)
+// and their weights [T, K] (fp32, or bf16 when weights_bf16). Rows sorted by expert, stable by
+// (token, slot); a token's rows in slot order. Serves routing given by the caller and top-K
+// (whose pairs the router kernel lists in ascending expert order, so this is the same metadata
+// as build_metadata's). scratch: pair_metadata_scratch_ints(T * K, E). T > 0.
+// row_token[row] = x_rows[t] when x_rows is given (the EP owner: the x row of a received pair), else t.
+int64_t pair_metadata_scratch_ints(int64_t pairs, int64_t E);
+void build_pair_metadata(const int32_t* pair_experts, const void* weights, bool weights_bf16, int64_t T, int64_t E,
+                         int64_t K, int32_t* scratch, const MetadataOut& out, cudaStream_t stream,
+                         const int32_t* x_rows = nullptr);
+
 // The routing of one layer call, shared by the single-GPU layer and the EP layer's origin:
-// router_topk_softmax, count_topk (when `count` or token rounding), round_tokens (token rounding
-// only), build_metadata. On entry scratch.zp holds the router logits [T, E]; after it, zp = p and,
-// when counted, topk_counts = the top-K counts (what router_losses reads).
+// router_topk_softmax, then for top-K build_pair_metadata (and, when `count`, the top-K counts
+// copied from its expert totals); for token rounding count_topk, round_tokens, build_metadata.
+// On entry scratch.zp holds the router logits [T, E]; after it, zp = p and, when counted or
+// token rounding, topk_counts = the top-K counts (what router_losses reads).
+int64_t routing_scratch_ints(const MoEConfig& cfg, int64_t T);
 struct RoutingScratch {
   float* zp = nullptr;              // [T, E]
   float* lse = nullptr;             // [T]
   float* sum_chosen = nullptr;      // [T]
-  uint8_t* code = nullptr;          // [T, E] pair codes
+  uint8_t* code = nullptr;          // [T, E] pair codes (token rounding only)
   uint32_t* keys = nullptr;         // [E, T] token-rounding priorities (token rounding only)
+  int32_t* pair_experts = nullptr;  // [T, K] S_t ascending (top-K only)
+  float* pair_gates = nullptr;      // [T, K] their gates (top-K only)
   int32_t* topk_counts = nullptr;   // [E]
-  int32_t* meta_scratch = nullptr;  // metadata_scratch_ints(T, E)
+  int32_t* meta_scratch = nullptr;  // routing_scratch_ints(cfg, T)
   template <class Carver>
-  RoutingScratch(Carver& c, const MoEConfig& cfg, int64_t T)
-      : zp(c.template take<float>(T * cfg.E)),
-        lse(c.template take<float>(T)),
-        sum_chosen(c.template take<float>(T)),
-        code(c.template take<uint8_t>(T * cfg.E)),
-        keys(c.template take<uint32_t>(cfg.routing == Routing::token_rounding ? T * cfg.E : 0)),
-        topk_counts(c.template take<int32_t>(cfg.E)),
-        meta_scratch(c.template take<int32_t>(metadata_scratch_ints(T, cfg.E))) {}
+  RoutingScratch(Carver& c, const MoEConfig& cfg, int64_t T) {
+    const bool rounding = cfg.routing == Routing::token_rounding;
+    zp = c.template take<float>(T * cfg.E);
+    lse = c.template take<float>(T);
+    sum_chosen = c.template take<float>(T);
+    code = c.template take<uint8_t>(rounding ? T * cfg.E : 0);
+    keys = c.template take<uint32_t>(rounding ? T * cfg.E : 0);
+    pair_experts = c.template take<int32_t>(rounding ? 0 : T * cfg.K);
+    pair_gates = c.template take<float>(rounding ? 0 : T * cfg.K);
+    topk_counts = c.template take<int32_t>(cfg.E);
+    meta_scratch = c.template take<int32_t>(routing_scratch_ints(cfg, T));
+  }
   RoutingScratch() = default;
 };
 void route(const MoEConfig& cfg, int64_t T, const RoutingScratch& scratch, bool count, int32_t* topk_experts,
            const MetadataOut& out, cudaStream_t stream);
-
-// Routing given by the caller: metadata from topk_experts [T, K] (ids outside [0, E) get no row)
-// and their weights [T, K] (fp32, or bf16 when weights_bf16). Rows sorted by expert, stable by
-// (token, slot); a token's rows in slot order. scratch: metadata_scratch_ints(T, E). T > 0.
-// row_token[row] = x_rows[t] when x_rows is given (the EP owner: the x row of a received pair), else t.
-void build_given_metadata(const int32_t* topk_experts, const void* weights, bool weights_bf16, int64_t T, int64_t E,
-                          int64_t K, int32_t* scratch, const MetadataOut& out, cudaStream_t stream,
-                          const int32_t* x_rows = nullptr);
 
 // Zeroes the saved rows past expert_offsets[E] (h bf16 [R_max, width], row_gate, row_token, token_rows).
 void zero_unrouted_rows(const int32_t* expert_offsets, int64_t E, int64_t rows_capacity, int64_t width, void* h,
@@ -120,7 +135,7 @@ void count_nonfinite(const void* data, DType dtype, int64_t count, int32_t* nonf
 struct RouterBackwardArgs {
   float* zdz;
   const int32_t* topk_experts;    // [T, K]
-  const int32_t* topk_counts;     // [E]
+  const int32_t* topk_counts;     // [E], or null with top-K routing: then expert_offsets' differences
   const int32_t* token_offsets;   // [T+1]
   const int32_t* token_rows;      // [R_max]
   const int32_t* expert_offsets;  // [E+1]

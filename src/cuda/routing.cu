@@ -1,5 +1,6 @@
 // Host launchers of the router and routing-metadata kernels (kernels/routing.cuh).
 #include <algorithm>
+#include <type_traits>
 
 #include "cuda/check.h"
 #include "cuda/kernels/routing.cuh"
@@ -9,17 +10,38 @@ namespace leanmoe::cuda {
 
 namespace {
 int tiles_of(int64_t T) { return int((T + kernels::kTileTokens - 1) / kernels::kTileTokens); }
+int64_t pair_tiles_of(int64_t pairs) { return (pairs + kernels::kTilePairs - 1) / kernels::kTilePairs; }
 int loss_chunks(int64_t T) { return int((T + kernels::kLossChunk - 1) / kernels::kLossChunk); }
 constexpr int kTileWarpsPerBlock = 4;
 }  // namespace
 
-void router_topk_softmax(float* zp, int64_t T, int64_t E, int64_t K, int32_t* topk_experts, float* lse,
-                         float* sum_chosen, uint8_t* code, cudaStream_t stream) {
+namespace {
+template <int kPerLane>
+void launch_router_topk(float* zp, int64_t T, int64_t E, int64_t K, bool renormalised, int32_t* topk_experts,
+                        float* lse, float* sum_chosen, uint8_t* code, int32_t* pair_experts, float* pair_gates,
+                        cudaStream_t stream) {
   const int blocks = int((T + kernels::kRouterWarps - 1) / kernels::kRouterWarps);
-  const size_t smem = size_t(kernels::kRouterWarps) * (E + K) * sizeof(float);
-  kernels::router_topk_softmax_kernel<<<blocks, 32 * kernels::kRouterWarps, smem, stream>>>(
-      zp, int(T), int(E), int(K), topk_experts, lse, sum_chosen, code);
+  kernels::router_topk_softmax_kernel<kPerLane><<<blocks, 32 * kernels::kRouterWarps, 0, stream>>>(
+      zp, int(T), int(E), int(K), renormalised, topk_experts, lse, sum_chosen, code, pair_experts, pair_gates);
   LEANMOE_CUDA_CHECK_LAUNCH("router_topk_softmax_kernel");
+}
+}  // namespace
+
+void router_topk_softmax(float* zp, int64_t T, int64_t E, int64_t K, bool renormalised, int32_t* topk_experts,
+                         float* lse, float* sum_chosen, uint8_t* code, int32_t* pair_experts, float* pair_gates,
+                         cudaStream_t stream) {
+  // Values per lane: the next power of two >= E / 32 (kMaxExperts = 1024 -> 32).
+  static_assert(kMaxExperts <= 32 * 32, "the router kernel keeps at most 32 logits per lane");
+  auto launch = [&](auto per_lane) {
+    launch_router_topk<decltype(per_lane)::value>(zp, T, E, K, renormalised, topk_experts, lse, sum_chosen, code,
+                                                  pair_experts, pair_gates, stream);
+  };
+  if (E <= 32) launch(std::integral_constant<int, 1>{});
+  else if (E <= 64) launch(std::integral_constant<int, 2>{});
+  else if (E <= 128) launch(std::integral_constant<int, 4>{});
+  else if (E <= 256) launch(std::integral_constant<int, 8>{});
+  else if (E <= 512) launch(std::integral_constant<int, 16>{});
+  else launch(std::integral_constant<int, 32>{});
 }
 
 void count_topk(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, int32_t* counts,
@@ -59,7 +81,8 @@ void round_tokens(const float* p, const float* sum_chosen, const int32_t* topk_c
   LEANMOE_CUDA_CHECK_LAUNCH("round_tokens_kernel");
 }
 
-// Scratch: tile_counts and tile_base [tiles, E], token_counts [T], expert_counts [E].
+// Code-matrix metadata (token rounding): tile_counts and tile_base [tiles, E],
+// token_counts [T], expert_counts [E].
 int64_t metadata_scratch_ints(int64_t T, int64_t E) { return 2 * int64_t(tiles_of(T)) * E + T + E; }
 
 namespace {
@@ -74,16 +97,6 @@ struct MetadataScratch {
   }
 };
 
-// Metadata passes 2 and 3, shared by both routings: each expert's per-tile bases and total, then
-// expert_offsets and token_offsets.
-void scan_metadata(const MetadataScratch& m, int64_t T, int64_t E, const MetadataOut& out, cudaStream_t stream) {
-  kernels::scan_tiles_kernel<<<int(E), kernels::kScanThreads, 0, stream>>>(m.tile_counts, m.tiles, int(E),
-                                                                           m.tile_base, m.expert_counts);
-  LEANMOE_CUDA_CHECK_LAUNCH("scan_tiles_kernel");
-  kernels::scan_offsets_kernel<<<2, kernels::kOffsetThreads, 0, stream>>>(m.expert_counts, int(E), out.expert_offsets,
-                                                                        m.token_counts, int(T), out.token_offsets);
-  LEANMOE_CUDA_CHECK_LAUNCH("scan_offsets_kernel");
-}
 }  // namespace
 
 void build_metadata(const uint8_t* code, const float* p, const float* sum_chosen, bool renormalised, int64_t T,
@@ -93,36 +106,67 @@ void build_metadata(const uint8_t* code, const float* p, const float* sum_chosen
   kernels::count_routes_kernel<<<tile_blocks, 32 * kTileWarpsPerBlock, 0, stream>>>(code, int(T), int(E), m.tiles,
                                                                                    m.tile_counts, m.token_counts);
   LEANMOE_CUDA_CHECK_LAUNCH("count_routes_kernel");
-  scan_metadata(m, T, E, out, stream);
+  kernels::scan_tiles_kernel<<<int(E), kernels::kScanThreads, 0, stream>>>(m.tile_counts, m.tiles, int(E),
+                                                                           m.tile_base, m.expert_counts);
+  LEANMOE_CUDA_CHECK_LAUNCH("scan_tiles_kernel");
+  kernels::scan_offsets_kernel<<<2, kernels::kOffsetThreads, 0, stream>>>(m.expert_counts, int(E), out.expert_offsets,
+                                                                        m.token_counts, int(T), out.token_offsets);
+  LEANMOE_CUDA_CHECK_LAUNCH("scan_offsets_kernel");
   kernels::scatter_routes_kernel<<<tile_blocks, 32 * kTileWarpsPerBlock, 0, stream>>>(
       code, p, sum_chosen, renormalised, int(T), int(E), m.tiles, m.tile_base, out);
   LEANMOE_CUDA_CHECK_LAUNCH("scatter_routes_kernel");
 }
 
+// Pair metadata: tile_counts and tile_base [pair tiles, E], then expert_counts [E] (last).
+int64_t pair_metadata_scratch_ints(int64_t pairs, int64_t E) { return 2 * pair_tiles_of(pairs) * E + E; }
+
+void build_pair_metadata(const int32_t* pair_experts, const void* weights, bool weights_bf16, int64_t T, int64_t E,
+                         int64_t K, int32_t* scratch, const MetadataOut& out, cudaStream_t stream,
+                         const int32_t* x_rows) {
+  const int64_t pairs = T * K;
+  const int tiles = int(pair_tiles_of(pairs));
+  int32_t* tile_counts = scratch;
+  int32_t* tile_base = tile_counts + int64_t(tiles) * E;
+  int32_t* expert_counts = tile_base + int64_t(tiles) * E;
+  kernels::count_pairs_kernel<<<tiles, kernels::kTilePairs, size_t(E) * sizeof(int), stream>>>(pair_experts, pairs,
+                                                                                              int(E), tile_counts);
+  LEANMOE_CUDA_CHECK_LAUNCH("count_pairs_kernel");
+  kernels::scan_tiles_kernel<<<int(E), kernels::kScanThreads, 0, stream>>>(tile_counts, tiles, int(E), tile_base,
+                                                                           expert_counts);
+  LEANMOE_CUDA_CHECK_LAUNCH("scan_tiles_kernel");
+  const size_t smem = size_t(kernels::kTileWarps) * E * sizeof(int);
+  kernels::scatter_pairs_kernel<<<tiles, kernels::kTilePairs, smem, stream>>>(
+      pair_experts, weights, weights_bf16, int(T), int(E), int(K), tile_base, expert_counts, x_rows, out);
+  LEANMOE_CUDA_CHECK_LAUNCH("scatter_pairs_kernel");
+}
+
+int64_t routing_scratch_ints(const MoEConfig& cfg, int64_t T) {
+  return cfg.routing == Routing::token_rounding ? metadata_scratch_ints(T, cfg.E)
+                                                : pair_metadata_scratch_ints(T * cfg.K, cfg.E);
+}
+
+// Top-K: the router kernel lists S_t in ascending expert order with its gates, and the pair
+// passes build the metadata from those T*K pairs (no [T, E] code matrix is written or read).
+// Token rounding rewrites the code matrix, so it builds the metadata from that.
 void route(const MoEConfig& cfg, int64_t T, const RoutingScratch& r, bool count, int32_t* topk_experts,
            const MetadataOut& out, cudaStream_t stream) {
   const int64_t E = cfg.E, K = cfg.K;
-  const bool rounding = cfg.routing == Routing::token_rounding;
-  router_topk_softmax(r.zp, T, E, K, topk_experts, r.lse, r.sum_chosen, r.code, stream);
-  if (count || rounding) count_topk(topk_experts, T, E, K, r.topk_counts, stream);
-  if (rounding)
-    round_tokens(r.zp, r.sum_chosen, r.topk_counts, T, E, cfg.tile, cfg.rounding_mode, r.keys, r.code, stream);
-  build_metadata(r.code, r.zp, r.sum_chosen, gates_renormalised(cfg), T, E, r.meta_scratch, out, stream);
-}
-
-void build_given_metadata(const int32_t* topk_experts, const void* weights, bool weights_bf16, int64_t T, int64_t E,
-                          int64_t K, int32_t* scratch, const MetadataOut& out, cudaStream_t stream,
-                          const int32_t* x_rows) {
-  const MetadataScratch m(scratch, T, E);
-  kernels::count_given_kernel<<<m.tiles, kernels::kGivenCountThreads, size_t(E) * sizeof(int), stream>>>(
-      topk_experts, int(T), int(E), int(K), m.tile_counts, m.token_counts);
-  LEANMOE_CUDA_CHECK_LAUNCH("count_given_kernel");
-  scan_metadata(m, T, E, out, stream);
-  const int blocks = (m.tiles + kernels::kGivenScatterWarps - 1) / kernels::kGivenScatterWarps;
-  const size_t smem = size_t(kernels::kGivenScatterWarps) * E * sizeof(int);
-  kernels::scatter_given_kernel<<<blocks, 32 * kernels::kGivenScatterWarps, smem, stream>>>(
-      topk_experts, weights, weights_bf16, int(T), int(E), int(K), m.tiles, m.tile_base, x_rows, out);
-  LEANMOE_CUDA_CHECK_LAUNCH("scatter_given_kernel");
+  const bool renormalised = gates_renormalised(cfg);
+  if (cfg.routing != Routing::token_rounding) {
+    router_topk_softmax(r.zp, T, E, K, renormalised, topk_experts, r.lse, r.sum_chosen, nullptr, r.pair_experts,
+                        r.pair_gates, stream);
+    build_pair_metadata(r.pair_experts, r.pair_gates, false, T, E, K, r.meta_scratch, out, stream);
+    // Rows per expert are the top-K counts here: the E totals the scan left at the scratch's end.
+    if (count)
+      LEANMOE_CUDA_CHECK(cudaMemcpyAsync(r.topk_counts, r.meta_scratch + pair_metadata_scratch_ints(T * K, E) - E,
+                                         size_t(E) * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream));
+    return;
+  }
+  router_topk_softmax(r.zp, T, E, K, renormalised, topk_experts, r.lse, r.sum_chosen, r.code, nullptr, nullptr,
+                      stream);
+  count_topk(topk_experts, T, E, K, r.topk_counts, stream);
+  round_tokens(r.zp, r.sum_chosen, r.topk_counts, T, E, cfg.tile, cfg.rounding_mode, r.keys, r.code, stream);
+  build_metadata(r.code, r.zp, r.sum_chosen, renormalised, T, E, r.meta_scratch, out, stream);
 }
 
 void scatter_given_ds(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, const int32_t* token_offsets,

@@ -13,36 +13,55 @@ namespace leanmoe::cuda::kernels {
 
 constexpr int kRouterBwdWarps = 4;
 
-// Expert owning sorted row `row`: the last e with expert_offsets[e] <= row.
-__device__ __forceinline__ int expert_of_row(const int32_t* __restrict__ expert_offsets, int E, int row) {
+// Expert owning sorted row `row`: the last e with offsets[e] <= row (offsets in shared memory).
+__device__ __forceinline__ int expert_of_row(const int32_t* offsets, int E, int row) {
   int lo = 0, hi = E - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (expert_offsets[mid] <= row) lo = mid;
+    if (offsets[mid] <= row) lo = mid;
     else hi = mid - 1;
   }
   return lo;
 }
 
-// Shared memory: kRouterBwdWarps * (2 E floats + K ints).
-__global__ void router_backward_kernel(RouterBackwardArgs a) {
+// One warp per token. Per block, computed once: the aux-loss term of dp per expert (the same
+// expression per element as before, two divisions each, which per token cost ~E/8 instructions
+// per lane) and expert_offsets, which the per-row binary search then reads from shared memory
+// instead of through log2(E) dependent global loads. Per warp: p and dp (E floats each) and
+// S_t as a bitmask (E/32 words). Shared memory: (kRouterBwdWarps * (2E + E/32) + 2E + 1) * 4 bytes.
+__global__ void __launch_bounds__(32 * kRouterBwdWarps) router_backward_kernel(RouterBackwardArgs a) {
   extern __shared__ float smem[];
   const int E = int(a.E), K = int(a.K), T = int(a.T);
+  const int words = (E + 31) / 32;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* p = smem + warp * 2 * E;
+  float* aux = smem;                                               // [E]
+  int32_t* offsets = reinterpret_cast<int32_t*>(aux + E);          // [E + 1]
+  float* p = aux + 2 * E + 1 + warp * (2 * E + words);
   float* dp = p + E;
-  int* S = reinterpret_cast<int*>(smem + kRouterBwdWarps * 2 * E) + warp * K;
-  const int t = blockIdx.x * kRouterBwdWarps + warp;
-  if (t >= T) return;
+  uint32_t* in_S = reinterpret_cast<uint32_t*>(dp + E);            // [words]
   const float c_aux = a.d_losses ? a.d_losses[0] : a.c_aux;
   const float c_z = a.d_losses ? a.d_losses[1] : a.c_z;
+  for (int e = threadIdx.x; e <= E; e += blockDim.x) {
+    offsets[e] = a.expert_offsets[e];
+    if (e < E) {
+      // Top-K routing: the top-K counts are the rows per expert (topk_counts null).
+      const int count = a.topk_counts ? a.topk_counts[e] : a.expert_offsets[e + 1] - a.expert_offsets[e];
+      aux[e] = c_aux * float(E) * (float(count) / float(T * K)) / float(T);
+    }
+  }
+  __syncthreads();
+  const int t = blockIdx.x * kRouterBwdWarps + warp;
+  if (t >= T) return;
 
+  const int32_t* S = a.topk_experts + int64_t(t) * K;
   float* zt = a.zdz + int64_t(t) * E;
   for (int e = lane; e < E; e += 32) {
     p[e] = zt[e];
-    dp[e] = c_aux * float(E) * (float(a.topk_counts[e]) / float(T * K)) / float(T);
+    dp[e] = aux[e];
   }
-  for (int k = lane; k < K; k += 32) S[k] = a.topk_experts[int64_t(t) * K + k];
+  for (int w = lane; w < words; w += 32) in_S[w] = 0;
+  __syncwarp();
+  for (int k = lane; k < K; k += 32) atomicOr(&in_S[S[k] / 32], 1u << (S[k] % 32));
   __syncwarp();
   const float lse = warp_softmax_in_place(p, E, lane);
 
@@ -55,11 +74,9 @@ __global__ void router_backward_kernel(RouterBackwardArgs a) {
   const int begin = a.token_offsets[t], end = a.token_offsets[t + 1];
   for (int i = begin + lane; i < end; i += 32) {
     const int row = a.token_rows[i];
-    const int e = expert_of_row(a.expert_offsets, E, row);
-    bool chosen = false;
-    for (int k = 0; k < K; ++k) chosen |= S[k] == e;
     const float ds = a.dS[row];
-    if (chosen) {
+    const int e = expert_of_row(offsets, E, row);
+    if ((in_S[e / 32] >> (e % 32)) & 1u) {
       dp[e] += ds / D;
       chosen_weighted += ds * p[e];
     } else {

@@ -15,67 +15,96 @@
 
 namespace leanmoe::cuda::kernels {
 
-constexpr int kRouterWarps = 4;        // tokens per block of the per-token router kernels
-constexpr int kTileTokens = 32;        // tokens per warp in the metadata kernels (one per lane)
+constexpr int kRouterWarps = 8;        // tokens per block of the router kernel (one warp each)
+constexpr int kTileTokens = 32;        // tokens per warp in the code-matrix metadata kernels (one per lane)
 constexpr int kScanThreads = 256;
 constexpr int kLossChunk = 256;        // tokens per partial sum of the loss reductions
 
-// (v, e) comes before (pv, pe) in the top-K order: larger z first, then lower expert index.
-__device__ __forceinline__ bool topk_before(float v, int e, float pv, int pe) {
-  return v > pv || (v == pv && e < pe);
+// z as an unsigned key that orders like the float compare (-0 == +0, so both map to +0's key);
+// every value, -inf included, maps above 0, which marks "no candidate".
+__device__ __forceinline__ uint32_t topk_key(float v) {
+  const uint32_t u = v == 0.f ? 0u : __float_as_uint(v);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float topk_key_value(uint32_t key) {
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
-// One warp per token. Shared memory: kRouterWarps * (E floats + K ints).
-__global__ void router_topk_softmax_kernel(float* __restrict__ zp, int T, int E, int K,
-                                           int32_t* __restrict__ topk_experts, float* __restrict__ lse,
-                                           float* __restrict__ sum_chosen, uint8_t* __restrict__ code) {
-  extern __shared__ float smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float* row = smem + warp * E;
-  int* chosen = reinterpret_cast<int*>(smem + kRouterWarps * E) + warp * K;
-  const int t = blockIdx.x * kRouterWarps + warp;
+// One warp per token, the token's logits in registers: lane l holds z_e for e = l + 32 j,
+// j < kPerLane (kPerLane * 32 >= E). Top-K round k: each lane's best untaken (key, lowest j),
+// the warp's max key by one redux, the lowest expert holding it by a second (the top-K order:
+// larger z first, ties -> lower expert). The softmax sums each lane's values in j order and then
+// butterflies, the order of the former shared-memory version, so p, lse and sum_chosen keep their bits.
+// Out: p in place of z, lse, sum_chosen (sequential in k), topk_experts by descending z; `code`
+// (token rounding, else null): kChosen on S_t; `pair_experts`/`pair_gates` (top-K, else null):
+// S_t in ascending expert order with each pair's gate, the input of the pair metadata passes.
+template <int kPerLane>
+__global__ void __launch_bounds__(32 * kRouterWarps)
+    router_topk_softmax_kernel(float* __restrict__ zp, int T, int E, int K, bool renormalised,
+                               int32_t* __restrict__ topk_experts, float* __restrict__ lse,
+                               float* __restrict__ sum_chosen, uint8_t* __restrict__ code,
+                               int32_t* __restrict__ pair_experts, float* __restrict__ pair_gates) {
+  const int lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kRouterWarps + threadIdx.x / 32;
   if (t >= T) return;
   float* zt = zp + int64_t(t) * E;
-  for (int e = lane; e < E; e += 32) row[e] = zt[e];
-  __syncwarp();
-
-  // Top-K by repeated "next in order": round k takes the best (z, e) strictly after round k-1's.
-  float prev_v = INFINITY;
-  int prev_e = -1;
-  for (int k = 0; k < K; ++k) {
-    float best_v = -INFINITY;
-    int best_e = E;  // sentinel, loses every comparison against a real expert
-    for (int e = lane; e < E; e += 32) {
-      const float v = row[e];
-      const bool after_prev = topk_before(prev_v, prev_e, v, e);
-      if (after_prev && (best_e == E || topk_before(v, e, best_v, best_e))) best_v = v, best_e = e;
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(kFullMask, best_v, o);
-      const int oe = __shfl_xor_sync(kFullMask, best_e, o);
-      if (oe != E && (best_e == E || topk_before(ov, oe, best_v, best_e))) best_v = ov, best_e = oe;
-    }
-    if (best_e == E) best_e = 0;  // only reachable with NaN logits (rejected by check_finite)
-    if (lane == 0) chosen[k] = best_e;
-    prev_v = best_v, prev_e = best_e;
+  float z[kPerLane];
+  uint32_t key[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    z[j] = e < E ? zt[e] : 0.f;
+    key[j] = e < E ? topk_key(z[j]) : 0u;
   }
-  __syncwarp();
 
-  const float lse_t = warp_softmax_in_place(row, E, lane);
-  for (int e = lane; e < E; e += 32) {
-    zt[e] = row[e];
-    bool in_set = false;
-    for (int k = 0; k < K; ++k) in_set |= chosen[k] == e;
-    code[int64_t(t) * E + e] = in_set ? kChosen : kNotRouted;
+  uint32_t taken = 0;  // bit j: expert lane + 32 j is in S_t
+  float m = 0.f, s = 0.f, chosen_sum = 0.f;
+  for (int k = 0; k < K; ++k) {
+    uint32_t best = 0;
+    int best_j = 0;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j)
+      if (!((taken >> j) & 1u) && key[j] > best) best = key[j], best_j = j;
+    const uint32_t top = __reduce_max_sync(kFullMask, best);
+    const unsigned winner =
+        __reduce_min_sync(kFullMask, best == top && best != 0 ? unsigned(lane + 32 * best_j) : ~0u);
+    const int e = winner < unsigned(E) ? int(winner) : 0;  // else only with NaN logits (check_finite)
+    if (lane == e % 32) {
+      taken |= 1u << (e / 32);
+      topk_experts[int64_t(t) * K + k] = e;
+    }
+    const float v = topk_key_value(top);
+    if (k == 0) {  // v = max z: the softmax's shift, then its sum in the fixed order
+      m = v;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j)
+        if (lane + 32 * j < E) s += expf(z[j] - m);
+      s = warp_sum(s);
+    }
+    chosen_sum += expf(v - m) / s;  // = p of the k-th choice, summed in k order as on the CPU
+  }
+
+  unsigned before = 0;  // chosen experts below this lane's current j block, for the ascending list
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int e = lane + 32 * j;
+    const bool is_chosen = (taken >> j) & 1u;
+    const unsigned chosen_lanes = __ballot_sync(kFullMask, is_chosen);
+    if (e < E) {
+      const float p = expf(z[j] - m) / s;
+      zt[e] = p;
+      if (code) code[int64_t(t) * E + e] = is_chosen ? kChosen : kNotRouted;
+      if (pair_experts && is_chosen) {
+        const int64_t at = int64_t(t) * K + before + __popc(chosen_lanes & ((1u << lane) - 1u));
+        pair_experts[at] = e;
+        pair_gates[at] = renormalised ? p / chosen_sum : p;
+      }
+    }
+    before += __popc(chosen_lanes);
   }
   if (lane == 0) {
-    float s = 0.f;  // sequential in k, as the CPU backend sums it
-    for (int k = 0; k < K; ++k) {
-      s += row[chosen[k]];
-      topk_experts[int64_t(t) * K + k] = chosen[k];
-    }
-    sum_chosen[t] = s;
-    lse[t] = lse_t;
+    sum_chosen[t] = chosen_sum;
+    lse[t] = m + logf(s);
   }
 }
 
@@ -250,19 +279,26 @@ __global__ void count_routes_kernel(const uint8_t* __restrict__ code, int T, int
 }
 
 // Metadata pass 2, one block per expert: tile_base[tile][e] = exclusive prefix over tiles;
-// expert_counts[e] = the column total.
-__global__ void scan_tiles_kernel(const int32_t* __restrict__ tile_counts, int tiles, int E,
-                                  int32_t* __restrict__ tile_base, int32_t* __restrict__ expert_counts) {
+// expert_counts[e] = the column total. kScanItems consecutive tiles per thread: 1024 tiles (32768
+// tokens of the code path, 262144 pairs of the pair path) per block-scan step.
+constexpr int kScanItems = 4;
+__global__ void __launch_bounds__(kScanThreads)
+    scan_tiles_kernel(const int32_t* __restrict__ tile_counts, int tiles, int E,
+                      int32_t* __restrict__ tile_base, int32_t* __restrict__ expert_counts) {
   using Scan = cub::BlockScan<int, kScanThreads>;
   __shared__ typename Scan::TempStorage tmp;
   const int e = blockIdx.x;
   int running = 0;
-  for (int base = 0; base < tiles; base += kScanThreads) {
-    const int tile = base + threadIdx.x;
-    const int v = tile < tiles ? tile_counts[int64_t(tile) * E + e] : 0;
-    int excl, total;
-    Scan(tmp).ExclusiveSum(v, excl, total);
-    if (tile < tiles) tile_base[int64_t(tile) * E + e] = running + excl;
+  for (int base = 0; base < tiles; base += kScanThreads * kScanItems) {
+    const int first = base + threadIdx.x * kScanItems;
+    int v[kScanItems];
+#pragma unroll
+    for (int j = 0; j < kScanItems; ++j) v[j] = first + j < tiles ? tile_counts[int64_t(first + j) * E + e] : 0;
+    int total;
+    Scan(tmp).ExclusiveSum(v, v, total);
+#pragma unroll
+    for (int j = 0; j < kScanItems; ++j)
+      if (first + j < tiles) tile_base[int64_t(first + j) * E + e] = running + v[j];
     running += total;
     __syncthreads();
   }
@@ -340,78 +376,112 @@ __global__ void scatter_routes_kernel(const uint8_t* __restrict__ code, const fl
   }
 }
 
-// ---- Routing given by the caller (forward_routed): the same four passes over (token, slot) pairs
-// instead of the [T, E] code matrix. Pair i = t * K + k; rows are sorted by expert, stable by i
-// (token, then slot); a token's rows are listed in slot order. Ids outside [0, E) get no row.
+// ---- Metadata from (token, slot) pairs: the top-K routing (S_t in ascending expert order, from
+// the router kernel) and routing given by the caller (forward_routed). Pair i = t * K + k; rows
+// are sorted by expert, stable by i; a token's rows are listed in pair order. Ids outside [0, E)
+// get no row. Three passes over tiles of kTilePairs pairs: per-tile counts, the per-expert scan
+// over tiles (scan_tiles_kernel), and one scatter that also derives expert_offsets (a block scan
+// of the E totals, redone per block: E <= 1024 ints from L2) and token_offsets (each tile's base
+// = the sum over experts of its tile_base row), so no single-block scan over T remains.
 
 __device__ __forceinline__ bool given_valid(int32_t e, int E) { return e >= 0 && e < E; }
 
-constexpr int kGivenCountThreads = 128;
+constexpr int kTilePairs = 256;              // pairs per tile = threads per block, one pair each
+constexpr int kTileWarps = kTilePairs / 32;
 
-// Pass 1, one block per tile of kTileTokens tokens: tile_counts[tile][e] = valid pairs of e in the
-// tile (shared-memory histogram of E ints); token_counts[t] = valid slots of t.
-__global__ void count_given_kernel(const int32_t* __restrict__ topk, int T, int E, int K,
-                                   int32_t* __restrict__ tile_counts, int32_t* __restrict__ token_counts) {
-  extern __shared__ int hist_given[];
-  const int tile = blockIdx.x;
-  const int t0 = tile * kTileTokens, t1 = min(T, t0 + kTileTokens);
-  for (int e = threadIdx.x; e < E; e += blockDim.x) hist_given[e] = 0;
+// Pass 1: tile_counts[tile][e] = valid pairs of e in the tile (shared-memory histogram).
+__global__ void __launch_bounds__(kTilePairs)
+    count_pairs_kernel(const int32_t* __restrict__ pair_experts, int64_t pairs, int E,
+                       int32_t* __restrict__ tile_counts) {
+  extern __shared__ int hist_pairs[];
+  for (int e = threadIdx.x; e < E; e += kTilePairs) hist_pairs[e] = 0;
   __syncthreads();
-  for (int64_t i = int64_t(t0) * K + threadIdx.x; i < int64_t(t1) * K; i += blockDim.x) {
-    const int32_t e = topk[i];
-    if (given_valid(e, E)) atomicAdd(&hist_given[e], 1);
-  }
-  for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x) {
-    int c = 0;
-    for (int k = 0; k < K; ++k) c += given_valid(topk[int64_t(t) * K + k], E);
-    token_counts[t] = c;
-  }
+  const int64_t i = int64_t(blockIdx.x) * kTilePairs + threadIdx.x;
+  const int32_t e = i < pairs ? pair_experts[i] : -1;
+  if (given_valid(e, E)) atomicAdd(&hist_pairs[e], 1);
   __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x) tile_counts[int64_t(tile) * E + e] = hist_given[e];
+  for (int x = threadIdx.x; x < E; x += kTilePairs) tile_counts[int64_t(blockIdx.x) * E + x] = hist_pairs[x];
 }
 
-constexpr int kGivenScatterWarps = 4;
-
-__device__ __forceinline__ float given_weight(const void* weights, bool bf16, int64_t i) {
+__device__ __forceinline__ float pair_weight(const void* weights, bool bf16, int64_t i) {
   return bf16 ? __uint_as_float(uint32_t(static_cast<const uint16_t*>(weights)[i]) << 16)
               : static_cast<const float*>(weights)[i];
 }
 
-// Pass 4, one warp per tile, 32 pairs at a time in pair order. Lanes holding the same expert rank
-// themselves with __match_any_sync; each warp keeps the next free row of every expert in shared
-// memory (kGivenScatterWarps * E ints), starting at expert_offsets[e] + tile_base[tile][e].
-__global__ void scatter_given_kernel(const int32_t* __restrict__ topk, const void* __restrict__ weights,
-                                     bool weights_bf16, int T, int E, int K, int tiles,
-                                     const int32_t* __restrict__ tile_base, const int32_t* __restrict__ x_rows,
-                                     MetadataOut out) {
-  extern __shared__ int cursor_given[];
+// Pass 3, one block per tile, one pair per thread. A pair's row = expert_offsets[e] +
+// tile_base[tile][e] + (pairs of e in earlier warps of the tile) + (lanes below with e, by
+// __match_any_sync); its place in token_rows = the valid pairs before it (tile base + earlier
+// warps + ballot prefix), which is token_offsets[t] + (valid slots of t before k).
+// Dynamic shared memory: kTileWarps * E ints (per-warp expert counts).
+__global__ void __launch_bounds__(kTilePairs)
+    scatter_pairs_kernel(const int32_t* __restrict__ pair_experts, const void* __restrict__ weights,
+                         bool weights_bf16, int T, int E, int K, const int32_t* __restrict__ tile_base,
+                         const int32_t* __restrict__ expert_counts, const int32_t* __restrict__ x_rows,
+                         MetadataOut out) {
+  using Scan = cub::BlockScan<int, kTilePairs>;
+  using Reduce = cub::BlockReduce<int, kTilePairs>;
+  __shared__ union {
+    typename Scan::TempStorage scan;
+    typename Reduce::TempStorage reduce;
+  } tmp;
+  __shared__ int cursor[kMaxExperts];
+  __shared__ int warp_valid[kTileWarps];
+  __shared__ int s_tile_pair_base;
+  extern __shared__ int warp_hist[];  // [kTileWarps][E]
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int tile = blockIdx.x * kGivenScatterWarps + warp;
-  if (tile >= tiles) return;
-  int* cursor = cursor_given + warp * E;
-  for (int e = lane; e < E; e += 32) cursor[e] = out.expert_offsets[e] + tile_base[int64_t(tile) * E + e];
-  __syncwarp();
-  const int t0 = tile * kTileTokens, t1 = min(T, t0 + kTileTokens);
-  const int64_t first = int64_t(t0) * K, last = int64_t(t1) * K;
-  for (int64_t base = first; base < last; base += 32) {
-    const int64_t i = base + lane;
-    const int32_t e = i < last ? topk[i] : -1;
-    const bool valid = given_valid(e, E);
-    // Invalid lanes match each other only (key -1) and are masked out below.
-    const unsigned same = __match_any_sync(kFullMask, valid ? e : -1);
-    const int rank = __popc(same & ((1u << lane) - 1u));
-    const int start = valid ? cursor[e] : 0;
-    __syncwarp();
-    if (valid && lane == 31 - __clz(same)) cursor[e] = start + __popc(same);  // the group's last lane
-    __syncwarp();
-    if (!valid) continue;
-    const int row = start + rank;
-    const int t = int(i / K), k = int(i % K);
-    int before = 0;  // valid slots of t before k: the row's place among the token's rows
-    for (int j = 0; j < k; ++j) before += given_valid(topk[int64_t(t) * K + j], E);
-    out.row_token[row] = x_rows ? x_rows[t] : t;
-    out.row_gate[row] = given_weight(weights, weights_bf16, i);
-    out.token_rows[out.token_offsets[t] + before] = row;
+  const int64_t pairs = int64_t(T) * K;
+  const int64_t i = int64_t(blockIdx.x) * kTilePairs + threadIdx.x;
+  const int32_t e = i < pairs ? pair_experts[i] : -1;
+  const bool valid = given_valid(e, E);
+  const float w = valid ? pair_weight(weights, weights_bf16, i) : 0.f;
+  const int32_t* base_row = tile_base + int64_t(blockIdx.x) * E;
+
+  // cursor[x] = expert_offsets[x] + tile_base[tile][x]; the tile's pair base = sum_x tile_base.
+  int running = 0, tile_pair_base = 0;
+  for (int x0 = 0; x0 < E; x0 += kTilePairs) {
+    const int x = x0 + threadIdx.x;
+    const int count = x < E ? expert_counts[x] : 0;
+    const int base = x < E ? base_row[x] : 0;
+    int offset, total;
+    Scan(tmp.scan).ExclusiveSum(count, offset, total);
+    __syncthreads();
+    tile_pair_base += Reduce(tmp.reduce).Sum(base);  // valid in thread 0 only
+    __syncthreads();
+    if (x < E) {
+      cursor[x] = running + offset + base;
+      if (blockIdx.x == 0) out.expert_offsets[x] = running + offset;
+    }
+    running += total;
+  }
+  if (threadIdx.x == 0) {
+    s_tile_pair_base = tile_pair_base;
+    if (blockIdx.x == 0) out.expert_offsets[E] = out.token_offsets[T] = running;
+  }
+  for (int x = threadIdx.x; x < kTileWarps * E; x += kTilePairs) warp_hist[x] = 0;
+  __syncthreads();
+
+  // Invalid lanes match each other only (key -1) and are masked out below.
+  const unsigned same = __match_any_sync(kFullMask, valid ? e : -1);
+  const unsigned valid_lanes = __ballot_sync(kFullMask, valid);
+  const unsigned below = (1u << lane) - 1u;
+  if (valid && lane == 31 - __clz(same)) warp_hist[warp * E + e] = __popc(same);  // the group's last lane
+  if (lane == 0) warp_valid[warp] = __popc(valid_lanes);
+  __syncthreads();
+
+  int valid_before = s_tile_pair_base + __popc(valid_lanes & below);
+  int row = valid ? cursor[e] + __popc(same & below) : 0;
+  for (int v = 0; v < warp; ++v) {
+    valid_before += warp_valid[v];
+    if (valid) row += warp_hist[v * E + e];
+  }
+  if (i < pairs) {
+    const int t = int(i / K);
+    if (i - int64_t(t) * K == 0) out.token_offsets[t] = valid_before;
+    if (valid) {
+      out.row_token[row] = x_rows ? x_rows[t] : t;
+      out.row_gate[row] = w;
+      out.token_rows[valid_before] = row;
+    }
   }
 }
 
