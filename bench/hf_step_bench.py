@@ -16,7 +16,7 @@ bytes allocated at the end of backward are lower in (i) than in (l) by the exper
 (>= 0.9x; all of them: (l) holds them all there, (i) none). The step's peak is reported per phase
 (forward, head_backward = loss + LM head backward, layers_backward, optimizer = clip + step +
 zero_grad): at 4 layers x 4 x 2048 tokens it lies in head_backward in both modes (the fp32
-[T, vocab] log-softmax, its gradient and the loss's fp32 copy of the logits: 3 x 4.6 GiB for
+[T, vocab] log-softmax kept for backward, its gradient and its input's gradient: 3 x 4.6 GiB for
 Qwen3's vocab 151936; docs/optim.md), where no expert gradient exists yet, so (i) cannot lower it
 there; it drops by the expert gradients only where expert gradients dominate (more layers, fewer
 tokens: e.g. --layers 16 --batch 1). For issue 13's table:
