@@ -11,8 +11,15 @@ The experts implementation (routing by the model's own router; every model with 
   l  experts_implementation="leanmoe" + the same optimizer and clipping
   i  experts_implementation="leanmoe" + in-backward ExpertAdamW + fused AdamW over the dense
      parameters + dense clip
-Bars (issue 13): (l) faster than (g) on every model; (i)'s peak below (l)'s by the expert
-gradients (all layers' but the one layer's in-backward buffer). For issue 13's table:
+Bars (issue 13): (l) faster than (g) on every model; (i) holds the expert gradients nowhere: the
+bytes allocated at the end of backward are lower in (i) than in (l) by the expert weight gradients
+(>= 0.9x; all of them: (l) holds them all there, (i) none). The step's peak is reported per phase
+(forward, head_backward = loss + LM head backward, layers_backward, optimizer = clip + step +
+zero_grad): at 4 layers x 4 x 2048 tokens it lies in head_backward in both modes (the fp32
+[T, vocab] log-softmax kept for backward, its gradient and its input's gradient: 3 x 4.6 GiB for
+Qwen3's vocab 151936; docs/optim.md), where no expert gradient exists yet, so (i) cannot lower it
+there; it drops by the expert gradients only where expert gradients dominate (more layers, fewer
+tokens: e.g. --layers 16 --batch 1). For issue 13's table:
 
     python3 bench/hf_step_bench.py --models qwen3_30b,gpt_oss_20b,moonlight,olmoe --modes g,l,i \
         --layers 4 --batch 4 --seq 2048 --out results/
@@ -20,7 +27,10 @@ gradients (all layers' but the one layer's in-backward buffer). For issue 13's t
 Step = forward + loss (+ aux_coef * load-balancing loss; default 0, see --aux-coef) + backward + clip + optimizer step(s) + zero_grad.
 Per model and mode: a fresh model, 1 warm-up step (allocates the optimizer state), then --steps
 timed steps; time = median of synchronize-bracketed wall times; peak = max_memory_allocated over
-the timed steps. Bar (the issue): (c) peak <= 0.81 x (a) peak, and (c) step time < (a).
+the timed steps, and per phase of PHASES (train_step marks each phase's end; PhaseMemory reads
+max_memory_allocated and resets it there); after backward = memory_allocated at the end of
+backward (largest over the timed steps). Bar (the issue): (c) peak <= 0.81 x (a) peak, and (c)
+step time < (a).
 
     python3 bench/hf_step_bench.py --device cpu --tiny                       # smoke test
     python3 bench/hf_step_bench.py --out results/                            # H200, both models
@@ -111,7 +121,7 @@ MODES = {
 }
 EXPERTS_IMPLEMENTATION = {"g": "grouped_mm", "l": "leanmoe", "i": "leanmoe"}
 IN_BACKWARD_MODES = ("c", "i")
-SAVING_BAR = 0.9  # (l) peak - (i) peak >= 0.9 x the expert gradients in-backward never holds
+SAVING_BAR = 0.9  # (l) - (i) allocated after backward >= 0.9 x the expert weight gradients
 
 MEMORY_BAR = 0.81  # (c) peak must be at least 19% below (a)
 
@@ -168,6 +178,68 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+# The step's phases, in order; train_step calls mark(phase) at the end of each.
+PHASES = (
+    "forward",          # forward + loss: the [T, vocab] logits, their fp32 copy and log-softmax
+    "head_backward",    # backward of the loss and the LM head, until the gradient reaches the final
+                        # hidden states: the [T, vocab] gradients, and no expert gradient yet
+    "layers_backward",  # the rest of backward (the decoder layers): where expert gradients exist
+    "optimizer",        # clip + optimizer step(s) + zero_grad
+)
+
+
+def train_step(model, mode, args, optimizers, clipped, ids, mark=None):
+    """One training step of `mode`; returns the loss. mark(phase) runs at the end of each of PHASES
+    (the end of head_backward: a hook on the LM head's input, when its gradient is complete)."""
+    def head_pre_hook(module, inputs):
+        if torch.is_grad_enabled() and inputs[0].requires_grad:
+            inputs[0].register_hook(lambda grad: mark("head_backward"))
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(head_pre_hook) if mark else None
+    try:
+        loss = model(input_ids=ids, labels=ids).loss
+        if mode in ("b", "c") and args.aux_coef > 0:
+            loss = loss + args.aux_coef * leanmoe.hf.aux_loss(model)
+    finally:
+        if handle is not None:
+            handle.remove()
+    if mark:
+        mark("forward")
+    loss.backward()
+    if mark:
+        mark("layers_backward")
+    torch.nn.utils.clip_grad_norm_(clipped, 1.0)
+    for opt in optimizers:
+        opt.step()
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    if mark:
+        mark("optimizer")
+    return loss.detach()
+
+
+class PhaseMemory:
+    """train_step's mark on CUDA: per phase of PHASES, the peak of allocated bytes within it
+    (max_memory_allocated since the previous mark, then reset) and the bytes allocated at its end;
+    over several steps the largest of each, in GiB. The readers are arguments for a test."""
+
+    def __init__(self, allocated=torch.cuda.memory_allocated, peak=torch.cuda.max_memory_allocated,
+                 reset=torch.cuda.reset_peak_memory_stats):
+        self._allocated, self._peak, self._reset = allocated, peak, reset
+        self.peak, self.end = {}, {}
+
+    def __call__(self, phase):
+        self.peak[phase] = max(self.peak.get(phase, 0.0), self._peak() / 2**30)
+        self.end[phase] = max(self.end.get(phase, 0.0), self._allocated() / 2**30)
+        self._reset()
+
+    def step_peak(self):
+        return max(self.peak.values())
+
+    def peak_phase(self):
+        return max(self.peak, key=self.peak.get)
+
+
 def run_mode(model_key, mode, args, dtype):
     cuda = args.device == "cuda"
     gc.collect()
@@ -185,17 +257,10 @@ def run_mode(model_key, mode, args, dtype):
     batches = [torch.randint(0, vocab, (args.batch, args.seq), generator=gen).to(args.device)
                for _ in range(args.warmup + args.steps)]
 
-    def step(ids):
-        loss = model(input_ids=ids, labels=ids).loss
-        if mode in ("b", "c") and args.aux_coef > 0:
-            loss = loss + args.aux_coef * leanmoe.hf.aux_loss(model)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(clipped, 1.0)
-        for opt in optimizers:
-            opt.step()
-        for opt in optimizers:
-            opt.zero_grad(set_to_none=True)
-        return loss.detach()
+    def step(ids, mark=None):
+        return train_step(model, mode, args, optimizers, clipped, ids, mark)
+
+    memory = PhaseMemory() if cuda else None
 
     times, losses = [], []
     resident = None
@@ -210,28 +275,36 @@ def run_mode(model_key, mode, args, dtype):
                 mallocs = (stats.get("num_device_alloc", 0), stats.get("num_device_free", 0))
         sync(args.device)
         start = time.perf_counter()
-        loss = step(ids)
+        loss = step(ids, memory if i >= args.warmup else None)
         sync(args.device)
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
         losses.append(float(loss))
-    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
+    peak = memory.step_peak() if cuda else None  # the phases partition the timed steps
     if cuda:
         stats = torch.cuda.memory_stats()
         mallocs = dict(cuda_malloc=stats.get("num_device_alloc", 0) - mallocs[0],
                        cuda_free=stats.get("num_device_free", 0) - mallocs[1])
     profile = profile_step(model_key, mode, args, step, batches[-1]) if args.profile else None
-    # Bytes of expert gradients in-backward never holds: all of them but one layer's buffer (dW1's
-    # size, which dW2 shares), in the parameters' dtype.
+    # Bytes of the expert weight gradients (the 3-D tensors; in-backward steps the small biases in
+    # step()): all of them are alive at the end of a standard backward and none in-backward; at
+    # most one layer's buffer (dW1's size, which dW2 shares) exists at any moment in-backward.
+    weights = [p.numel() for p in expert_parameters(model) if p.dim() == 3]
     per_layer = [p.numel() for n, p in model.named_parameters() if n.endswith(("gate_up_proj", "up_proj"))
                  and p.dim() == 3]
-    saved_grad = (n_exp - max(per_layer, default=0)) * dtype.itemsize / 2**30
+    expert_grad = sum(weights) * dtype.itemsize / 2**30
+    saved_grad = (sum(weights) - max(per_layer, default=0)) * dtype.itemsize / 2**30
     result = dict(mode=mode, description=MODES[mode], experts=impl, params=n_all, expert_params=n_exp,
-                  expert_grad_gib_not_held=saved_grad,
+                  expert_grad_gib=expert_grad, expert_grad_gib_not_held=saved_grad,
+                  phase_peak_gib=memory.peak if cuda else None, phase_end_gib=memory.end if cuda else None,
+                  peak_phase=memory.peak_phase() if cuda else None,
+                  after_backward_gib=memory.end.get("layers_backward") if cuda else None,
                   step_s=statistics.median(times), step_times_s=times, peak_gib=peak, resident_gib=resident,
                   losses=losses, tokens_per_s=args.batch * args.seq / statistics.median(times),
                   allocator_calls=mallocs, profile=profile)
-    mem = f"peak {peak:.2f} GiB (resident {resident:.2f} GiB)" if cuda else "peak n/a on cpu"
+    mem = (f"peak {peak:.2f} GiB in {result['peak_phase']} (resident {resident:.2f} GiB; phase peaks "
+           + ", ".join(f"{k} {v:.2f}" for k, v in memory.peak.items())
+           + f"; allocated after backward {result['after_backward_gib']:.2f})" if cuda else "peak n/a on cpu")
     print(f"  [{mode}] step {result['step_s'] * 1e3:.1f} ms (median of {len(times)}: "
           f"{' '.join(f'{t * 1e3:.1f}' for t in times)}), {mem}, allocator {mallocs}, "
           f"losses {' '.join(f'{l:.4f}' for l in losses)}", flush=True)
@@ -283,9 +356,11 @@ def verdict_experts(res):
         return None
     out = dict(time_ratio=l["step_s"] / g["step_s"], time_pass=l["step_s"] < g["step_s"])
     if i and "error" not in i and l["peak_gib"] is not None:
-        saving = l["peak_gib"] - i["peak_gib"]
-        out.update(saving_gib=saving, expected_gib=i["expert_grad_gib_not_held"],
-                   saving_pass=saving >= SAVING_BAR * i["expert_grad_gib_not_held"], inb_time_ratio=i["step_s"] / l["step_s"])
+        end_saving = l["after_backward_gib"] - i["after_backward_gib"]
+        out.update(saving_gib=l["peak_gib"] - i["peak_gib"], peak_phase=l["peak_phase"],
+                   layers_saving_gib=l["phase_peak_gib"]["layers_backward"] - i["phase_peak_gib"]["layers_backward"],
+                   end_saving_gib=end_saving, expected_gib=i["expert_grad_gib"],
+                   saving_pass=end_saving >= SAVING_BAR * i["expert_grad_gib"], inb_time_ratio=i["step_s"] / l["step_s"])
     return out
 
 
@@ -315,6 +390,10 @@ def merge_rounds(prev, r, args):
                   tokens_per_s=args.batch * args.seq / statistics.median(times), rounds=rounds)
     if r["peak_gib"] is not None:
         merged["peak_gib"] = max(x["peak_gib"] for x in rounds)
+        merged["after_backward_gib"] = max(x["after_backward_gib"] for x in rounds)
+        for key in ("phase_peak_gib", "phase_end_gib"):
+            merged[key] = {k: max(x[key][k] for x in rounds) for k in r[key]}
+        merged["peak_phase"] = max(merged["phase_peak_gib"], key=merged["phase_peak_gib"].get)
     return merged
 
 
@@ -347,21 +426,26 @@ def markdown(meta, results, args):
              f"{f' over {args.repeat} interleaved rounds' if args.repeat > 1 else ''}), aux-loss coef {args.aux_coef}"
              f"{', gradient checkpointing (non-reentrant) in every mode' if args.grad_ckpt else ''}",
              "- step = forward + loss + backward + clip_grad_norm_(1.0) + optimizer step(s) + zero_grad; "
-             "peak = torch.cuda.max_memory_allocated over the timed steps; resident = allocated after warm-up "
+             "peak = torch.cuda.max_memory_allocated over the timed steps (and per phase: forward, head_backward "
+             "= loss + LM head backward, layers_backward = the rest of backward, optimizer = clip + step + "
+             "zero_grad); after backward = allocated at the end of backward; resident = allocated after warm-up "
              "(weights + optimizer state)",
              "- modes: " + "; ".join(f"({k}) {v}" for k, v in MODES.items()), ""]
-    lines += ["| model | mode | experts | step ms | tokens/s | peak GiB | resident GiB | last loss |",
-              "|---|---|---|---:|---:|---:|---:|---:|"]
+    lines += ["| model | mode | experts | step ms | tokens/s | peak GiB | peak in | after backward GiB | resident GiB "
+              "| last loss |",
+              "|---|---|---|---:|---:|---:|---|---:|---:|---:|"]
     for model_key, res in results.items():
         for mode, r in res.items():
             if mode == "verdict":
                 continue
             name = MODELS[model_key]["name"]
             if "error" in r:
-                lines.append(f"| {name} | {mode} | | {r['error']} | | | | |")
+                lines.append(f"| {name} | {mode} | | {r['error']} | | | | | | |")
                 continue
             lines.append(f"| {name} | {mode} | {r['experts']} | {r['step_s'] * 1e3:.1f} | {r['tokens_per_s']:,.0f} | "
-                         f"{fmt(r['peak_gib'], '.2f')} | {fmt(r['resident_gib'], '.2f')} | {r['losses'][-1]:.4f} |")
+                         f"{fmt(r['peak_gib'], '.2f')} | {r.get('peak_phase') or 'n/a'} | "
+                         f"{fmt(r.get('after_backward_gib'), '.2f')} | {fmt(r['resident_gib'], '.2f')} | "
+                         f"{r['losses'][-1]:.4f} |")
     apply_rows = [k for k, res in results.items() if "a" in res or "c" in res]
     expert_rows = [k for k, res in results.items() if k not in apply_rows]
     if apply_rows:
@@ -381,19 +465,25 @@ def markdown(meta, results, args):
                      f"{pass_fail(v['mem_pass'])} | {pass_fail(v['time_pass'])} | "
                      f"{pass_fail(v['passed'] if v['mem_pass'] is not None else None)} |")
     if expert_rows:
-        lines += ["", f"Bars: (l) step time < (g); (l) peak - (i) peak >= {SAVING_BAR} x the expert gradients "
-                  "in-backward does not hold (all layers' but one layer's dW1-sized buffer).", "",
-                  "| model | time (l)/(g) | time (i)/(l) | peak saving (l)-(i) GiB | expected GiB | time | memory |",
-                  "|---|---:|---:|---:|---:|---|---|"]
+        lines += ["", f"Bars: (l) step time < (g); (l) - (i) allocated at the end of backward >= {SAVING_BAR} x the "
+                  "expert weight gradients (standard AdamW holds all of them there, in-backward none). The step's "
+                  "peak moves only when it lies where expert gradients exist (layers_backward or optimizer): "
+                  "in the forward or the loss/LM-head backward ([T, vocab] fp32 logits and their gradient) none "
+                  "exists in either mode.", "",
+                  "| model | time (l)/(g) | time (i)/(l) | (l) peak in | peak saving GiB | layers-backward peak saving "
+                  "GiB | after-backward saving GiB | expert grads GiB | time | memory |",
+                  "|---|---:|---:|---|---:|---:|---:|---:|---|---|"]
     for model_key in expert_rows:
         v = results[model_key].get("verdict")
         name = MODELS[model_key]["name"]
         if v is None:
-            lines.append(f"| {name} | n/a | n/a | n/a | n/a | INCOMPLETE | |")
+            lines.append(f"| {name} | n/a | n/a | | n/a | n/a | n/a | n/a | INCOMPLETE | |")
             continue
         lines.append(f"| {name} | {v['time_ratio']:.3f} | {fmt(v.get('inb_time_ratio'), '.3f')} | "
-                     f"{fmt(v.get('saving_gib'), '.2f')} | {fmt(v.get('expected_gib'), '.2f')} | "
-                     f"{pass_fail(v['time_pass'])} | {pass_fail(v.get('saving_pass'))} |")
+                     f"{v.get('peak_phase') or 'n/a'} | {fmt(v.get('saving_gib'), '.2f')} | "
+                     f"{fmt(v.get('layers_saving_gib'), '.2f')} | {fmt(v.get('end_saving_gib'), '.2f')} | "
+                     f"{fmt(v.get('expected_gib'), '.2f')} | {pass_fail(v['time_pass'])} | "
+                     f"{pass_fail(v.get('saving_pass'))} |")
     return "\n".join(lines) + "\n"
 
 

@@ -196,6 +196,81 @@ def test_three_training_steps_and_in_backward_updates(family):
         assert torch.equal(pa, pb), f"{na} differs between the standard and the in-backward run"
 
 
+def allocations_of_backward(model, b):
+    """Forward + backward under torch.profiler(profile_memory=True) on the CPU, whose allocator
+    reports every allocation (leanmoe's C++ workspaces included: they come from torch's allocator).
+    Returns (bytes allocated when backward ends minus when it starts, [(bytes, alloc ts, free ts or
+    None)] of the allocations made during backward, backward's end ts)."""
+    import json
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+    with tempfile.TemporaryDirectory() as d:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            loss = model(**b).loss
+            with record_function("backward_window"):
+                loss.backward()
+            del loss
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    window = next(e for e in events if e.get("name") == "backward_window")
+    lo, hi = window["ts"], window["ts"] + window["dur"]
+    mem = sorted((e["ts"], e["args"]["Bytes"], e["args"]["Addr"], e["args"]["Total Allocated"])
+                 for e in events if e.get("name") == "[memory]")
+    total_at = lambda t: ([m[3] for m in mem if m[0] <= t] or [0])[-1]  # noqa: E731
+    live, allocations = {}, []
+    for ts, nbytes, addr, _ in mem:
+        if nbytes > 0:
+            live[addr] = (nbytes, ts)
+        elif addr in live:
+            n, t0 = live.pop(addr)
+            allocations.append((n, t0, ts))
+    allocations += [(n, t0, None) for n, t0 in live.values()]
+    return total_at(hi) - total_at(lo), [a for a in allocations if lo <= a[1] <= hi], hi
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "nemotron_h"])
+def test_in_backward_holds_no_expert_gradient(family):
+    """With in-backward ExpertAdamW on the experts implementation, no expert weight gets a .grad,
+    no expert-sized tensor made in backward outlives it, at most one layer's gradient buffer exists
+    at a time, and backward ends holding exactly the expert weight gradients' bytes less than the
+    standard optimizer does (the same run with in_backward=False: the control that this can fail)."""
+    b = batch("cpu")
+    held = {}
+    for in_backward in (False, True):
+        model = build(family)
+        model.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION)
+        model.train()
+        weights = [p for p in expert_parameters(model) if p.dim() == 3]
+        opt = ExpertAdamW(expert_parameters(model), lr=1e-3, in_backward=in_backward)
+        dense = torch.optim.AdamW(dense_parameters(model), lr=1e-3)
+        for _ in range(2):  # two steps: the optimizer state exists before the measured backward
+            model(**b).loss.backward()
+            opt.step(), dense.step()
+            opt.zero_grad(), dense.zero_grad()
+        grown, allocations, end = allocations_of_backward(model, b)
+        sizes = {p.numel() * p.element_size() for p in weights}
+        expert_sized = [a for a in allocations if a[0] in sizes]
+        outliving = [a for a in expert_sized if a[2] is None or a[2] > end]
+        grads = [p.grad is not None for p in weights]
+        if in_backward:
+            assert not any(grads), f"{family}: expert weights with a .grad in-backward"
+            assert not outliving, f"{family}: expert-sized tensors alive after backward: {outliving}"
+            assert expert_sized, f"{family}: no in-backward gradient buffer seen (the profiler missed it)"
+            largest = max(sizes)
+            for n, t0, t1 in expert_sized:
+                together = sum(m for m, s0, s1 in expert_sized if s0 <= t0 < s1)
+                assert together <= largest, f"{family}: {together} bytes of expert-sized buffers at once"
+            opt.release()
+        else:  # the control: the standard path holds every expert gradient after backward
+            assert all(grads) and len(outliving) == len(weights), (family, grads, outliving)
+        held[in_backward] = grown
+    assert held[False] - held[True] == sum(p.numel() * p.element_size() for p in weights), held
+
+
 def test_register_and_switch_back():
     assert leanmoe.hf.register()
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
