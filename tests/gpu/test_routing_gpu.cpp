@@ -80,9 +80,13 @@ GpuRouting run_gpu_route(const MoEConfig& cfg, int64_t T, const std::vector<floa
   const int64_t E = cfg.E, K = cfg.K, R_max = max_routed_rows(cfg, T);
   detail::Carver measure;
   const cuda::RoutingScratch sized(measure, cfg, T);
-  measure.take<int32_t>(T * K);       // topk
-  measure.take<int32_t>(3 * R_max);   // row_token, row_gate, token_rows
-  measure.take<int32_t>(T + 1 + E + 1);
+  // The same takes as below, one by one: the carver aligns each.
+  measure.take<int32_t>(T * K);  // topk
+  measure.take<int32_t>(R_max);  // row_token
+  measure.take<float>(R_max);    // row_gate
+  measure.take<int32_t>(R_max);  // token_rows
+  measure.take<int32_t>(T + 1);  // token_offsets
+  measure.take<int32_t>(E + 1);  // expert_offsets
   DeviceBlock block(measure.used());
   GpuRouting g;
   EXPECT_NE(block.ptr, nullptr);
