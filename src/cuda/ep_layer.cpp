@@ -3,9 +3,9 @@
 //             rounding per rank included) -> message plan and pair records (ep_kernels.cu) ->
 //             count exchange -> ONE host sync (the all-to-all sizes) -> x rows and records to the
 //             owners -> owner metadata built by the single-GPU build_metadata over a [T_loc, El]
-//             routing matrix of the received pairs -> up_proj_swiglu / down_proj on the received
+//             routing matrix of the received pairs -> up_proj_act / down_proj on the received
 //             rows -> Y per pair back to the origin -> the single-GPU gather-sum.
-//   backward: dO rows to the owners -> dh_swiglu_bwd, dw2, dx_expert, dw1 on the owner (the
+//   backward: dO rows to the owners -> dh_act_bwd, dw2, dx_expert, dw1 on the owner (the
 //             in-backward callbacks see the local slices) -> dS and dX_exp per pair back -> the
 //             single-GPU router backward and dx gather at the origin. No host sync.
 //
@@ -341,7 +341,7 @@ struct EpLayer::Impl {
 
     // 6. Local experts on the received rows (H kept for backward), Y per pair back to the origin,
     //    which receives them in its own row order and runs the single-GPU gather-sum.
-    up_proj_swiglu(local_rows(), local_shape(), own.x_recv, wt.gate_up_proj.data, own.h, own.a, stream);
+    up_proj_act(local_rows(), local_shape(), {}, own.x_recv, wt.gate_up_proj.data, nullptr, own.h, own.a, stream);
     down_proj(local_rows(), local_shape(), own.a, wt.down_proj.data, own.y, stream, own.expert_gemm);
     ep::gather_rows(own.y, own.pair_row, z.R_loc, row_bytes, own.y_send, stream);
     exchange(own.y_send, recv_pairs, own.y_rows, send_pairs, row_bytes);
@@ -361,7 +361,7 @@ struct EpLayer::Impl {
     exchange(b.dout_send, send_tokens, b.dout_recv, recv_tokens, row_bytes);
 
     // 2. Owner: the single-GPU expert backward on the received rows, callbacks on the local slices.
-    dh_swiglu_bwd(rows, shape, b.dout_recv, wt.down_proj.data, own.h, b.dh, b.a_prime_dx, b.ds_partial, stream);
+    dh_act_bwd(rows, shape, {}, b.dout_recv, wt.down_proj.data, own.h, b.dh, b.a_prime_dx, b.ds_partial, stream);
     if (g.d_down_proj.defined()) {
       dw2(rows, shape, b.dout_recv, b.a_prime_dx, g.d_down_proj.data, stream);
       if (cb) cb(ExpertWeight::down_proj, g.d_down_proj);

@@ -198,11 +198,11 @@ void run_case(const Case& c, const Kernels& k = {}) {
   };
   auto silu = [](float g) { return g / (1.f + std::exp(-g)); };
 
-  {  // up_proj_swiglu: H = X[tok] W1_e^T, A = silu(g) u from fp32
+  {  // up_proj_act: H = X[tok] W1_e^T, A = silu(g) u from fp32
     DeviceBuffer<bf16> h(R_max * 2 * n), a(R_max * n);
     h.poison();
     a.poison();
-    lc::up_proj_swiglu(rows, s, x_d.ptr, w1_d.ptr, h.ptr, a.ptr, nullptr, k[lc::GemmKind::Up]);
+    lc::up_proj_act(rows, s, {}, x_d.ptr, w1_d.ptr, nullptr, h.ptr, a.ptr, nullptr, k[lc::GemmKind::Up]);
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> h_ref(R * 2 * n), a_ref(R * n);
     for (int64_t r = 0; r < R; ++r) {
@@ -234,7 +234,7 @@ void run_case(const Case& c, const Kernels& k = {}) {
     }
     expect_close(y.download(R * d), y_ref, "down_proj Y");
   }
-  {  // dh_swiglu_bwd
+  {  // dh_act_bwd
     const int P = lc::ds_partials(s);
     ASSERT_GE(P, 1);
     DeviceBuffer<bf16> dh(R_max * 2 * n), ap(R_max * n);
@@ -242,7 +242,7 @@ void run_case(const Case& c, const Kernels& k = {}) {
     dh.poison();
     ap.poison();
     ds.poison();
-    lc::dh_swiglu_bwd(rows, s, dout_d.ptr, w2_d.ptr, h_in_d.ptr, dh.ptr, ap.ptr, ds.ptr, nullptr, k[lc::GemmKind::Dh]);
+    lc::dh_act_bwd(rows, s, {}, dout_d.ptr, w2_d.ptr, h_in_d.ptr, dh.ptr, ap.ptr, ds.ptr, nullptr, k[lc::GemmKind::Dh]);
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> dh_ref(R * 2 * n), ap_ref(R * n), ds_ref(R), ds_abs(R);
     for (int64_t r = 0; r < R; ++r) {
@@ -265,8 +265,8 @@ void run_case(const Case& c, const Kernels& k = {}) {
       ds_ref[r] = float(ds_sum);
       ds_abs[r] = float(abs_sum);
     }
-    expect_close(dh.download(R * 2 * n), dh_ref, "dh_swiglu_bwd dH");
-    expect_close(ap.download(R * n), ap_ref, "dh_swiglu_bwd A'");
+    expect_close(dh.download(R * 2 * n), dh_ref, "dh_act_bwd dH");
+    expect_close(ap.download(R * n), ap_ref, "dh_act_bwd A'");
     // fp32 sums of n terms in another order: ~n·2^-24 of sum|terms|; 1e-4 of it is a wide margin.
     const auto ds_got = ds.download(R * P);
     size_t bad = 0;
@@ -434,10 +434,10 @@ TEST(ExpertGemms, LaunchersRefuseConfigsByName) {
   };
   expect_refused("up", "gather:pingpong:128x128:s6:warp:c1", "compiled for up: gather:coop:128x256:s4:warp:c1",
                  [&](const lc::GemmConfig* c) {
-                   lc::up_proj_swiglu(rows, s, x.ptr, w1.ptr, h.ptr, a.ptr, nullptr, c);
+                   lc::up_proj_act(rows, s, {}, x.ptr, w1.ptr, nullptr, h.ptr, a.ptr, nullptr, c);
                  });
   expect_refused("dh", "gather:coop:128x256:s4:warp:c1", "not compiled", [&](const lc::GemmConfig* c) {
-    lc::dh_swiglu_bwd(rows, s, x.ptr, w2.ptr, h.ptr, h.ptr, a.ptr, ds.ptr, nullptr, c);
+    lc::dh_act_bwd(rows, s, {}, x.ptr, w2.ptr, h.ptr, h.ptr, a.ptr, ds.ptr, nullptr, c);
   });
   expect_refused("dw1", "gather:coop:256x128:s4:warp:c2:b2", "band",
                  [&](const lc::GemmConfig* c) { lc::dw1(rows, s, h.ptr, x.ptr, w1.ptr, nullptr, c); });
