@@ -211,7 +211,12 @@ constexpr Activation kActivations[] = {Activation::swiglu, Activation::geglu, Ac
                                        Activation::gelu_tanh, Activation::silu, Activation::relu,
                                        Activation::relu2};
 constexpr size_t kNumActivations = std::size(kActivations);
-static_assert(static_cast<size_t>(Activation::relu2) + 1 == kNumActivations, "every Activation, in enum order");
+constexpr bool in_enum_order() {
+  for (size_t i = 0; i < kNumActivations; ++i)
+    if (static_cast<size_t>(kActivations[i]) != i) return false;
+  return static_cast<size_t>(Activation::relu2) + 1 == kNumActivations;
+}
+static_assert(in_enum_order(), "kActivations lists every Activation in enum order (launch[] is indexed by it)");
 struct GatherKernel {
   GemmConfig config;
   std::array<GatherLaunch, kNumActivations> launch;
