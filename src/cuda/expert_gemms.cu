@@ -185,9 +185,12 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   args.m_tiles = static_cast<int>(tiles.x);  // varlen-K: row tiles of dW (unused for varlen-M)
   args.n_band = config.band;                 // varlen-M only
   CUtensorMap map{};
-  if constexpr (kKind == GemmKind::Up)
-    map = up_weight_tensor_map(args.b, s, args.interleaved, rows.E, Tile::kTileN / 2, what);
-  else if constexpr (kKind == GemmKind::Dh)
+  if constexpr (kKind == GemmKind::Up) {
+    if constexpr (Act::kNoBiasGateUp)  // W1 as [E·2n rows, d cols] (the kernel's 2D loads)
+      map = bf16_tensor_map(args.b, rows.E * 2 * s.n, s.d, 64, Tile::kTileN / 2, what);
+    else
+      map = up_weight_tensor_map(args.b, s, args.interleaved, rows.E, Tile::kTileN / 2, what);
+  } else if constexpr (kKind == GemmKind::Dh)
     map = bf16_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, what);
   else if (rows.rows_capacity > 0)
     map = kKind == GemmKind::Dw1 ? bf16_tensor_map(args.a, rows.rows_capacity, s.width(), 64, 64, what)
@@ -217,9 +220,12 @@ constexpr bool in_enum_order() {
   return static_cast<size_t>(Activation::relu2) + 1 == kNumActivations;
 }
 static_assert(in_enum_order(), "kActivations lists every Activation in enum order (launch[] is indexed by it)");
+// no_bias_gate_up (up and dH): SwiGLU without b1 in [gate; up] order, the default path, with both
+// fixed at compile time (kernels::NoBiasGateUp); launch[swiglu] then runs only with b1 or interleaved.
 struct GatherKernel {
   GemmConfig config;
   std::array<GatherLaunch, kNumActivations> launch;
+  GatherLaunch no_bias_gate_up;
 };
 template <GemmKind kKind, class Tile, bool kCluster, size_t... I>
 std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I...>) {
@@ -240,7 +246,10 @@ GatherKernel gather_kernel() {
   c.stages = Tile::kStages;
   c.epilogue = GemmEpilogue::Warp;
   c.cluster = kCluster ? 2 : 1;
-  return {c, gather_launches<kKind, Tile, kCluster>(std::make_index_sequence<kNumActivations>())};
+  GatherLaunch no_bias_gate_up = nullptr;
+  if constexpr (!kernels::is_varlen_k(kKind))
+    no_bias_gate_up = &launch_gather<kKind, Tile, kCluster, kernels::NoBiasGateUp<kernels::SwiGLU>>;
+  return {c, gather_launches<kKind, Tile, kCluster>(std::make_index_sequence<kNumActivations>()), no_bias_gate_up};
 }
 
 // The gather kernel's instantiations: per kind the one that won the measurements (docs/kernels.md).
@@ -277,12 +286,15 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
   args.E = static_cast<int>(rows.E);
   args.d = s.d;
   args.n = s.n;
-  args.w = s.width();
+  args.gated = s.gated;
   args.act = {fn.alpha, fn.limit};
   args.interleaved = fn.interleaved;
   for (const GatherKernel& kernel : gather_kernels(kKind))
     if (kernel.config.same_kernel(config)) {
-      kernel.launch[static_cast<size_t>(fn.activation)](rows, s, args, config, stream, what);
+      const bool default_path = fn.activation == Activation::swiglu && !fn.interleaved && args.b1 == nullptr;
+      (default_path && kernel.no_bias_gate_up ? kernel.no_bias_gate_up
+                                              : kernel.launch[static_cast<size_t>(fn.activation)])(
+          rows, s, args, config, stream, what);
       check_launch(what);
       return;
     }

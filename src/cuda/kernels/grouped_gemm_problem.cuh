@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../expert_gemms.h"  // GemmKind, kMaxGemmExperts
 #include "activation.cuh"
@@ -28,6 +29,11 @@ struct GemmArgs {
   const int32_t* row_token;       // [R_max]
   const float* row_gate;          // [R_max]
   int E;
+  // The experts' function (up, dH; gated also dW1's width): gated: W = 2n, else n; W1's row order
+  // (gated: [gate; up] or interleaved, H and dH follow it). In E's padding, and act, b1 below in the
+  // 16 bytes up to 128: the struct keeps its size, the tensor map parameter its offset, and the
+  // default kernels their SASS (a 144-byte GemmArgs rescheduled up's).
+  bool gated, interleaved;
   int64_t d, n;
   const bf16* a;       // operand A (see the table in problem_dims)
   const bf16* b;       // operand B
@@ -38,13 +44,10 @@ struct GemmArgs {
   int ds_tiles;
   int n_tiles, m_tiles;  // column tiles; row tiles of dW (varlen-K)
   int n_band;            // varlen-M: column tiles walked together (tile order, >= 1)
-  // The experts' function (up, dH): the clamped SwiGLU's constants, W1's row order (gated: [gate; up]
-  // or interleaved, H and dH follow it) and b1 (up, [E, W] in W1's row order, or null).
-  ActConstants act;
-  bool interleaved;
-  const bf16* b1;
-  int64_t w;  // W
+  ActConstants act;  // the clamped SwiGLU's constants
+  const bf16* b1;    // up: [E, W] in W1's row order, or null
 };
+static_assert(sizeof(GemmArgs) == 128, "GemmArgs grew: the default kernels' SASS changes with it (see gated)");
 
 // Per-expert problem: C[M, N] = sum_k A[m, k] B[k, n].
 // W = 2n for a gated activation, n for a plain one (H's, dH's and W1's width).
@@ -59,6 +62,16 @@ struct ProblemDims {
   int64_t b_expert_stride;    // elements between two experts' weights (varlen-M), 0 for varlen-K
   int64_t out_expert_stride;  // elements between two experts' dW (varlen-K)
 };
+
+// W in a kernel: fixed by the activation's kind for up and dH, args.gated's for the varlen-K kinds
+// (Act void).
+template <class Act>
+__host__ __device__ constexpr int64_t gemm_width(const GemmArgs& args) {
+  if constexpr (std::is_void_v<Act>)
+    return args.gated ? 2 * args.n : args.n;
+  else
+    return Act::kGated ? 2 * args.n : args.n;
+}
 
 template <GemmKind kKind>
 __host__ __device__ constexpr ProblemDims problem_dims(int64_t d, int64_t n, int64_t w) {

@@ -95,28 +95,28 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
 #pragma unroll
   for (int c = 0; c < kHalf / 32; ++c) {
 #pragma unroll
-    for (int bl = 0; bl < 4; ++bl) {
-      float2 bg = {0.f, 0.f}, bu = {0.f, 0.f};  // b1 of gate columns j, j+1 and of their up columns
-      if constexpr (kBias) {
-        const int64_t j = j0 + 8 * (4 * c + bl) + 2 * (lane % 4);
-        if (j < n) {
-          if constexpr (kInterleaved) {
-            const float2 p0 = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + 2 * j));
-            const float2 p1 = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + 2 * j + 2));
-            bg = {p0.x, p1.x};
-            bu = {p0.y, p1.y};
-          } else {
-            bg = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + j));
-            bu = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + n + j));
-          }
-        }
-      }
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
+      for (int bl = 0; bl < 4; ++bl) {  // the default path's order (kernels.md: its SASS as before biases)
         const int g = 4 * (4 * c + bl) + 2 * h, u = g + 4 * (kHalf / 8);
         const uint32_t at = warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * (lane % 4);
         float g0 = acc[g], g1 = acc[g + 1], u0 = acc[u], u1 = acc[u + 1];
-        if constexpr (kBias) g0 += bg.x, g1 += bg.y, u0 += bu.x, u1 += bu.y;
+        if constexpr (kBias) {  // b1 of gate columns j, j+1 and of their up columns
+          const int64_t j = j0 + 8 * (4 * c + bl) + 2 * (lane % 4);
+          float2 bg = {0.f, 0.f}, bu = {0.f, 0.f};
+          if (j < n) {
+            if constexpr (kInterleaved) {
+              const float2 p0 = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + 2 * j));
+              const float2 p1 = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + 2 * j + 2));
+              bg = {p0.x, p1.x};
+              bu = {p0.y, p1.y};
+            } else {
+              bg = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + j));
+              bu = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + n + j));
+            }
+          }
+          g0 += bg.x, g1 += bg.y, u0 += bu.x, u1 += bu.y;
+        }
         if constexpr (kInterleaved) {
           const uint32_t tile = bl < 2 ? gate_tile : up_tile;
           st_shared_b32(tile + interleaved_pair_offset(lane / 4 + 8 * h, bl, lane % 4, 0), pack_bf16x2(g0, u0));
@@ -127,7 +127,6 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
         }
         st_shared_b32(a_tile + at, pack_bf16x2(Act::forward(args.act, g0, u0), Act::forward(args.act, g1, u1)));
       }
-    }
     __syncwarp();
     const int chunk = lane % 4;
     const int64_t col = j0 + 32 * c + 8 * chunk;
@@ -222,12 +221,14 @@ __device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float
 }
 
 // up's epilogue: the variant for the activation's kind (compile time) and for the bias and W1's
-// row order (run time, uniform per launch: the default path is the plain [gate; up] one).
+// row order (compile time on the default path, Act::kNoBiasGateUp; else run time, uniform per launch).
 template <class Act, int kTileN>
 __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, const float (&acc)[kTileN / 2],
                                                           int64_t m0, int row_end, int n_tile, int expert,
                                                           uint32_t staging) {
-  if constexpr (Act::kGated) {
+  if constexpr (Act::kNoBiasGateUp) {
+    store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
+  } else if constexpr (Act::kGated) {
     if (args.b1 == nullptr && !args.interleaved)
       store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
     else if (!args.interleaved)
@@ -261,7 +262,8 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
   static_assert(kGated || !kInterleaved, "a plain activation has one row order");
   const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3, q = lane % 4;
   const int64_t n = args.n, n0 = int64_t(n_tile) * kTileN, row0 = m0 + warp_in_wg * 16;
-  const int64_t w = kGated ? 2 * n : n;  // H's and dH's row stride
+  constexpr int kHalves = kGated ? 2 : 1;
+  const int64_t w = kHalves * n;  // H's and dH's row stride
   const uint32_t g_tile = staging + warp_in_wg * kWarpStagingBytes, u_tile = g_tile + kWarpTileBytes,
                  o_tile = u_tile + kWarpTileBytes;
   auto load_h = [&](int c) {
@@ -275,7 +277,7 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
         cp_async_16(g_tile + warp_tile_offset(row, q), src, true);
         cp_async_16(u_tile + warp_tile_offset(row, q), src + 32, true);
       } else {
-        const bf16* src = args.h + (row0 + row) * w + col;
+        const bf16* src = args.h + (row0 + row) * kHalves * n + col;  // not * w: the default path's SASS
         cp_async_16(g_tile + warp_tile_offset(row, q), src, true);
         if constexpr (kGated) cp_async_16(u_tile + warp_tile_offset(row, q), src + n, true);
       }
@@ -382,7 +384,9 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
 template <class Act, int kTileN>
 __device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0,
                                                           int row_end, int n_tile, uint32_t staging) {
-  if constexpr (Act::kGated) {
+  if constexpr (Act::kNoBiasGateUp) {
+    store_dh_rows<Act, kTileN, false>(args, acc, m0, row_end, n_tile, staging);
+  } else if constexpr (Act::kGated) {
     if (args.interleaved)
       store_dh_rows<Act, kTileN, true>(args, acc, m0, row_end, n_tile, staging);
     else
@@ -396,16 +400,16 @@ __device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, 
 // with the tile's last k-tile (some 4 k-tiles, ~2-3 us, before the consumers' epilogue reads them):
 // the epilogue's H loads then wait for L2, not DRAM (H is read once: it never is in L2 otherwise).
 // Interleaved, the same columns are one range of twice the bytes; a plain activation has one part.
-template <int kTileN, bool kGated>
+template <int kTileN, class Act>
 __device__ __forceinline__ void prefetch_h_row_l2(const GemmArgs& args, int64_t row, int row_end, int n_tile) {
   const int64_t n = args.n, n0 = int64_t(n_tile) * kTileN;
   if (row >= row_end || n0 >= n) return;
   const uint32_t bytes = uint32_t(min(int64_t(kTileN), n - n0)) * 2;  // a multiple of 128: n % 64 == 0
-  if constexpr (!kGated) {
+  if constexpr (!Act::kGated) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(args.h + row * n + n0), "r"(bytes) : "memory");
     return;
   }
-  if (args.interleaved) {
+  if (!Act::kNoBiasGateUp && args.interleaved) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(args.h + row * 2 * n + 2 * n0), "r"(2 * bytes)
                  : "memory");
     return;
