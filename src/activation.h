@@ -8,6 +8,7 @@
 // (torch.clamp's backward masks with min <= x <= max).
 #pragma once
 #include <cmath>
+#include <type_traits>
 
 #include "host_device.h"
 #include "leanmoe/leanmoe.h"
@@ -30,8 +31,15 @@ LEANMOE_HOST_DEVICE inline int64_t up_column(int64_t j, int64_t n, bool interlea
   return interleaved ? 2 * j + 1 : n + j;
 }
 
+// In float on the GPU, __expf and __fdividef (MUFU.EX2 / MUFU.RCP and a multiply, 2 ulp) instead of
+// exp and '/': the IEEE division brought a compare, a branch and a called slow path per element into
+// the up and dH epilogues (128 CALLs in the dH kernel). For v < -87 the denominator passes 2^126 and
+// the result is 0 where the exact one is below 1e-36.
 template <class Real>
 LEANMOE_HOST_DEVICE inline Real sigmoid(Real v) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<Real, float>) return __fdividef(1.f, 1.f + __expf(-v));
+#endif
   return Real(1) / (Real(1) + std::exp(-v));
 }
 
@@ -62,12 +70,19 @@ LEANMOE_HOST_DEVICE inline Real gelu_tanh_grad(Real x) {
 
 template <class Real>
 LEANMOE_HOST_DEVICE inline Real silu(Real x) {
+#if defined(__CUDA_ARCH__)  // one MUFU.RCP and a multiply, as sigmoid
+  if constexpr (std::is_same_v<Real, float>) return __fdividef(x, 1.f + __expf(-x));
+#endif
   return x * sigmoid(x);
+}
+// silu' from x and s = sigmoid(x) (the GPU SwiGLU backward has s already).
+template <class Real>
+LEANMOE_HOST_DEVICE inline Real silu_grad_of_sigmoid(Real x, Real s) {
+  return s * (Real(1) + x * (Real(1) - s));
 }
 template <class Real>
 LEANMOE_HOST_DEVICE inline Real silu_grad(Real x) {
-  const Real s = sigmoid(x);
-  return s * (Real(1) + x * (Real(1) - s));
+  return silu_grad_of_sigmoid(x, sigmoid(x));
 }
 
 // f of the gate (gated) or of h (plain), and f'.

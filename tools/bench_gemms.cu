@@ -168,12 +168,12 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
   };
   const std::vector<Gemm> gemms = {
       {GemmKind::Up, 4 * mnk,
-       [&](const lc::GemmConfig* k) { lc::up_proj_swiglu(rows, s, x.ptr, w1.ptr, h.ptr, a.ptr, nullptr, k); }},
+       [&](const lc::GemmConfig* k) { lc::up_proj_act(rows, s, {}, x.ptr, w1.ptr, nullptr, h.ptr, a.ptr, nullptr, k); }},
       {GemmKind::Down, 2 * mnk,
        [&](const lc::GemmConfig* k) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, k); }},
       {GemmKind::Dh, 2 * mnk,
        [&](const lc::GemmConfig* k) {
-         lc::dh_swiglu_bwd(rows, s, d_out.ptr, w2.ptr, h.ptr, dh.ptr, a_prime.ptr, ds_partial.ptr, nullptr, k);
+         lc::dh_act_bwd(rows, s, {}, d_out.ptr, w2.ptr, h.ptr, dh.ptr, a_prime.ptr, ds_partial.ptr, nullptr, k);
        }},
       {GemmKind::Dw2, 2 * mnk,
        [&](const lc::GemmConfig* k) { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr, k); }},

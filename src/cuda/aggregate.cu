@@ -14,10 +14,11 @@ int grid_stride_blocks(int64_t count) { return int(std::clamp<int64_t>((count + 
 }  // namespace
 
 void aggregate_rows(const void* y, const float* row_gate, const int32_t* token_offsets, const int32_t* token_rows,
-                    int64_t T, int64_t d, void* out, cudaStream_t stream) {
+                    int64_t T, int64_t d, void* out, cudaStream_t stream, const void* down_bias,
+                    const int32_t* expert_offsets, int64_t E) {
   kernels::gather_sum_kernel<<<int(T), gather_threads(d), 0, stream>>>(
       static_cast<const kernels::Bf16x8*>(y), row_gate, nullptr, token_offsets, token_rows, int(d),
-      static_cast<kernels::Bf16x8*>(out));
+      static_cast<kernels::Bf16x8*>(out), static_cast<const kernels::Bf16x8*>(down_bias), expert_offsets, int(E));
   LEANMOE_CUDA_CHECK_LAUNCH("gather_sum_kernel (aggregate)");
 }
 
@@ -30,10 +31,28 @@ void gather_dx(const void* dx_exp, const float* dx_router, const int32_t* token_
 }
 
 void reduce_ds(const float* partial, int parts, const int32_t* expert_offsets, int64_t E, int64_t rows_capacity,
-               float* dS, cudaStream_t stream) {
+               float* dS, cudaStream_t stream, const DownBiasDs& bias) {
+  if (bias.down_bias) {
+    const int blocks = int((rows_capacity * 32 + 255) / 256);  // a warp per row
+    kernels::reduce_ds_bias_kernel<<<blocks, 256, 0, stream>>>(
+        partial, parts, expert_offsets, int(E), rows_capacity, static_cast<const kernels::Bf16x8*>(bias.d_out),
+        bias.row_token, static_cast<const kernels::Bf16x8*>(bias.down_bias), int(bias.d), dS);
+    LEANMOE_CUDA_CHECK_LAUNCH("reduce_ds_bias_kernel");
+    return;
+  }
   const int blocks = int((rows_capacity + 255) / 256);
   kernels::reduce_ds_kernel<<<blocks, 256, 0, stream>>>(partial, parts, expert_offsets + E, rows_capacity, dS);
   LEANMOE_CUDA_CHECK_LAUNCH("reduce_ds_kernel");
+}
+
+void expert_column_sums(const void* src, int64_t width, const int32_t* row_index, const float* scale,
+                        const int32_t* expert_offsets, int64_t E, void* out, cudaStream_t stream) {
+  if (E == 0 || width == 0) return;
+  const dim3 grid(unsigned((width + 63) / 64), unsigned(E));
+  kernels::expert_column_sums_kernel<<<grid, 32 * kernels::kColumnSumWarps, 0, stream>>>(
+      static_cast<const __nv_bfloat16*>(src), width, row_index, scale, expert_offsets,
+      static_cast<__nv_bfloat16*>(out));
+  LEANMOE_CUDA_CHECK_LAUNCH("expert_column_sums_kernel");
 }
 
 void sum_halves_to_bf16(const float* src, int64_t count, void* dst, cudaStream_t stream) {

@@ -38,7 +38,12 @@ struct bf16_storage {
   uint16_t bits;
 };
 
-cuda::ExpertShape expert_shape(const MoEConfig& cfg, int64_t T) { return {T, cfg.d, cfg.n}; }
+cuda::ExpertShape expert_shape(const MoEConfig& cfg, int64_t T) {
+  return {T, cfg.d, cfg.n, activation_is_gated(cfg.activation)};
+}
+cuda::ExpertFunction expert_function(const MoEConfig& cfg) {
+  return {cfg.activation, cfg.act_alpha, cfg.act_limit, cfg.interleaved};
+}
 
 // Everything forward needs beyond SavedState. Routing given by the caller needs no router scratch,
 // only the metadata passes' (given_meta).
@@ -76,7 +81,7 @@ struct BackwardWorkspace {
   int32_t* topk_counts;        // [E]
   float* ds_partial;           // [R_max, parts]
   float* dS;                   // [R_max]
-  bf16_storage* dh;            // [R_max, 2n]
+  bf16_storage* dh;            // [R_max, W]
   bf16_storage* a_prime_dxexp; // [R_max, max(n, d)]: A', later dX_exp
   float* dx_router;            // [T, d] dz·Wr
   float* d_router_f32;         // [2E, d]: dz_hi^T·X over dz_lo^T·X
@@ -94,7 +99,7 @@ struct BackwardWorkspace {
     topk_counts = c.take<int32_t>(router * E);
     ds_partial = c.take<float>(R * ds_parts);
     dS = c.take<float>(R);
-    dh = c.take<bf16_storage>(R * 2 * cfg.n);
+    dh = c.take<bf16_storage>(R * up_width(cfg));
     a_prime_dxexp = c.take<bf16_storage>(R * std::max(cfg.n, cfg.d));
     dx_router = c.take<float>(router * T * cfg.d);
     d_router_f32 = c.take<float>(router * 2 * E * cfg.d);
@@ -140,7 +145,8 @@ void require_forward_aligned(const char* fn, const MoEConfig& cfg, const Tensor&
   const Tensor no_router;  // not read with routing given
   for (auto [name, t] : {std::pair{"x", &x}, {"out", &out},
                          {"w.router", cfg.routing == Routing::given ? &no_router : &w.router},
-                         {"w.gate_up_proj", &w.gate_up_proj}, {"w.down_proj", &w.down_proj}, {"saved.h", &s.h}})
+                         {"w.gate_up_proj", &w.gate_up_proj}, {"w.down_proj", &w.down_proj}, {"saved.h", &s.h},
+                         {"w.gate_up_bias", &w.gate_up_bias}, {"w.down_bias", &w.down_bias}})
     require_aligned(fn, name, *t);
   require_saved_elements_aligned(fn, s);
   for (auto [name, t] : elements) require_element_aligned(fn, name, *t);
@@ -156,6 +162,8 @@ void require_backward_aligned(const char* fn, const MoEConfig& cfg, const Tensor
                          {"w.gate_up_proj", &w.gate_up_proj}, {"w.down_proj", &w.down_proj},
                          {"grads.dx", &g.dx}, {"grads.d_router", &g.d_router},
                          {"grads.d_gate_up_proj", &g.d_gate_up_proj}, {"grads.d_down_proj", &g.d_down_proj},
+                         {"w.gate_up_bias", &w.gate_up_bias}, {"w.down_bias", &w.down_bias},
+                         {"grads.d_gate_up_bias", &g.d_gate_up_bias}, {"grads.d_down_bias", &g.d_down_bias},
                          {"saved.x", &s.x}, {"saved.h", &s.h}})
     require_aligned(fn, name, *t);
   require_saved_elements_aligned(fn, s);
@@ -206,16 +214,15 @@ class CudaBackend final : public Backend {
     if (cfg.d % 8 != 0) return "cfg.d must be a multiple of 8 on cuda (16-byte rows), got " + std::to_string(cfg.d);
     if (cfg.E > kMaxExperts)
       return "cfg.E must be <= " + std::to_string(kMaxExperts) + " on cuda, got " + std::to_string(cfg.E);
-    // The expert GEMM epilogues fuse SwiGLU over the [gate; up] HF layout only (so far).
-    if (cfg.activation != Activation::swiglu)
-      return std::string("cfg.activation must be swiglu on cuda (the GPU epilogues fuse SwiGLU only; run ") +
-             activation_name(cfg.activation) + " on cpu)";
-    if (cfg.interleaved) return "cfg.interleaved is not supported on cuda yet (run on cpu)";
+    // Every activation, both row orders of W1 and the biases are fused into the expert GEMMs; the
+    // transposed (gpt-oss) layout would need MN-major weight operands there (not written yet).
     if (cfg.transposed) return "cfg.transposed is not supported on cuda yet (run on cpu)";
     const char* gemm = cuda::expert_gemms_unsupported(expert_shape(cfg, 1));
     if (gemm && *gemm) return gemm;
     return "";
   }
+
+  bool supports_expert_biases() const override { return true; }
 
   size_t forward_workspace_bytes(const MoEConfig& cfg, int64_t T, DType) const override {
     Carver c(nullptr);
@@ -285,11 +292,11 @@ class CudaBackend final : public Backend {
     }
     Carver carver(a.ws.data);
     BackwardWorkspace w(carver, cfg, T);
-    experts_backward(cfg, T, a.d_out, a.w, s, g, a.on_expert_grad, w, stream);
-    if (!g.dx.defined() && !g.d_router.defined()) return;
+    const bool router_grads = g.dx.defined() || g.d_router.defined();
+    experts_backward(cfg, T, a.d_out, a.w, s, g, a.on_expert_grad, w, router_grads, stream);
+    if (!router_grads) return;
 
-    // Router part: dS per row, recomputed logits, dz, then the two products with dz.
-    cuda::reduce_ds(w.ds_partial, w.ds_parts, s.expert_offsets.ptr<int32_t>(), E, s.rows_capacity, w.dS, stream);
+    // Router part: recomputed logits, dz from dS, then the two products with dz.
     router_logits(s.x.data, a.w.router.data, T, cfg, w.cublas, w.zdz, stream);
     // With top-K routing the rows per expert are the top-K counts (the kernel reads expert_offsets).
     const bool rounding = cfg.routing == Routing::token_rounding;
@@ -369,9 +376,8 @@ class CudaBackend final : public Backend {
     }
     Carver carver(a.ws.data);
     BackwardWorkspace w(carver, cfg, T);
-    experts_backward(cfg, T, a.d_out, a.w, s, g, a.on_expert_grad, w, stream);
+    experts_backward(cfg, T, a.d_out, a.w, s, g, a.on_expert_grad, w, g.d_topk_weights.defined(), stream);
     if (g.d_topk_weights.defined()) {
-      cuda::reduce_ds(w.ds_partial, w.ds_parts, s.expert_offsets.ptr<int32_t>(), E, s.rows_capacity, w.dS, stream);
       cuda::scatter_given_ds(s.topk_experts.ptr<int32_t>(), T, E, K, s.token_offsets.ptr<int32_t>(),
                              s.token_rows.ptr<int32_t>(), w.dS, g.d_topk_weights.data,
                              g.d_topk_weights.dtype == DType::bf16, stream);
@@ -386,46 +392,71 @@ class CudaBackend final : public Backend {
     if (t.defined() && t.nbytes() > 0) LEANMOE_CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.nbytes(), stream));
   }
 
-  // T = 0, both routings: every expert weight gradient is 0, handed over in the usual order.
+  // dS's down-bias term <dO_t, b2_e> (none without a down bias).
+  static cuda::DownBiasDs down_bias_ds(const MoEConfig& cfg, const MoEWeights& w, const Tensor& d_out,
+                                       const SavedState& s) {
+    if (!w.down_bias.defined()) return {};
+    return {w.down_bias.data, d_out.data, s.row_token.ptr<int32_t>(), cfg.d};
+  }
+
+  // T = 0, both routings: every expert weight and bias gradient is 0, handed over in the usual order.
   static void zero_expert_grads(const MoEGrads& g, const ExpertGradCallback& on_expert_grad, cudaStream_t stream) {
     for (auto [which, t] : {std::pair{ExpertWeight::down_proj, &g.d_down_proj},
-                            {ExpertWeight::gate_up_proj, &g.d_gate_up_proj}}) {
+                            {ExpertWeight::down_bias, &g.d_down_bias},
+                            {ExpertWeight::gate_up_proj, &g.d_gate_up_proj},
+                            {ExpertWeight::gate_up_bias, &g.d_gate_up_bias}}) {
       if (!t->defined()) continue;
       zero_async(*t, stream);
       if (on_expert_grad) on_expert_grad(which, *t);
     }
   }
 
-  // The expert steps of forward, both routings and the EP owner: up-projection + activation,
-  // down-projection, the gather-sum o_t = sum of gate * Y over the token's rows (unweighted: EP).
+  // The expert steps of forward, both routings and the EP owner: up-projection + b1 + activation,
+  // down-projection, the gather-sum o_t = sum of gate * (Y + b2) over the token's rows (unweighted: EP).
   void experts_forward(const MoEConfig& cfg, int64_t T, const Tensor& x, const MoEWeights& wt, SavedState& s,
                        const ForwardWorkspace& w, const Tensor& out, cudaStream_t stream, bool weighted = true) {
     const cuda::RoutedRows rows = routed_rows(s, cfg.E);
     const cuda::ExpertShape shape = expert_shape(cfg, T);
-    cuda::up_proj_swiglu(rows, shape, x.data, wt.gate_up_proj.data, s.h.data, w.a, stream);
+    cuda::up_proj_act(rows, shape, expert_function(cfg), x.data, wt.gate_up_proj.data, wt.gate_up_bias.data, s.h.data,
+                      w.a, stream);
     cuda::down_proj(rows, shape, w.a, wt.down_proj.data, w.y, stream, w.expert_gemm);
     cuda::aggregate_rows(w.y, weighted ? s.row_gate.ptr<float>() : nullptr, s.token_offsets.ptr<int32_t>(),
-                         s.token_rows.ptr<int32_t>(), T, cfg.d, out.data, stream);
+                         s.token_rows.ptr<int32_t>(), T, cfg.d, out.data, stream, wt.down_bias.data,
+                         s.expert_offsets.ptr<int32_t>(), cfg.E);
   }
 
   // The expert steps of backward, both routings, in the order that lets the callback update each
-  // weight after its last read. Leaves the dS partials in w.ds_partial and dX_exp in w.a_prime_dxexp.
+  // weight after its last read. Leaves dS in w.dS (when `ds`: it reads b2, so before b2's callback)
+  // and dX_exp in w.a_prime_dxexp.
   void experts_backward(const MoEConfig& cfg, int64_t T, const Tensor& d_out, const MoEWeights& wt,
                         const SavedState& s, const MoEGrads& g, const ExpertGradCallback& on_expert_grad,
-                        const BackwardWorkspace& w, cudaStream_t stream) {
+                        const BackwardWorkspace& w, bool ds, cudaStream_t stream) {
     const cuda::RoutedRows rows = routed_rows(s, cfg.E);
     const cuda::ExpertShape shape = expert_shape(cfg, T);
-    cuda::dh_swiglu_bwd(rows, shape, d_out.data, wt.down_proj.data, s.h.data, w.dh, w.a_prime_dxexp,
-                        w.ds_partial, stream);
+    cuda::dh_act_bwd(rows, shape, expert_function(cfg), d_out.data, wt.down_proj.data, s.h.data, w.dh,
+                     w.a_prime_dxexp, w.ds_partial, stream);
+    if (ds)
+      cuda::reduce_ds(w.ds_partial, w.ds_parts, s.expert_offsets.ptr<int32_t>(), cfg.E, s.rows_capacity, w.dS,
+                      stream, down_bias_ds(cfg, wt, d_out, s));
     if (g.d_down_proj.defined()) {
       cuda::dw2(rows, shape, d_out.data, w.a_prime_dxexp, g.d_down_proj.data, stream);
       if (on_expert_grad) on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
+    }
+    if (g.d_down_bias.defined()) {  // db2_e = sum over e's rows of gate · dO[token]
+      cuda::expert_column_sums(d_out.data, cfg.d, s.row_token.ptr<int32_t>(), s.row_gate.ptr<float>(),
+                               s.expert_offsets.ptr<int32_t>(), cfg.E, g.d_down_bias.data, stream);
+      if (on_expert_grad) on_expert_grad(ExpertWeight::down_bias, g.d_down_bias);
     }
     if (g.dx.defined())
       cuda::dx_expert(rows, shape, w.dh, wt.gate_up_proj.data, w.a_prime_dxexp, stream, w.expert_gemm);
     if (g.d_gate_up_proj.defined()) {
       cuda::dw1(rows, shape, w.dh, s.x.data, g.d_gate_up_proj.data, stream);
       if (on_expert_grad) on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
+    }
+    if (g.d_gate_up_bias.defined()) {  // db1_e = sum over e's rows of dH
+      cuda::expert_column_sums(w.dh, up_width(cfg), nullptr, nullptr, s.expert_offsets.ptr<int32_t>(), cfg.E,
+                               g.d_gate_up_bias.data, stream);
+      if (on_expert_grad) on_expert_grad(ExpertWeight::gate_up_bias, g.d_gate_up_bias);
     }
   }
 

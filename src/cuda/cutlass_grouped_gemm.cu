@@ -232,8 +232,8 @@ void cutlass_down_proj(const RoutedRows& rows, const ExpertShape& s, const void*
 void cutlass_dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
                        void* workspace, const GemmConfig& config, cudaStream_t stream) {
   if (rows.E <= 0 || rows.rows_capacity <= 0) return;
-  // Per expert: [M_e, K = 2n] · W1_e [K = 2n, N = d].
-  run<DxCooperative>(rows, s.d, 2 * s.n, dh, w1, dx_exp, 2 * s.n * s.d, workspace, config, stream, "dx_expert");
+  // Per expert: [M_e, K = W] · W1_e [K = W, N = d].
+  run<DxCooperative>(rows, s.d, s.width(), dh, w1, dx_exp, s.width() * s.d, workspace, config, stream, "dx_expert");
 }
 
 }  // namespace leanmoe::cuda

@@ -7,7 +7,10 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include <algorithm>
+#include <array>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <type_traits>
 
 #include "cutlass_grouped_gemm.h"
@@ -54,7 +57,7 @@ dim3 grid_for(const RoutedRows& rows, const ExpertShape& s, int tile_m, int tile
   tile.tile_n = tile_n;
   const int64_t n_tiles = gemm_column_tiles(kKind, s, tile);
   if constexpr (kernels::is_varlen_k(kKind)) {
-    const kernels::ProblemDims dims = kernels::problem_dims<kKind>(s.d, s.n);
+    const kernels::ProblemDims dims = kernels::problem_dims<kKind>(s.d, s.n, s.width());
     return dim3(static_cast<unsigned>(ceil_div(dims.M, tile_m)), static_cast<unsigned>(n_tiles),
                 static_cast<unsigned>(rows.E));
   } else {
@@ -64,10 +67,11 @@ dim3 grid_for(const RoutedRows& rows, const ExpertShape& s, int tile_m, int tile
   }
 }
 
-// 2D TMA map over a row-major bf16 matrix [rows, cols] (all experts' weights stacked, or routed
-// rows), 128B swizzle, box {box_cols, box_rows}. The driver entry point is fetched through the
-// runtime (no -lcuda).
-CUtensorMap bf16_tensor_map(const void* w, int64_t rows, int64_t cols, int box_cols, int box_rows, const char* what) {
+// TMA map over a bf16 tensor of `rank` dimensions (innermost first, dims[0] contiguous; strides in
+// elements of dimensions 1..rank-1), 128B swizzle, box `box`. The driver entry point is fetched
+// through the runtime (no -lcuda).
+CUtensorMap bf16_tensor_map(const void* w, int rank, const int64_t* dims, const int64_t* strides, const int* box,
+                            const char* what) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -79,16 +83,45 @@ CUtensorMap bf16_tensor_map(const void* w, int64_t rows, int64_t cols, int box_c
   }();
   if (!encode) throw leanmoe::Error(std::string(what) + ": the CUDA driver has no cuTensorMapEncodeTiled");
   CUtensorMap map{};
-  const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(cols) * 2};  // bytes between rows
-  const cuuint32_t box[2] = {cuuint32_t(box_cols), cuuint32_t(box_rows)}, elem_strides[2] = {1, 1};
-  const CUresult res = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(w), dims, strides, box,
-                              elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+  cuuint64_t dim[4], stride_bytes[3];
+  cuuint32_t boxes[4], elem_strides[4];
+  for (int i = 0; i < rank; ++i) {
+    dim[i] = cuuint64_t(dims[i]);
+    boxes[i] = cuuint32_t(box[i]);
+    elem_strides[i] = 1;
+    if (i > 0) stride_bytes[i - 1] = cuuint64_t(strides[i - 1]) * 2;
+  }
+  const CUresult res = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(rank), const_cast<void*>(w), dim,
+                              stride_bytes, boxes, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                              CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS)
     throw leanmoe::Error(std::string(what) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(res) +
                          "); the operand must be 16-byte aligned");
   return map;
+}
+// 2D: a row-major matrix [rows, cols] (all experts' weights stacked, or routed rows), box
+// {box_cols, box_rows}.
+CUtensorMap bf16_tensor_map(const void* w, int64_t rows, int64_t cols, int box_cols, int box_rows, const char* what) {
+  const int64_t dims[2] = {cols, rows}, strides[1] = {cols};
+  const int box[2] = {box_cols, box_rows};
+  return bf16_tensor_map(w, 2, dims, strides, box, what);
+}
+// up's W1 [E, W, d] as a 4-D tensor with strides in increasing order: (k < d, j < n, half, expert)
+// for [gate; up] (rows j and n + j; plain: one half, row j), box {64, box_rows, 1, 1}; interleaved
+// (rows 2j and 2j + 1) as (k, half, j, expert), box {64, 1, box_rows, 1}. Either box lands as
+// box_rows K-major rows of 128 B; the kernel swaps its two middle coordinates for interleaved.
+CUtensorMap up_weight_tensor_map(const void* w1, const ExpertShape& s, bool interleaved, int64_t E, int box_rows,
+                                 const char* what) {
+  const int64_t d = s.d, n = s.n, halves = s.gated ? 2 : 1;
+  if (interleaved) {
+    const int64_t dims[4] = {d, 2, n, E}, strides[3] = {d, 2 * d, 2 * n * d};
+    const int box[4] = {64, 1, box_rows, 1};
+    return bf16_tensor_map(w1, 4, dims, strides, box, what);
+  }
+  const int64_t dims[4] = {d, n, halves, E}, strides[3] = {d, n * d, s.width() * d};
+  const int box[4] = {64, box_rows, 1, 1};
+  return bf16_tensor_map(w1, 4, dims, strides, box, what);
 }
 
 // Cluster launch of the gather kernel: a cluster per pair of SMs that can hold one
@@ -152,12 +185,15 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   args.m_tiles = static_cast<int>(tiles.x);  // varlen-K: row tiles of dW (unused for varlen-M)
   args.n_band = config.band;                 // varlen-M only
   CUtensorMap map{};
-  if constexpr (kKind == GemmKind::Up)
-    map = bf16_tensor_map(args.b, rows.E * 2 * s.n, s.d, 64, Tile::kTileN / 2, what);
-  else if constexpr (kKind == GemmKind::Dh)
+  if constexpr (kKind == GemmKind::Up) {
+    if constexpr (Act::kNoBiasGateUp)  // W1 as [E·2n rows, d cols] (the kernel's 2D loads)
+      map = bf16_tensor_map(args.b, rows.E * 2 * s.n, s.d, 64, Tile::kTileN / 2, what);
+    else
+      map = up_weight_tensor_map(args.b, s, args.interleaved, rows.E, Tile::kTileN / 2, what);
+  } else if constexpr (kKind == GemmKind::Dh)
     map = bf16_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, what);
   else if (rows.rows_capacity > 0)
-    map = kKind == GemmKind::Dw1 ? bf16_tensor_map(args.a, rows.rows_capacity, 2 * s.n, 64, 64, what)
+    map = kKind == GemmKind::Dw1 ? bf16_tensor_map(args.a, rows.rows_capacity, s.width(), 64, 64, what)
                                  : bf16_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, what);
   if constexpr (kCluster) {
     launch_cluster<kKind, Tile, Act>(rows, s, args, map, config, stream, what);
@@ -169,17 +205,39 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   }
 }
 
-// One compiled instantiation of the gather kernel and the configuration it runs.
+// One compiled configuration of the gather kernel: up and dH one instantiation per activation
+// (launch[activation]), dW1 and dW2 one for all.
 using GatherLaunch = void (*)(const RoutedRows&, const ExpertShape&, GemmArgs, const GemmConfig&, cudaStream_t,
                               const char*);
+constexpr Activation kActivations[] = {Activation::swiglu, Activation::geglu, Activation::geglu_tanh,
+                                       Activation::reglu,  Activation::swiglu_clamped, Activation::gelu,
+                                       Activation::gelu_tanh, Activation::silu, Activation::relu,
+                                       Activation::relu2};
+constexpr size_t kNumActivations = std::size(kActivations);
+constexpr bool in_enum_order() {
+  for (size_t i = 0; i < kNumActivations; ++i)
+    if (static_cast<size_t>(kActivations[i]) != i) return false;
+  return static_cast<size_t>(Activation::relu2) + 1 == kNumActivations;
+}
+static_assert(in_enum_order(), "kActivations lists every Activation in enum order (launch[] is indexed by it)");
+// no_bias_gate_up (up and dH): SwiGLU without b1 in [gate; up] order, the default path, with both
+// fixed at compile time (kernels::NoBiasGateUp); launch[swiglu] then runs only with b1 or interleaved.
 struct GatherKernel {
   GemmConfig config;
-  GatherLaunch launch;
+  std::array<GatherLaunch, kNumActivations> launch;
+  GatherLaunch no_bias_gate_up;
 };
+template <GemmKind kKind, class Tile, bool kCluster, size_t... I>
+std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I...>) {
+  std::array<GatherLaunch, kNumActivations> launches{};
+  if constexpr (kernels::is_varlen_k(kKind))
+    launches.fill(&launch_gather<kKind, Tile, kCluster, void>);
+  else
+    launches = {&launch_gather<kKind, Tile, kCluster, kernels::DeviceActivation<kActivations[I]>>...};
+  return launches;
+}
 template <GemmKind kKind, class Tile, bool kCluster>
 GatherKernel gather_kernel() {
-  // Only SwiGLU is instantiated; another activation is another Act here (activation.cuh).
-  using Act = std::conditional_t<kernels::is_varlen_k(kKind), void, kernels::SwiGLU>;
   GemmConfig c;
   c.family = GemmFamily::Gather;
   c.schedule = GemmSchedule::Cooperative;
@@ -188,7 +246,10 @@ GatherKernel gather_kernel() {
   c.stages = Tile::kStages;
   c.epilogue = GemmEpilogue::Warp;
   c.cluster = kCluster ? 2 : 1;
-  return {c, &launch_gather<kKind, Tile, kCluster, Act>};
+  GatherLaunch no_bias_gate_up = nullptr;
+  if constexpr (!kernels::is_varlen_k(kKind))
+    no_bias_gate_up = &launch_gather<kKind, Tile, kCluster, kernels::NoBiasGateUp<kernels::SwiGLU>>;
+  return {c, gather_launches<kKind, Tile, kCluster>(std::make_index_sequence<kNumActivations>()), no_bias_gate_up};
 }
 
 // The gather kernel's instantiations: per kind the one that won the measurements (docs/kernels.md).
@@ -210,7 +271,12 @@ const std::vector<GatherKernel>& gather_kernels(GemmKind kind) {
 // Resolves the configuration and launches the gather kernel that runs it.
 template <GemmKind kKind>
 void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const GemmConfig* requested,
-            cudaStream_t stream, const char* what) {
+            cudaStream_t stream, const char* what, const ExpertFunction& fn = {}) {  // fn: up and dH only
+  if (!kernels::is_varlen_k(kKind) && activation_is_gated(fn.activation) != s.gated)
+    throw leanmoe::Error(std::string(what) + ": activation " + activation_name(fn.activation) + " is " +
+                         (s.gated ? "plain" : "gated") + " but the shape says " + (s.gated ? "gated" : "plain"));
+  if (fn.interleaved && !s.gated)
+    throw leanmoe::Error(std::string(what) + ": interleaved applies to a gated activation only");
   const GemmConfig config = resolve_gemm_config(kKind, s, rows.E, multiprocessor_count(), requested);
   if (rows.E <= 0) return;
   if (!kernels::is_varlen_k(kKind) && rows.rows_capacity <= 0) return;
@@ -220,9 +286,15 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
   args.E = static_cast<int>(rows.E);
   args.d = s.d;
   args.n = s.n;
+  args.gated = s.gated;
+  args.act = {fn.alpha, fn.limit};
+  args.interleaved = fn.interleaved;
   for (const GatherKernel& kernel : gather_kernels(kKind))
     if (kernel.config.same_kernel(config)) {
-      kernel.launch(rows, s, args, config, stream, what);
+      const bool default_path = fn.activation == Activation::swiglu && !fn.interleaved && args.b1 == nullptr;
+      (default_path && kernel.no_bias_gate_up ? kernel.no_bias_gate_up
+                                              : kernel.launch[static_cast<size_t>(fn.activation)])(
+          rows, s, args, config, stream, what);
       check_launch(what);
       return;
     }
@@ -248,7 +320,7 @@ const char* expert_gemms_unsupported(const ExpertShape& s) {
 
 int64_t gemm_column_tiles(GemmKind kind, const ExpertShape& s, const GemmConfig& config) {
   const int64_t columns = kind == GemmKind::Up || kind == GemmKind::Dh || kind == GemmKind::Dw2 ? s.n : s.d;
-  return ceil_div(columns, kind == GemmKind::Up ? config.tile_n / 2 : config.tile_n);
+  return ceil_div(columns, kind == GemmKind::Up && s.gated ? config.tile_n / 2 : config.tile_n);
 }
 
 const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind) {
@@ -294,12 +366,13 @@ GemmConfig resolve_gemm_config(GemmKind kind, const ExpertShape& s, int64_t E, i
 // One fp32 partial per 128 columns, whatever dH's tile (store_ds_partials).
 int ds_partials(const ExpertShape& s) { return static_cast<int>((s.n + 127) / 128); }
 
-void up_proj_swiglu(const RoutedRows& rows, const ExpertShape& s, const void* x, const void* w1, void* h, void* a,
-                    cudaStream_t stream, const GemmConfig* config) {
+void up_proj_act(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, const void* x,
+                 const void* w1, const void* b1, void* h, void* a, cudaStream_t stream, const GemmConfig* config) {
   GemmArgs args = make_args(x, w1);
   args.out = static_cast<kernels::bf16*>(h);
   args.out2 = static_cast<kernels::bf16*>(a);
-  launch<GemmKind::Up>(rows, s, args, config, stream, "up_proj_swiglu");
+  args.b1 = static_cast<const kernels::bf16*>(b1);
+  launch<GemmKind::Up>(rows, s, args, config, stream, "up_proj_act", fn);
 }
 
 void down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
@@ -308,15 +381,16 @@ void down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, cons
   cutlass_down_proj(rows, s, a, w2, y, workspace, c, stream);
 }
 
-void dh_swiglu_bwd(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* w2, const void* h,
-                   void* dh, void* a_prime, float* ds_partial, cudaStream_t stream, const GemmConfig* config) {
+void dh_act_bwd(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, const void* d_out,
+                const void* w2, const void* h, void* dh, void* a_prime, float* ds_partial, cudaStream_t stream,
+                const GemmConfig* config) {
   GemmArgs args = make_args(d_out, w2);
   args.h = static_cast<const kernels::bf16*>(h);
   args.out = static_cast<kernels::bf16*>(dh);
   args.out2 = static_cast<kernels::bf16*>(a_prime);
   args.ds_partial = ds_partial;
   args.ds_tiles = ds_partials(s);
-  launch<GemmKind::Dh>(rows, s, args, config, stream, "dh_swiglu_bwd");
+  launch<GemmKind::Dh>(rows, s, args, config, stream, "dh_act_bwd", fn);
 }
 
 void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,

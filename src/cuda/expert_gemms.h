@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gemm_config.h"
+#include "leanmoe/leanmoe.h"
 
 namespace leanmoe::cuda {
 
@@ -26,8 +27,20 @@ struct RoutedRows {
   int64_t E = 0;
 };
 
+// gated: the activation splits H into gate and up (W = 2n columns), else W = n (docs/SPEC.md §2).
 struct ExpertShape {
   int64_t T = 0, d = 0, n = 0;
+  bool gated = true;
+  int64_t width() const { return gated ? 2 * n : n; }
+};
+
+// What up's and dH's epilogues apply (DESIGN.md "Activations", "Weight layouts"): the activation
+// with its constants, and for a gated one W1's row order, which H and dH follow: [gate; up] or
+// interleaved [g0, u0, g1, u1, ...]. Its kind must agree with ExpertShape::gated.
+struct ExpertFunction {
+  Activation activation = Activation::swiglu;
+  float alpha = 1.702f, limit = 7.f;  // swiglu_clamped only
+  bool interleaved = false;
 };
 
 // Empty when the GEMMs can take this shape, else the rule (e.g. "cfg.d must be a multiple of 64").
@@ -46,15 +59,17 @@ const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind);
 // Host only: needs no device.
 GemmConfig resolve_gemm_config(GemmKind kind, const ExpertShape& s, int64_t E, int sm_count,
                                const GemmConfig* requested);
-// Column tiles of `config`'s tile over kind's N (up: n / (tile_n/2), its tile pairing tile_n/2 gate
-// with tile_n/2 up columns; dh: n; dw2: n; dw1: d; down, dx: d).
+// Column tiles of `config`'s tile over kind's N (up: n / (tile_n/2) gated, its tile pairing tile_n/2
+// gate with tile_n/2 up columns, n / tile_n plain; dh: n; dw2: n; dw1: d; down, dx: d).
 int64_t gemm_column_tiles(GemmKind kind, const ExpertShape& s, const GemmConfig& config);
 
-// Forward 3: H[r] = X[row_token[r]] · W1_e^T (gather fused into the A-operand load), epilogue
-// stores H = [g, u] (bf16 [R, 2n]) and A = silu(g)·u (bf16 [R, n]) from the fp32 accumulators.
-// w1 is the HF layout [E, 2n, d] (gate rows 0..n-1, up rows n..2n-1).
-void up_proj_swiglu(const RoutedRows& rows, const ExpertShape& s, const void* x, const void* w1, void* h, void* a,
-                    cudaStream_t stream, const GemmConfig* config = nullptr);
+// Forward 3: H[r] = X[row_token[r]] · W1_e^T + b1_e (gather fused into the A-operand load), epilogue
+// stores H (bf16 [R, W], W1's row order) and A = f(g, u) (gated) or f(h) (plain) (bf16 [R, n]),
+// both from the fp32 accumulators. w1 is the HF layout [E, W, d] (fn.interleaved: rows g0, u0, ...;
+// else gate rows 0..n-1, up rows n..2n-1); b1 bf16 [E, W] in the same row order, or null.
+void up_proj_act(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, const void* x,
+                 const void* w1, const void* b1, void* h, void* a, cudaStream_t stream,
+                 const GemmConfig* config = nullptr);
 
 // Device scratch of down_proj and dx_expert (CUTLASS grouped GEMM: per-expert shape/pointer/stride
 // arrays, 60 bytes per expert, and 4 TMA descriptors of 128 bytes per SM, 68 KB on 132 SMs).
@@ -68,22 +83,24 @@ void down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, cons
                cudaStream_t stream, void* workspace = nullptr, const GemmConfig* config = nullptr);
 
 // Backward 1 (dH kernel): dA'[r] = dO[row_token[r]] · W2_e (gather of dO fused), epilogue reads H:
-// a = silu(g)·u; ds_partial[r * ds_partials(s) + j] = sum over the j-th column tile of dA'·a;
-// dH = [gate·dA'·u·silu'(g), gate·dA'·silu(g)] (bf16 [R, 2n]); A' = gate·a (bf16 [R, n]).
+// a = f(g, u); ds_partial[r * ds_partials(s) + j] = sum over the j-th column tile of dA'·a;
+// dH = gate·dA'·[da/dg, da/du] (bf16 [R, W], H's column order; plain: gate·dA'·f'(h));
+// A' = gate·a (bf16 [R, n]).
 int ds_partials(const ExpertShape& s);
-void dh_swiglu_bwd(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* w2, const void* h,
-                   void* dh, void* a_prime, float* ds_partial, cudaStream_t stream, const GemmConfig* config = nullptr);
+void dh_act_bwd(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, const void* d_out,
+                const void* w2, const void* h, void* dh, void* a_prime, float* ds_partial, cudaStream_t stream,
+                const GemmConfig* config = nullptr);
 
 // Backward 2: dW2_e = sum_{r in e} dO[row_token[r]]^T ⊗ A'[r]  -> bf16 [E, d, n] (varlen-K, gather along K).
 // Experts with no rows get zeros.
 void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,
          cudaStream_t stream, const GemmConfig* config = nullptr);
 
-// Backward 3: dX_exp[r] = dH[r] · W1_e  -> bf16 [R, d]. `workspace` as for down_proj.
+// Backward 3: dX_exp[r] = dH[r] · W1_e  -> bf16 [R, d] (K = W). `workspace` as for down_proj.
 void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
                cudaStream_t stream, void* workspace = nullptr, const GemmConfig* config = nullptr);
 
-// Backward 4: dW1_e = sum_{r in e} dH[r]^T ⊗ X[row_token[r]]  -> bf16 [E, 2n, d] (varlen-K, gather X).
+// Backward 4: dW1_e = sum_{r in e} dH[r]^T ⊗ X[row_token[r]]  -> bf16 [E, W, d] (varlen-K, gather X).
 // Experts with no rows get zeros.
 void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* x, void* dw1,
          cudaStream_t stream, const GemmConfig* config = nullptr);

@@ -110,17 +110,32 @@ void scatter_given_ds(const int32_t* topk_experts, int64_t T, int64_t E, int64_t
                       const int32_t* token_rows, const float* dS, void* d_weights, bool bf16, cudaStream_t stream);
 
 // ---- aggregate.cu --------------------------------------------------------------------------
-// out[t] = bf16(sum over the token's rows of row_gate[row] * y[row]), fp32 sum. y, out bf16.
+// out[t] = bf16(sum over the token's rows of row_gate[row] * (y[row] + b2[e])), fp32 sum, e the row's
+// expert (found in expert_offsets [E+1]); without down_bias (bf16 [E, d]) y alone. y, out bf16.
 void aggregate_rows(const void* y, const float* row_gate, const int32_t* token_offsets, const int32_t* token_rows,
-                    int64_t T, int64_t d, void* out, cudaStream_t stream);
+                    int64_t T, int64_t d, void* out, cudaStream_t stream, const void* down_bias = nullptr,
+                    const int32_t* expert_offsets = nullptr, int64_t E = 0);
 
 // dx[t] = bf16(sum over the token's rows of dx_exp[row] + dx_router[t]), fp32 sum; dx_router may be null.
 void gather_dx(const void* dx_exp, const float* dx_router, const int32_t* token_offsets, const int32_t* token_rows,
                int64_t T, int64_t d, void* dx, cudaStream_t stream);
 
-// dS[r] = sum_j partial[r * parts + j] for the routed rows r < expert_offsets[E].
+// dS[r] = sum_j partial[r * parts + j] for the routed rows r < expert_offsets[E], plus, with a down
+// bias, <dO[row_token[r]], b2[e(r)]> (d_out bf16 [T, d], down_bias bf16 [E, d]).
+struct DownBiasDs {
+  const void* down_bias = nullptr;
+  const void* d_out = nullptr;
+  const int32_t* row_token = nullptr;
+  int64_t d = 0;
+};
 void reduce_ds(const float* partial, int parts, const int32_t* expert_offsets, int64_t E, int64_t rows_capacity,
-               float* dS, cudaStream_t stream);
+               float* dS, cudaStream_t stream, const DownBiasDs& bias = {});
+
+// The expert bias gradients: out[e, c] = bf16(sum over expert e's rows r of scale[r] · src[row_index[r], c])
+// (scale null: 1; row_index null: row r), 0 for an empty expert; src, out bf16, width a multiple of 2.
+// db1 = column sums of dH; db2 = of row_gate · dO[row_token]. Deterministic (no atomics).
+void expert_column_sums(const void* src, int64_t width, const int32_t* row_index, const float* scale,
+                        const int32_t* expert_offsets, int64_t E, void* out, cudaStream_t stream);
 
 // dst[i] = bf16(src[i] + src[count + i]): the hi and lo halves of a product with dz_split.
 void sum_halves_to_bf16(const float* src, int64_t count, void* dst, cudaStream_t stream);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../../src/activation.h"
 #include "../../src/cuda/expert_gemms.h"
 #include "leanmoe/bf16.h"
 #include "leanmoe/leanmoe.h"
@@ -106,6 +107,22 @@ struct DeviceBuffer {
   }
 };
 
+// A routing on the device with capacity R_max >= R (rows past R: token 0, gate 0).
+struct DeviceRouting {
+  DeviceBuffer<int32_t> offsets, token;
+  DeviceBuffer<float> gate;
+  int64_t R_max, E;
+  template <class V>
+  static V padded(V v, int64_t size) {
+    v.resize(size_t(size), typename V::value_type{});
+    return v;
+  }
+  DeviceRouting(const Routing& rt, int64_t R_max)
+      : offsets(rt.expert_offsets), token(padded(rt.row_token, R_max)), gate(padded(rt.row_gate, R_max)),
+        R_max(R_max), E(rt.E) {}
+  lc::RoutedRows rows() const { return {offsets.ptr, token.ptr, gate.ptr, R_max, E}; }
+};
+
 // Outputs are bf16 roundings of fp32 accumulators: the rounding alone is <= 2^-9 ≈ 2e-3 relative,
 // and the fp32 sums differ from the CPU's only in order (~1e-6 relative for K <= 1e3), so
 // 1e-2 relative (5x margin) plus 1e-3 of the output's RMS (for entries that cancel to ~0).
@@ -179,15 +196,10 @@ void run_case(const Case& c, const Kernels& k = {}) {
   const auto xf = to_float(x), dof = to_float(d_out), w1f = to_float(w1), w2f = to_float(w2);
   const auto hf = to_float(h_in), af = to_float(a_in), dhf = to_float(dh_in), apf = to_float(ap_in);
 
-  std::vector<int32_t> token_padded = rt.row_token;
-  token_padded.resize(R_max, 0);
-  std::vector<float> gate_padded = rt.row_gate;
-  gate_padded.resize(R_max, 0.f);
-  DeviceBuffer<int32_t> offsets_d(rt.expert_offsets), token_d(token_padded);
-  DeviceBuffer<float> gate_d(gate_padded);
+  const DeviceRouting routed(rt, R_max);
   DeviceBuffer<bf16> x_d(x), dout_d(d_out), w1_d(w1), w2_d(w2), h_in_d(h_in), a_in_d(a_in), dh_in_d(dh_in),
       ap_in_d(ap_in);
-  const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, R_max, E};
+  const lc::RoutedRows rows = routed.rows();
   DeviceBuffer<char> gemm_ws(c.caller_workspace ? lc::expert_gemm_workspace_bytes(E) : 0);
   gemm_ws.poison();
   void* const gemm_ws_ptr = c.caller_workspace ? gemm_ws.ptr : nullptr;
@@ -198,11 +210,11 @@ void run_case(const Case& c, const Kernels& k = {}) {
   };
   auto silu = [](float g) { return g / (1.f + std::exp(-g)); };
 
-  {  // up_proj_swiglu: H = X[tok] W1_e^T, A = silu(g) u from fp32
+  {  // up_proj_act: H = X[tok] W1_e^T, A = silu(g) u from fp32
     DeviceBuffer<bf16> h(R_max * 2 * n), a(R_max * n);
     h.poison();
     a.poison();
-    lc::up_proj_swiglu(rows, s, x_d.ptr, w1_d.ptr, h.ptr, a.ptr, nullptr, k[lc::GemmKind::Up]);
+    lc::up_proj_act(rows, s, {}, x_d.ptr, w1_d.ptr, nullptr, h.ptr, a.ptr, nullptr, k[lc::GemmKind::Up]);
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> h_ref(R * 2 * n), a_ref(R * n);
     for (int64_t r = 0; r < R; ++r) {
@@ -234,7 +246,7 @@ void run_case(const Case& c, const Kernels& k = {}) {
     }
     expect_close(y.download(R * d), y_ref, "down_proj Y");
   }
-  {  // dh_swiglu_bwd
+  {  // dh_act_bwd
     const int P = lc::ds_partials(s);
     ASSERT_GE(P, 1);
     DeviceBuffer<bf16> dh(R_max * 2 * n), ap(R_max * n);
@@ -242,7 +254,7 @@ void run_case(const Case& c, const Kernels& k = {}) {
     dh.poison();
     ap.poison();
     ds.poison();
-    lc::dh_swiglu_bwd(rows, s, dout_d.ptr, w2_d.ptr, h_in_d.ptr, dh.ptr, ap.ptr, ds.ptr, nullptr, k[lc::GemmKind::Dh]);
+    lc::dh_act_bwd(rows, s, {}, dout_d.ptr, w2_d.ptr, h_in_d.ptr, dh.ptr, ap.ptr, ds.ptr, nullptr, k[lc::GemmKind::Dh]);
     CUDA_OK(cudaDeviceSynchronize());
     std::vector<float> dh_ref(R * 2 * n), ap_ref(R * n), ds_ref(R), ds_abs(R);
     for (int64_t r = 0; r < R; ++r) {
@@ -265,8 +277,8 @@ void run_case(const Case& c, const Kernels& k = {}) {
       ds_ref[r] = float(ds_sum);
       ds_abs[r] = float(abs_sum);
     }
-    expect_close(dh.download(R * 2 * n), dh_ref, "dh_swiglu_bwd dH");
-    expect_close(ap.download(R * n), ap_ref, "dh_swiglu_bwd A'");
+    expect_close(dh.download(R * 2 * n), dh_ref, "dh_act_bwd dH");
+    expect_close(ap.download(R * n), ap_ref, "dh_act_bwd A'");
     // fp32 sums of n terms in another order: ~n·2^-24 of sum|terms|; 1e-4 of it is a wide margin.
     const auto ds_got = ds.download(R * P);
     size_t bad = 0;
@@ -324,6 +336,153 @@ void run_case(const Case& c, const Kernels& k = {}) {
       }
     }
     expect_close(dw.download(E * 2 * n * d), ref, "dw1");
+  }
+}
+
+// up_proj_act and dh_act_bwd for every activation, W1 row order and b1 on/off against loops over
+// src/activation.h's functions (the CPU backend's): H = X[tok]·W1_eᵀ + b1_e in W1's row order,
+// A = f(H) from fp32; dH, A' and the ds partials from a given H. Then dx_expert and dw1 at the
+// plain width W = n. Ragged rows with an empty expert, d = n = 192 (a partial last column tile
+// for both tile pairings), rows past the routed ones poisoned.
+void run_expert_function_case(leanmoe::Activation activation, bool interleaved, bool biased) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  using leanmoe::act::Params;
+  const bool gated = leanmoe::activation_is_gated(activation);
+  SCOPED_TRACE(std::string(leanmoe::activation_name(activation)) + (interleaved ? " interleaved" : "") +
+               (biased ? " biased" : ""));
+  const int64_t T = 150, E = 6, K = 2, d = 192, n = 192, W = gated ? 2 * n : n;
+  const lc::ExpertShape s{T, d, n, gated};
+  const lc::ExpertFunction fn{activation, 1.702f, 1.5f, interleaved};
+  const Params p{activation, fn.alpha, fn.limit};
+  const Routing rt = make_routing(T, E, K, /*empty_expert=*/2, false, 77u);
+  const int64_t R = rt.R, R_max = R + 3;
+  std::mt19937 rng(7);
+  const auto x = random_bf16(T * d, 1.f, rng), d_out = random_bf16(T * d, 1.f, rng);
+  const auto w1 = random_bf16(E * W * d, 2.f / std::sqrt(float(d)), rng);
+  const auto w2 = random_bf16(E * d * n, 1.f / std::sqrt(float(n)), rng);
+  const auto b1 = random_bf16(E * W, 1.f, rng);
+  const auto h_in = random_bf16(R_max * W, 3.f, rng);
+  const auto xf = to_float(x), dof = to_float(d_out), w1f = to_float(w1), w2f = to_float(w2), b1f = to_float(b1),
+             hf = to_float(h_in);
+  const DeviceRouting routed(rt, R_max);
+  DeviceBuffer<bf16> x_d(x), dout_d(d_out), w1_d(w1), w2_d(w2), b1_d(b1), h_in_d(h_in);
+  const lc::RoutedRows rows = routed.rows();
+  auto expert_of_row = [&](int64_t r) {
+    return int64_t(std::upper_bound(rt.expert_offsets.begin(), rt.expert_offsets.end(), int32_t(r)) -
+                   rt.expert_offsets.begin()) - 1;
+  };
+  auto gate_col = [&](int64_t j) { return leanmoe::act::gate_column(j, interleaved); };
+  auto up_col = [&](int64_t j) { return leanmoe::act::up_column(j, n, interleaved); };
+  {
+    DeviceBuffer<bf16> h(R_max * W), a(R_max * n);
+    h.poison();
+    a.poison();
+    lc::up_proj_act(rows, s, fn, x_d.ptr, w1_d.ptr, biased ? b1_d.ptr : nullptr, h.ptr, a.ptr, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> h_ref(R * W), a_ref(R * n);
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t e = expert_of_row(r);
+      const float* xr = &xf[rt.row_token[r] * d];
+      for (int64_t c = 0; c < W; ++c) {
+        float acc = biased ? b1f[e * W + c] : 0.f;
+        for (int64_t k = 0; k < d; ++k) acc += xr[k] * w1f[(e * W + c) * d + k];
+        h_ref[r * W + c] = acc;
+      }
+      for (int64_t j = 0; j < n; ++j)
+        a_ref[r * n + j] = leanmoe::act::forward(p, h_ref[r * W + gate_col(j)], gated ? h_ref[r * W + up_col(j)] : 0.f);
+    }
+    expect_close(h.download(R * W), h_ref, "up_proj_act H");
+    expect_close(a.download(R * n), a_ref, "up_proj_act A");
+  }
+  {
+    const int P = lc::ds_partials(s);
+    DeviceBuffer<bf16> dh(R_max * W), ap(R_max * n);
+    DeviceBuffer<float> ds(R_max * P);
+    dh.poison();
+    ap.poison();
+    ds.poison();
+    lc::dh_act_bwd(rows, s, fn, dout_d.ptr, w2_d.ptr, h_in_d.ptr, dh.ptr, ap.ptr, ds.ptr, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> dh_ref(R * W), ap_ref(R * n);
+    std::vector<double> ds_ref(R), ds_abs(R);
+    for (int64_t r = 0; r < R; ++r) {
+      const float* dor = &dof[rt.row_token[r] * d];
+      const float* w = &w2f[expert_of_row(r) * d * n];
+      const float gate = rt.row_gate[r];
+      for (int64_t j = 0; j < n; ++j) {
+        float da = 0;
+        for (int64_t i = 0; i < d; ++i) da += dor[i] * w[i * n + j];
+        const float g = hf[r * W + gate_col(j)], u = gated ? hf[r * W + up_col(j)] : 0.f;
+        float da_dg, da_du;
+        leanmoe::act::backward(p, g, u, da_dg, da_du);
+        const float a = leanmoe::act::forward(p, g, u);
+        dh_ref[r * W + gate_col(j)] = gate * da * da_dg;
+        if (gated) dh_ref[r * W + up_col(j)] = gate * da * da_du;
+        ap_ref[r * n + j] = gate * a;
+        ds_ref[r] += double(da) * a;
+        ds_abs[r] += std::fabs(double(da) * a);
+      }
+    }
+    expect_close(dh.download(R * W), dh_ref, "dh_act_bwd dH");
+    expect_close(ap.download(R * n), ap_ref, "dh_act_bwd A'");
+    const auto ds_got = ds.download(R * P);
+    size_t bad = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      double total = 0;
+      for (int q = 0; q < P; ++q) total += ds_got[r * P + q];
+      if (!(std::fabs(total - ds_ref[r]) <= 1e-3 * ds_abs[r] + 1e-5)) ++bad;
+    }
+    EXPECT_EQ(bad, 0u) << "ds_partial rows off";
+  }
+  if (gated) return;  // the gated widths are run_case's
+  const auto dh_in = random_bf16(R_max * W, 1.f, rng);
+  const auto dhf = to_float(dh_in);
+  DeviceBuffer<bf16> dh_d(dh_in);
+  {
+    DeviceBuffer<bf16> dx(R_max * d);
+    dx.poison();
+    lc::dx_expert(rows, s, dh_d.ptr, w1_d.ptr, dx.ptr, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> ref(R * d, 0.f);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t k = 0; k < W; ++k)
+        for (int64_t i = 0; i < d; ++i) ref[r * d + i] += dhf[r * W + k] * w1f[(expert_of_row(r) * W + k) * d + i];
+    expect_close(dx.download(R * d), ref, "dx_expert, plain");
+  }
+  {
+    DeviceBuffer<bf16> dw(E * W * d);
+    dw.poison();
+    lc::dw1(rows, s, dh_d.ptr, x_d.ptr, dw.ptr, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    std::vector<float> ref(E * W * d, 0.f);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t k = 0; k < W; ++k)
+        for (int64_t i = 0; i < d; ++i)
+          ref[(expert_of_row(r) * W + k) * d + i] += dhf[r * W + k] * xf[rt.row_token[r] * d + i];
+    expect_close(dw.download(E * W * d), ref, "dw1, plain");
+  }
+}
+
+TEST(ExpertGemms, EveryActivationLayoutAndBias) {
+  using leanmoe::Activation;
+  for (Activation a : {Activation::swiglu, Activation::geglu, Activation::geglu_tanh, Activation::reglu,
+                       Activation::swiglu_clamped, Activation::gelu, Activation::gelu_tanh, Activation::silu,
+                       Activation::relu, Activation::relu2})
+    for (bool interleaved : {false, true})
+      for (bool biased : {false, true})
+        if (!interleaved || leanmoe::activation_is_gated(a)) run_expert_function_case(a, interleaved, biased);
+}
+
+// A shape and function that disagree (a plain activation on a gated shape) are refused by name.
+TEST(ExpertGemms, ActivationMustMatchTheShape) {
+  const lc::ExpertShape gated_shape{4, 64, 64, true};
+  const lc::RoutedRows rows{nullptr, nullptr, nullptr, 8, 2};
+  try {
+    lc::up_proj_act(rows, gated_shape, {leanmoe::Activation::relu2}, nullptr, nullptr, nullptr, nullptr, nullptr,
+                    nullptr);
+    ADD_FAILURE() << "a plain activation on a gated shape was accepted";
+  } catch (const leanmoe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("relu2 is plain"), std::string::npos) << e.what();
   }
 }
 
@@ -434,10 +593,10 @@ TEST(ExpertGemms, LaunchersRefuseConfigsByName) {
   };
   expect_refused("up", "gather:pingpong:128x128:s6:warp:c1", "compiled for up: gather:coop:128x256:s4:warp:c1",
                  [&](const lc::GemmConfig* c) {
-                   lc::up_proj_swiglu(rows, s, x.ptr, w1.ptr, h.ptr, a.ptr, nullptr, c);
+                   lc::up_proj_act(rows, s, {}, x.ptr, w1.ptr, nullptr, h.ptr, a.ptr, nullptr, c);
                  });
   expect_refused("dh", "gather:coop:128x256:s4:warp:c1", "not compiled", [&](const lc::GemmConfig* c) {
-    lc::dh_swiglu_bwd(rows, s, x.ptr, w2.ptr, h.ptr, h.ptr, a.ptr, ds.ptr, nullptr, c);
+    lc::dh_act_bwd(rows, s, {}, x.ptr, w2.ptr, h.ptr, h.ptr, a.ptr, ds.ptr, nullptr, c);
   });
   expect_refused("dw1", "gather:coop:256x128:s4:warp:c2:b2", "band",
                  [&](const lc::GemmConfig* c) { lc::dw1(rows, s, h.ptr, x.ptr, w1.ptr, nullptr, c); });

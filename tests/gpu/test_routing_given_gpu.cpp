@@ -3,9 +3,9 @@
 // built from the caller's ids (rows per expert must be equal, not close), the output, dx, both
 // expert weight gradients and d_topk_weights (the dS scatter), on random routings, sentinel ids,
 // a token without experts, an expert listed twice, one expert taking every row, empty experts,
-// T = 0, 1 and many tiles, bf16 and f32 routing weights; a CUDA graph capture; and the clear
-// refusals of what the GPU epilogues do not fuse yet (activations other than SwiGLU, biases,
-// interleaved or transposed layouts). Skipped when no GPU is visible.
+// T = 0, 1 and many tiles, bf16 and f32 routing weights; a CUDA graph capture; every activation x
+// expert biases on/off x W1 row order; and the clear refusal of the transposed layout, which the
+// GPU does not run yet. Skipped when no GPU is visible.
 //
 // Tolerance: as tests/gpu/test_cuda_backend.cpp (kBf16Tol = 2e-2; both backends round at the same
 // points and differ by fp32 summation order). d_topk_weights is dS itself: the GPU sums it from
@@ -138,35 +138,77 @@ TEST(CudaRoutingGiven, CaptureIntoOneGraph) {
   cudaStreamDestroy(stream);
 }
 
-// Until the GEMM epilogues fuse them, the GPU refuses every other activation, biases and the
-// interleaved and transposed layouts by name (the CPU backend runs them all).
-TEST(CudaRoutingGiven, RefusesWhatTheEpiloguesDoNotFuseYet) {
-  REQUIRE_GPU();
-  auto refused = [](const HostLayerInputs& in, const char* fragment) {
-    try {
-      reference::run_backend(in, Device::cuda);
-      ADD_FAILURE() << "accepted on cuda: " << in.cfg.describe();
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+// Every activation (gated and plain), with and without both expert biases, both row orders of
+// W1 for the gated ones: ragged routing with T not a multiple of 128, an empty expert (expert 3
+// listed by no token), one expert taking every row, and T = 0. H, dH, the bias gradients and dS's
+// <dO, b2> term all come through the outputs compared (out, dx, both weight and bias gradients,
+// d_topk_weights).
+std::vector<MoEConfig> every_expert_function(int64_t E = 8, int64_t K = 2) {
+  std::vector<MoEConfig> configs;
+  for (Activation a : {Activation::swiglu, Activation::geglu, Activation::geglu_tanh, Activation::reglu,
+                       Activation::swiglu_clamped, Activation::gelu, Activation::gelu_tanh, Activation::silu,
+                       Activation::relu, Activation::relu2})
+    for (bool interleaved : {false, true}) {
+      if (interleaved && !activation_is_gated(a)) continue;
+      MoEConfig c = given_config(E, K);
+      c.activation = a;
+      c.interleaved = interleaved;
+      if (a == Activation::swiglu_clamped) c.act_limit = 1.5f;  // inside the pre-activations' range: both clamps act
+      configs.push_back(c);
     }
-  };
-  for (Activation a : {Activation::geglu, Activation::geglu_tanh, Activation::reglu, Activation::swiglu_clamped,
-                       Activation::gelu, Activation::gelu_tanh, Activation::silu, Activation::relu,
-                       Activation::relu2}) {
-    MoEConfig c = given_config();
-    c.activation = a;
-    refused(inputs(c, 16, 13), "cfg.activation must be swiglu on cuda");
+  return configs;
+}
+
+TEST(CudaRoutingGiven, EveryActivationBiasAndLayout) {
+  REQUIRE_GPU();
+  uint64_t seed = 100;
+  for (const MoEConfig& c : every_expert_function())
+    for (bool biased : {false, true}) {
+      const std::string what = std::string(biased ? "biased" : "no bias");
+      auto with_biases = [&](HostLayerInputs in) {
+        if (biased) reference::add_random_biases(in, seed++);
+        return in;
+      };
+      HostLayerInputs ragged = inputs(c, 300, seed++);
+      for (int32_t& e : ragged.topk_experts)
+        if (e == 3) e = 4;  // expert 3 empty
+      expect_same(with_biases(ragged), what + ", ragged, expert 3 empty");
+      HostLayerInputs hot = inputs(c, 257, seed++);
+      for (int32_t& e : hot.topk_experts) e = 5;  // every row on expert 5
+      expect_same(with_biases(hot), what + ", one expert takes every row");
+      const HostLayerOutputs none = reference::run_backend(with_biases(inputs(c, 0, seed++)), Device::cuda);
+      for (float v : none.d_gate_up) ASSERT_EQ(v, 0.f);
+      for (float v : none.d_down) ASSERT_EQ(v, 0.f);
+      for (float v : none.d_gate_up_bias) ASSERT_EQ(v, 0.f);
+      for (float v : none.d_down_bias) ASSERT_EQ(v, 0.f);
+    }
+}
+
+// Wider n than one up tile (n = 192: the gated tile takes 128 gate columns, the plain one 256
+// columns; the last column tile is partial) and more tiles of rows.
+TEST(CudaRoutingGiven, EveryActivationWideN) {
+  REQUIRE_GPU();
+  uint64_t seed = 400;
+  for (MoEConfig c : every_expert_function(16, 4)) {
+    c.n = 192;
+    c.d = 192;
+    HostLayerInputs in = inputs(c, 1000, seed++);
+    reference::add_random_biases(in, seed++);
+    expect_same(in, "n = d = 192, biased");
   }
+}
+
+// What the GPU does not run yet is refused by name (the CPU backend runs it).
+TEST(CudaRoutingGiven, RefusesTheTransposedLayout) {
+  REQUIRE_GPU();
   MoEConfig c = given_config();
-  c.interleaved = true;
-  refused(inputs(c, 16, 14), "cfg.interleaved");
-  c.interleaved = false;
   c.transposed = true;
-  refused(inputs(c, 16, 15), "cfg.transposed");
-  c.transposed = false;
-  HostLayerInputs biased = inputs(c, 16, 16);
-  reference::add_random_biases(biased, 1);
-  refused(biased, "argument 'w.gate_up_bias': expert biases are not supported");
+  try {
+    reference::run_backend(inputs(c, 16, 15), Device::cuda);
+    ADD_FAILURE() << "accepted on cuda: " << c.describe();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cfg.transposed"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

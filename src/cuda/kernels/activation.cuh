@@ -1,40 +1,76 @@
-// The experts' activations on the GPU, one type each, shared by every kernel that applies one: the
-// up-projection epilogue calls forward, dH's epilogue backward (sm90_grouped_gemm_gather_epilogue.cuh,
-// both templated on the type). A new activation is a new type with the same members; only SwiGLU
-// exists so far. (The CPU backend keeps its own host definition, src/cpu/experts.cpp.)
+// The experts' activations on the GPU, one type per Activation, shared by every kernel that applies
+// one: the up-projection epilogue calls forward, dH's epilogue backward
+// (sm90_grouped_gemm_gather_epilogue.cuh, both templated on the type). The formulas are
+// src/activation.h's (the CPU backend's and the reference's, in float: on the GPU sigmoid and silu
+// use __expf/__fdividef, see there); these types only bind the kind at compile time, so that each
+// epilogue is one instantiation per activation with the kind's branches folded away.
 // Device-only header.
 #pragma once
 #include <cuda_runtime.h>
 
+#include "../../activation.h"
+
 namespace leanmoe::cuda::kernels {
 
-// a = silu(g) · u of H's gate column g and up column u (docs/SPEC.md §2).
-//
-// __fdividef (MUFU.RCP and a multiply, 2 ulp) instead of '/': the IEEE division brought a compare, a
-// branch and a called slow path per element into the up and dH epilogues (128 CALLs in the dH
-// kernel). For g < -87 the denominator passes 2^126 and the result is 0 where the exact one is
-// below 1e-36.
-struct SwiGLU {
-  // Gated: H holds [g, u] (2n columns) and a has n. A non-gated activation would read n columns of H.
+// The constants of the clamped SwiGLU (act_alpha, act_limit), from the launch arguments.
+struct ActConstants {
+  float alpha, limit;
+};
+
+// The backward of s·a for one column pair (g, u), with the upstream gradient dA and the row's
+// routing weight s: dg = s·dA·da/dg, du = s·dA·da/du, and a itself (dH's epilogue forms A' = s·a
+// and the ds term dA·a from it).
+struct ActBackward {
+  float dg, du, a;
+};
+
+template <Activation kKind>
+struct DeviceActivation {
+  // Gated: H holds g and u (2n columns) and a has n; plain: H holds h (n columns), a = f(h).
+  static constexpr bool kGated = activation_is_gated(kKind);
+  static constexpr bool kNoBiasGateUp = false;  // see NoBiasGateUp
+
+  __device__ __forceinline__ static act::Params params(ActConstants c) { return {kKind, c.alpha, c.limit}; }
+
+  __device__ __forceinline__ static float forward(ActConstants c, float g, float u) {
+    return act::forward(params(c), g, u);
+  }
+
+  __device__ __forceinline__ static ActBackward backward(ActConstants c, float g, float u, float da, float s) {
+    float da_dg, da_du;
+    act::backward(params(c), g, u, da_dg, da_du);
+    const float sda = s * da;
+    return {sda * da_dg, sda * da_du, act::forward(params(c), g, u)};
+  }
+};
+
+// SwiGLU, a = silu(g)·u (docs/SPEC.md §2): the backward shares σ(g) between silu(g) = g·σ(g) and
+// silu'(g) (the generic form evaluates silu twice), in the operation order the kernel was tuned with.
+template <>
+struct DeviceActivation<Activation::swiglu> {
   static constexpr bool kGated = true;
+  static constexpr bool kNoBiasGateUp = false;
 
-  __device__ __forceinline__ static float sigmoid(float g) { return __fdividef(1.f, 1.f + __expf(-g)); }
+  __device__ __forceinline__ static float forward(ActConstants, float g, float u) { return act::silu(g) * u; }
 
-  __device__ __forceinline__ static float forward(float g, float u) { return __fdividef(g, 1.f + __expf(-g)) * u; }
-
-  // The backward of s·a for one column pair, from H's g and u, the upstream gradient dA and the row's
-  // routing weight s: dg = s·dA·u·silu'(g), du = s·dA·silu(g), and a = silu(g)·u itself, recomputed
-  // here as g·σ(g)·u from the σ(g) the derivative needs (dH's epilogue forms A' = s·a and the ds term
-  // dA·a from it).
-  struct Backward {
-    float dg, du, a;
-  };
-  __device__ __forceinline__ static Backward backward(float g, float u, float da, float s) {
-    const float sig = sigmoid(g);
+  __device__ __forceinline__ static ActBackward backward(ActConstants, float g, float u, float da, float s) {
+    const float sig = act::sigmoid(g);
     const float silu_g = g * sig;
     const float a = silu_g * u;
-    return {s * da * u * (sig * (1.f + g * (1.f - sig))), s * da * silu_g, a};
+    return {s * da * u * act::silu_grad_of_sigmoid(g, sig), s * da * silu_g, a};
   }
+};
+
+using SwiGLU = DeviceActivation<Activation::swiglu>;
+
+// Act on the default path, no b1 and W1 in [gate; up] order, both fixed at compile time: up's and
+// dH's kernels then carry no branch on either (the run-time branches cost 2-4% on up, its SASS
+// grew from ~2500 to ~6700 instructions). Instantiated for SwiGLU only (expert_gemms.cu); the other
+// combinations read args.b1 and args.interleaved at run time.
+template <class Act>
+struct NoBiasGateUp : Act {
+  static_assert(Act::kGated, "a plain activation has no row order");
+  static constexpr bool kNoBiasGateUp = true;
 };
 
 }  // namespace leanmoe::cuda::kernels

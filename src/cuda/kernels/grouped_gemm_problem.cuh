@@ -5,8 +5,10 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../expert_gemms.h"  // GemmKind, kMaxGemmExperts
+#include "activation.cuh"
 
 namespace leanmoe::cuda::kernels {
 
@@ -27,24 +29,33 @@ struct GemmArgs {
   const int32_t* row_token;       // [R_max]
   const float* row_gate;          // [R_max]
   int E;
+  // The experts' function (up, dH; gated also dW1's width): gated: W = 2n, else n; W1's row order
+  // (gated: [gate; up] or interleaved, H and dH follow it). In E's padding, and act, b1 below in the
+  // 16 bytes up to 128: the struct keeps its size, the tensor map parameter its offset, and the
+  // default kernels their SASS (a 144-byte GemmArgs rescheduled up's).
+  bool gated, interleaved;
   int64_t d, n;
   const bf16* a;       // operand A (see the table in problem_dims)
   const bf16* b;       // operand B
-  const bf16* h;       // H [R, 2n], read by the dH epilogue
+  const bf16* h;       // H [R, W], read by the dH epilogue
   bf16* out;           // H, dH, dW2, dW1
   bf16* out2;          // A (up-proj) or A' (dH)
   float* ds_partial;   // [R, ds_tiles] (dH)
   int ds_tiles;
   int n_tiles, m_tiles;  // column tiles; row tiles of dW (varlen-K)
   int n_band;            // varlen-M: column tiles walked together (tile order, >= 1)
+  ActConstants act;  // the clamped SwiGLU's constants
+  const bf16* b1;    // up: [E, W] in W1's row order, or null
 };
+static_assert(sizeof(GemmArgs) == 128, "GemmArgs grew: the default kernels' SASS changes with it (see gated)");
 
 // Per-expert problem: C[M, N] = sum_k A[m, k] B[k, n].
+// W = 2n for a gated activation, n for a plain one (H's, dH's and W1's width).
 //   kind     M     N    K     A (layout, row stride)        B (layout, row stride)
-//   up       rows  2n   d     X[tok]   [M,K] ld d           W1_e [N,K] ld d
+//   up       rows  W    d     X[tok]   [M,K] ld d           W1_e [N,K] ld d
 //   dh       rows  n    d     dO[tok]  [M,K] ld d           W2_e [K,N] ld n
 //   dw2      d     n    rows  dO[tok]  [K,M] ld d           A'   [K,N] ld n
-//   dw1      2n    d    rows  dH       [K,M] ld 2n          X[tok] [K,N] ld d
+//   dw1      W     d    rows  dH       [K,M] ld W           X[tok] [K,N] ld d
 struct ProblemDims {
   int64_t M, N, K;  // the varlen one is 0
   int64_t lda, ldb;
@@ -52,14 +63,24 @@ struct ProblemDims {
   int64_t out_expert_stride;  // elements between two experts' dW (varlen-K)
 };
 
+// W in a kernel: fixed by the activation's kind for up and dH, args.gated's for the varlen-K kinds
+// (Act void).
+template <class Act>
+__host__ __device__ constexpr int64_t gemm_width(const GemmArgs& args) {
+  if constexpr (std::is_void_v<Act>)
+    return args.gated ? 2 * args.n : args.n;
+  else
+    return Act::kGated ? 2 * args.n : args.n;
+}
+
 template <GemmKind kKind>
-__host__ __device__ constexpr ProblemDims problem_dims(int64_t d, int64_t n) {
+__host__ __device__ constexpr ProblemDims problem_dims(int64_t d, int64_t n, int64_t w) {
   static_assert(kKind == GemmKind::Up || kKind == GemmKind::Dh || is_varlen_k(kKind), "a gather-kernel kind");
   switch (kKind) {
-    case GemmKind::Up: return {0, 2 * n, d, d, d, 2 * n * d, 0};
+    case GemmKind::Up: return {0, w, d, d, d, w * d, 0};
     case GemmKind::Dh: return {0, n, d, d, n, d * n, 0};
     case GemmKind::Dw2: return {d, n, 0, d, n, 0, d * n};
-    case GemmKind::Dw1: return {2 * n, d, 0, 2 * n, d, 0, 2 * n * d};
+    case GemmKind::Dw1: return {w, d, 0, w, d, 0, w * d};
     default: return {};
   }
 }

@@ -142,8 +142,11 @@ struct OutputTile {
   int64_t m0;
 };
 
-// tma_operand, the tensor map of the operand loaded with TMA: varlen-M, the weights: up: W1 as
-// [E·2n rows, d cols], box {64, kTileN/2} (the gate half, then the up half of the tile, K-major);
+// tma_operand, the tensor map of the operand loaded with TMA: varlen-M, the weights: up: W1 as a
+// 4-D tensor (k < d, j < n, half < 2 (gated) or 1 (plain), expert; interleaved: j and half swapped,
+// up_weight_tensor_map), kTileN/2 rows per box (the gate half, then the up half of the tile,
+// K-major; both layouts land the same) and rows past n zero-filled; on the default path
+// (Act::kNoBiasGateUp) as [E·2n rows, d cols], box {64, kTileN/2};
 // dH: W2 as [E·d rows, n cols], box {64, 64} (one 64-wide N block of a 64-deep k-tile, MN-major).
 // Varlen-K, the operand that is a plain row range (not gathered): dW1: dH as [R rows, 2n cols],
 // dW2: A' as [R rows, n cols], box {64, 64} (MN-major as dH's W2). Encoded on the host per launch
@@ -173,7 +176,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   const uint32_t smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;
 
   const int tid = threadIdx.x, warp = tid >> 5, wg = warp >> 2, lane = tid & 31;
-  const ProblemDims dims = problem_dims<kKind>(args.d, args.n);
+  const ProblemDims dims = problem_dims<kKind>(args.d, args.n, gemm_width<Act>(args));
   const int E = args.E;
   // Cluster mode: slots are 256-row m-tile pairs; this CTA (rank 0 or 1) takes m-tile 2p + rank of
   // pair p. Each CTA (cluster) walks tiles first_tile, first_tile + tile_stride, ...
@@ -292,10 +295,21 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                 tma_load_2d_multicast(b_smem + box * kMNBlockBytes, &tma_operand, &full_bar[stage],
                                       tile.n_tile * kTileN + 64 * box, tile.expert * int(args.d) + k0, 0b11);
               }
-            } else {  // up: rows e·2n + j0.. (gate), e·2n + n + j0.. (up) of W1
+            } else if constexpr (Act::kNoBiasGateUp) {  // up: rows e·2n + j0.. (gate), e·2n + n + j0.. (up) of W1
               const int row0 = tile.expert * int(2 * args.n) + tile.n_tile * (kTileN / 2);
               tma_load_2d(b_smem, &tma_operand, &full_bar[stage], k0, row0);
               tma_load_2d(b_smem + (kTileN / 2) * 128, &tma_operand, &full_bar[stage], k0, row0 + int(args.n));
+            } else if constexpr (Act::kGated) {  // up: gate rows j0.. of expert e's W1, then its up rows
+              const int j0 = tile.n_tile * (kTileN / 2);
+              const bool il = args.interleaved;  // the map's (j, half) are (half, j)
+              tma_load_4d(b_smem, &tma_operand, &full_bar[stage], k0, il ? 0 : j0, il ? j0 : 0, tile.expert);
+              tma_load_4d(b_smem + (kTileN / 2) * 128, &tma_operand, &full_bar[stage], k0, il ? 1 : j0, il ? j0 : 1,
+                          tile.expert);
+            } else {  // up, plain: rows j0.. and j0 + kTileN/2.. of expert e's W1
+              const int j0 = tile.n_tile * kTileN;
+              tma_load_4d(b_smem, &tma_operand, &full_bar[stage], k0, j0, 0, tile.expert);
+              tma_load_4d(b_smem + (kTileN / 2) * 128, &tma_operand, &full_bar[stage], k0, j0 + kTileN / 2, 0,
+                          tile.expert);
             }
           }
           const char* const a_k = a_chunk + k0 * 2;
@@ -305,7 +319,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                         (valid >> i) & 1u);
           cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
           if constexpr (kKind == GemmKind::Dh)
-            if (kt == tile.num_k - 1) prefetch_h_row_l2<kTileN>(args, tile.m0 + tid, tile.row_end, tile.n_tile);
+            if (kt == tile.num_k - 1)
+              prefetch_h_row_l2<kTileN, Act>(args, tile.m0 + tid, tile.row_end, tile.n_tile);
         }
       }
     } else {
@@ -436,7 +451,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         if constexpr (kVarlenK)
           store_dw_rows_warp_staged<kTileN>(args, dims, acc[s], m0, tile.n_tile, tile.expert, staging);
         else if constexpr (kKind == GemmKind::Up)
-          store_up_rows_warp_staged<Act, kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile, staging);
+          store_up_rows_warp_staged<Act, kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile, tile.expert, staging);
         else
           store_dh_rows_warp_staged<Act, kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile, staging);
       }

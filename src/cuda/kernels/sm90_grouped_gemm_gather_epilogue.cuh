@@ -40,16 +40,17 @@ __device__ __forceinline__ void store_ds_partials(const GemmArgs& args, float (&
 
 // The activation backward of one (row, column pair) from H's gate and up values and the
 // accumulated dA: dg, du (scaled by the row's gate s), the ds term dA·a, and A' = s·a in place of dA.
+// A plain activation has no up value (u2 = 0) and no du.
 template <class Act>
-__device__ __forceinline__ void activation_backward_pair(float s, uint32_t g2, uint32_t u2, float& da0, float& da1,
-                                                         uint32_t& dg2, uint32_t& du2, float& ds) {
+__device__ __forceinline__ void activation_backward_pair(ActConstants c, float s, uint32_t g2, uint32_t u2, float& da0,
+                                                         float& da1, uint32_t& dg2, uint32_t& du2, float& ds) {
   const float2 g = unpack_bf16x2(g2), u = unpack_bf16x2(u2);
   const float gs[2] = {g.x, g.y}, us[2] = {u.x, u.y};
   float* da[2] = {&da0, &da1};
   float dg[2], du[2];
 #pragma unroll
   for (int v = 0; v < 2; ++v) {
-    const typename Act::Backward b = Act::backward(gs[v], us[v], *da[v], s);
+    const ActBackward b = Act::backward(c, gs[v], us[v], *da[v], s);
     dg[v] = b.dg;
     du[v] = b.du;
     ds += *da[v] * b.a;
@@ -66,28 +67,65 @@ __device__ __forceinline__ uint32_t warp_tile_offset(int row, int chunk) {
   return uint32_t(row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4));
 }
 
-// ---- up: each warp writes its 16 rows of the slice (rows m0 + 16·warp_in_wg ..) 32 gate columns at
-//      a time into its three tiles (H gate, H up, A = Act::forward(g, u)) and copies them out. ----
-template <class Act, int kTileN>
-__device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, const float (&acc)[kTileN / 2],
-                                                          int64_t m0, int row_end, int n_tile, uint32_t staging) {
+// Interleaved H (W1 rows g0, u0, g1, u1, ...): the 32 gate columns j0 + 32c .. of a chunk are 64
+// H columns, the first 32 in one tile, the next 32 in a second. The 4-byte word (g_j, u_j) of the
+// fragment column 8·bl + 2q + v sits in tile bl / 2 at this offset.
+__device__ __forceinline__ uint32_t interleaved_pair_offset(int row, int bl, int q, int v) {
+  return warp_tile_offset(row, 2 * (bl & 1) + (q >> 1)) + 8 * (q & 1) + 4 * v;
+}
+// (g_j, u_j), (g_j+1, u_j+1) <-> (g_j, g_j+1), (u_j, u_j+1): bf16 halves regrouped.
+__device__ __forceinline__ uint32_t low_halves(uint32_t w0, uint32_t w1) { return __byte_perm(w0, w1, 0x5410); }
+__device__ __forceinline__ uint32_t high_halves(uint32_t w0, uint32_t w1) { return __byte_perm(w0, w1, 0x7632); }
+
+// ---- up, gated: each warp writes its 16 rows of the slice (rows m0 + 16·warp_in_wg ..) 32 gate
+//      columns at a time into its three tiles (H gate, H up, A = Act::forward(g, u)) and copies
+//      them out. kBias: b1 (in W1's row order) is added to the accumulators first, so H holds the
+//      biased pre-activation and A its activation. kInterleaved: H's columns in W1's interleaved
+//      row order, (g_j, u_j) pairs through the first two tiles. ----
+template <class Act, int kTileN, bool kBias, bool kInterleaved>
+__device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float (&acc)[kTileN / 2], int64_t m0,
+                                               int row_end, int n_tile, int expert, uint32_t staging) {
   constexpr int kHalf = kTileN / 2;  // gate columns of the tile; acc block b + kHalf/8 holds the up ones
   const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
   const int64_t n = args.n, j0 = int64_t(n_tile) * kHalf;
   const int64_t row0 = m0 + warp_in_wg * 16;
   const uint32_t gate_tile = staging + warp_in_wg * kWarpStagingBytes, up_tile = gate_tile + kWarpTileBytes,
                  a_tile = up_tile + kWarpTileBytes;
+  const bf16* const b1 = kBias ? args.b1 + int64_t(expert) * 2 * n : nullptr;
 #pragma unroll
   for (int c = 0; c < kHalf / 32; ++c) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int bl = 0; bl < 4; ++bl) {
+      for (int bl = 0; bl < 4; ++bl) {  // the default path's order (kernels.md: its SASS as before biases)
         const int g = 4 * (4 * c + bl) + 2 * h, u = g + 4 * (kHalf / 8);
         const uint32_t at = warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * (lane % 4);
-        st_shared_b32(gate_tile + at, pack_bf16x2(acc[g], acc[g + 1]));
-        st_shared_b32(up_tile + at, pack_bf16x2(acc[u], acc[u + 1]));
-        st_shared_b32(a_tile + at, pack_bf16x2(Act::forward(acc[g], acc[u]), Act::forward(acc[g + 1], acc[u + 1])));
+        float g0 = acc[g], g1 = acc[g + 1], u0 = acc[u], u1 = acc[u + 1];
+        if constexpr (kBias) {  // b1 of gate columns j, j+1 and of their up columns
+          const int64_t j = j0 + 8 * (4 * c + bl) + 2 * (lane % 4);
+          float2 bg = {0.f, 0.f}, bu = {0.f, 0.f};
+          if (j < n) {
+            if constexpr (kInterleaved) {
+              const float2 p0 = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + 2 * j));
+              const float2 p1 = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + 2 * j + 2));
+              bg = {p0.x, p1.x};
+              bu = {p0.y, p1.y};
+            } else {
+              bg = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + j));
+              bu = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + n + j));
+            }
+          }
+          g0 += bg.x, g1 += bg.y, u0 += bu.x, u1 += bu.y;
+        }
+        if constexpr (kInterleaved) {
+          const uint32_t tile = bl < 2 ? gate_tile : up_tile;
+          st_shared_b32(tile + interleaved_pair_offset(lane / 4 + 8 * h, bl, lane % 4, 0), pack_bf16x2(g0, u0));
+          st_shared_b32(tile + interleaved_pair_offset(lane / 4 + 8 * h, bl, lane % 4, 1), pack_bf16x2(g1, u1));
+        } else {
+          st_shared_b32(gate_tile + at, pack_bf16x2(g0, g1));
+          st_shared_b32(up_tile + at, pack_bf16x2(u0, u1));
+        }
+        st_shared_b32(a_tile + at, pack_bf16x2(Act::forward(args.act, g0, u0), Act::forward(args.act, g1, u1)));
       }
     __syncwarp();
     const int chunk = lane % 4;
@@ -101,12 +139,109 @@ __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, 
       for (int t = 0; t < 3; ++t) v[t] = ld_shared_v4(gate_tile + t * kWarpTileBytes + at);
       const int64_t r = row0 + row;
       if (r < row_end && col < n) {
-        *reinterpret_cast<uint4*>(args.out + r * 2 * n + col) = v[0];
-        *reinterpret_cast<uint4*>(args.out + r * 2 * n + n + col) = v[1];
+        if constexpr (kInterleaved) {  // H columns 2(j0 + 32c) + [0, 32) and + [32, 64)
+          bf16* const h_row = args.out + r * 2 * n + 2 * (j0 + 32 * c) + 8 * chunk;
+          *reinterpret_cast<uint4*>(h_row) = v[0];
+          *reinterpret_cast<uint4*>(h_row + 32) = v[1];
+        } else {
+          *reinterpret_cast<uint4*>(args.out + r * 2 * n + col) = v[0];
+          *reinterpret_cast<uint4*>(args.out + r * 2 * n + n + col) = v[1];
+        }
         *reinterpret_cast<uint4*>(args.out2 + r * n + col) = v[2];
       }
     }
     __syncwarp();  // the next chunk overwrites the tiles
+  }
+}
+
+// ---- up, plain (H [R, n], A = f(h)): the tile's kTileN columns are n-columns j0 .. j0 + kTileN,
+//      acc block b the first half's, b + kHalf/8 the second half's. Per 32-column chunk: the two
+//      halves' H and the first half's A through the three tiles, then the second half's A through
+//      the first. ----
+template <class Act, int kTileN, bool kBias>
+__device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float (&acc)[kTileN / 2], int64_t m0,
+                                               int row_end, int n_tile, int expert, uint32_t staging) {
+  constexpr int kHalf = kTileN / 2;
+  const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3, q = lane % 4;
+  const int64_t n = args.n, j0 = int64_t(n_tile) * kTileN;
+  const int64_t row0 = m0 + warp_in_wg * 16;
+  const uint32_t tile0 = staging + warp_in_wg * kWarpStagingBytes;
+  const bf16* const b1 = kBias ? args.b1 + int64_t(expert) * n : nullptr;
+  auto copy_out = [&](uint32_t tile, bf16* dst, int64_t col) {  // the tile's 16 rows to columns col ..
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = lane / 4 + 8 * j;
+      const uint4 v = ld_shared_v4(tile + warp_tile_offset(row, q));
+      const int64_t r = row0 + row;
+      if (r < row_end && col + 8 * q < n) *reinterpret_cast<uint4*>(dst + r * n + col + 8 * q) = v;
+    }
+    __syncwarp();
+  };
+#pragma unroll
+  for (int c = 0; c < kHalf / 32; ++c) {
+    float hv[2][2][4][2];  // [half][h][bl][v]
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int bl = 0; bl < 4; ++bl) {
+        float2 b = {0.f, 0.f};
+        if constexpr (kBias) {
+          const int64_t j = j0 + half * kHalf + 8 * (4 * c + bl) + 2 * q;
+          if (j < n) b = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + j));
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int i = 4 * (4 * c + bl) + 2 * h + half * 4 * (kHalf / 8);
+          hv[half][h][bl][0] = acc[i] + b.x;
+          hv[half][h][bl][1] = acc[i + 1] + b.y;
+        }
+      }
+    auto stage = [&](uint32_t tile, int half, bool activated) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int bl = 0; bl < 4; ++bl) {
+          const float x0 = hv[half][h][bl][0], x1 = hv[half][h][bl][1];
+          st_shared_b32(tile + warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * q,
+                        activated ? pack_bf16x2(Act::forward(args.act, x0, 0.f), Act::forward(args.act, x1, 0.f))
+                                  : pack_bf16x2(x0, x1));
+        }
+    };
+    const int64_t col0 = j0 + 32 * c, col1 = col0 + kHalf;
+    stage(tile0, 0, false);
+    stage(tile0 + kWarpTileBytes, 1, false);
+    stage(tile0 + 2 * kWarpTileBytes, 0, true);
+    copy_out(tile0, args.out, col0);
+    copy_out(tile0 + kWarpTileBytes, args.out, col1);
+    copy_out(tile0 + 2 * kWarpTileBytes, args.out2, col0);
+    stage(tile0, 1, true);
+    copy_out(tile0, args.out2, col1);
+  }
+}
+
+// up's epilogue: the variant for the activation's kind (compile time) and for the bias and W1's
+// row order (compile time on the default path, Act::kNoBiasGateUp; else run time, uniform per launch).
+template <class Act, int kTileN>
+__device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, const float (&acc)[kTileN / 2],
+                                                          int64_t m0, int row_end, int n_tile, int expert,
+                                                          uint32_t staging) {
+  if constexpr (Act::kNoBiasGateUp) {
+    store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
+  } else if constexpr (Act::kGated) {
+    if (args.b1 == nullptr && !args.interleaved)
+      store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
+    else if (!args.interleaved)
+      store_up_gated<Act, kTileN, true, false>(args, acc, m0, row_end, n_tile, expert, staging);
+    else if (args.b1 == nullptr)
+      store_up_gated<Act, kTileN, false, true>(args, acc, m0, row_end, n_tile, expert, staging);
+    else
+      store_up_gated<Act, kTileN, true, true>(args, acc, m0, row_end, n_tile, expert, staging);
+  } else {
+    if (args.b1 == nullptr)
+      store_up_plain<Act, kTileN, false>(args, acc, m0, row_end, n_tile, expert, staging);
+    else
+      store_up_plain<Act, kTileN, true>(args, acc, m0, row_end, n_tile, expert, staging);
   }
 }
 
@@ -116,13 +251,19 @@ __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, 
 //      once, so that its latency hides behind this chunk's arithmetic and stores; dg, du and A' then
 //      go out one after another through the third tile. The producer has prefetched the tile's H
 //      rows into L2 (prefetch_h_row_l2). Rows past the expert's and columns past n get no ds term
-//      and no store. ----
-template <class Act, int kTileN>
-__device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0,
-                                                          int row_end, int n_tile, uint32_t staging) {
+//      and no store. kInterleaved: H and dH in W1's interleaved row order (a chunk's 64 H columns
+//      through the two tiles, (dg_j, du_j) pairs out in two passes). A plain activation: H and dH
+//      [R, n], one tile in, dg and A' out. ----
+template <class Act, int kTileN, bool kInterleaved>
+__device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0, int row_end,
+                                              int n_tile, uint32_t staging) {
   constexpr int kChunks = kTileN / 32, kParts = kTileN / 128;
+  constexpr bool kGated = Act::kGated;
+  static_assert(kGated || !kInterleaved, "a plain activation has one row order");
   const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3, q = lane % 4;
   const int64_t n = args.n, n0 = int64_t(n_tile) * kTileN, row0 = m0 + warp_in_wg * 16;
+  constexpr int kHalves = kGated ? 2 : 1;
+  const int64_t w = kHalves * n;  // H's and dH's row stride
   const uint32_t g_tile = staging + warp_in_wg * kWarpStagingBytes, u_tile = g_tile + kWarpTileBytes,
                  o_tile = u_tile + kWarpTileBytes;
   auto load_h = [&](int c) {
@@ -131,9 +272,15 @@ __device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, 
     for (int j = 0; j < 2; ++j) {
       const int row = lane / 4 + 8 * j;
       if (row0 + row >= row_end || col >= n) continue;  // never read below (no ds term, no store)
-      const bf16* src = args.h + (row0 + row) * 2 * n + col;
-      cp_async_16(g_tile + warp_tile_offset(row, q), src, true);
-      cp_async_16(u_tile + warp_tile_offset(row, q), src + n, true);
+      if constexpr (kInterleaved) {
+        const bf16* src = args.h + (row0 + row) * w + 2 * (n0 + 32 * c) + 8 * q;
+        cp_async_16(g_tile + warp_tile_offset(row, q), src, true);
+        cp_async_16(u_tile + warp_tile_offset(row, q), src + 32, true);
+      } else {
+        const bf16* src = args.h + (row0 + row) * kHalves * n + col;  // not * w: the default path's SASS
+        cp_async_16(g_tile + warp_tile_offset(row, q), src, true);
+        if constexpr (kGated) cp_async_16(u_tile + warp_tile_offset(row, q), src + n, true);
+      }
     }
   };
   // The third tile's 16 rows to dst (row stride ld), columns n0 + 32c ..; __syncwarp on both sides.
@@ -165,9 +312,18 @@ __device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, 
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int bl = 0; bl < 4; ++bl) {
-        const uint32_t at = warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * q;
-        g2[h][bl] = ld_shared_b32(g_tile + at);
-        u2[h][bl] = ld_shared_b32(u_tile + at);
+        const int row = lane / 4 + 8 * h;
+        if constexpr (kInterleaved) {
+          const uint32_t tile = bl < 2 ? g_tile : u_tile;
+          const uint32_t w0 = ld_shared_b32(tile + interleaved_pair_offset(row, bl, q, 0));
+          const uint32_t w1 = ld_shared_b32(tile + interleaved_pair_offset(row, bl, q, 1));
+          g2[h][bl] = low_halves(w0, w1);
+          u2[h][bl] = high_halves(w0, w1);
+        } else {
+          const uint32_t at = warp_tile_offset(row, bl) + 4 * q;
+          g2[h][bl] = ld_shared_b32(g_tile + at);
+          u2[h][bl] = kGated ? ld_shared_b32(u_tile + at) : 0u;
+        }
       }
     __syncwarp();
     if (c + 1 < kChunks) load_h(c + 1);
@@ -178,12 +334,37 @@ __device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, 
       for (int bl = 0; bl < 4; ++bl) {
         const int b = 4 * c + bl;  // 8-column block of the tile
         if (row0 + lane / 4 + 8 * h >= row_end || n0 + 8 * b >= n) continue;  // no ds term
-        activation_backward_pair<Act>(gate[h], g2[h][bl], u2[h][bl], acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1],
-                                      dg2[h][bl], du2[h][bl], ds[h][b / 16]);
+        activation_backward_pair<Act>(args.act, gate[h], g2[h][bl], u2[h][bl], acc[4 * b + 2 * h],
+                                      acc[4 * b + 2 * h + 1], dg2[h][bl], du2[h][bl], ds[h][b / 16]);
       }
-    // dg, du, A' through the third tile, each with the fragment layout of up's epilogue.
+    if constexpr (kInterleaved) {
+      // (dg_j, du_j) pairs: dH columns 2(n0 + 32c) + [0, 32) from blocks 0, 1, then + [32, 64) from 2, 3.
 #pragma unroll
-    for (int out = 0; out < 3; ++out) {
+      for (int p = 0; p < 2; ++p) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int bl = 2 * p; bl < 2 * p + 2; ++bl) {
+            const int row = lane / 4 + 8 * h;
+            st_shared_b32(o_tile + interleaved_pair_offset(row, bl, q, 0), low_halves(dg2[h][bl], du2[h][bl]));
+            st_shared_b32(o_tile + interleaved_pair_offset(row, bl, q, 1), high_halves(dg2[h][bl], du2[h][bl]));
+          }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int row = lane / 4 + 8 * j;
+          const uint4 v = ld_shared_v4(o_tile + warp_tile_offset(row, q));
+          if (row0 + row < row_end)
+            *reinterpret_cast<uint4*>(args.out + (row0 + row) * w + 2 * (n0 + 32 * c) + 32 * p + 8 * q) = v;
+        }
+        __syncwarp();
+      }
+    }
+    // dg, du (gated, [gate; up] order), A' through the third tile, each with the fragment layout of
+    // up's epilogue.
+#pragma unroll
+    for (int out = kInterleaved ? 2 : 0; out < 3; ++out) {
+      if (!kGated && out == 1) continue;  // no du
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -193,21 +374,46 @@ __device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, 
                                                               : pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]);
           st_shared_b32(o_tile + warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * q, v);
         }
-      if (out < 2) store_o_tile(args.out + out * n, 2 * n, c);
+      if (out < 2) store_o_tile(args.out + out * n, w, c);
       else store_o_tile(args.out2, n, c);
     }
   }
   store_ds_partials<kParts>(args, ds, row0 + lane / 4, row_end, n_tile);
 }
 
+template <class Act, int kTileN>
+__device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0,
+                                                          int row_end, int n_tile, uint32_t staging) {
+  if constexpr (Act::kNoBiasGateUp) {
+    store_dh_rows<Act, kTileN, false>(args, acc, m0, row_end, n_tile, staging);
+  } else if constexpr (Act::kGated) {
+    if (args.interleaved)
+      store_dh_rows<Act, kTileN, true>(args, acc, m0, row_end, n_tile, staging);
+    else
+      store_dh_rows<Act, kTileN, false>(args, acc, m0, row_end, n_tile, staging);
+  } else {
+    store_dh_rows<Act, kTileN, false>(args, acc, m0, row_end, n_tile, staging);
+  }
+}
+
 // dH: H's gate and up columns [n0, n0 + kTileN) of routed row `row` into L2, issued by the producer
 // with the tile's last k-tile (some 4 k-tiles, ~2-3 us, before the consumers' epilogue reads them):
 // the epilogue's H loads then wait for L2, not DRAM (H is read once: it never is in L2 otherwise).
-template <int kTileN>
+// Interleaved, the same columns are one range of twice the bytes; a plain activation has one part.
+template <int kTileN, class Act>
 __device__ __forceinline__ void prefetch_h_row_l2(const GemmArgs& args, int64_t row, int row_end, int n_tile) {
   const int64_t n = args.n, n0 = int64_t(n_tile) * kTileN;
   if (row >= row_end || n0 >= n) return;
   const uint32_t bytes = uint32_t(min(int64_t(kTileN), n - n0)) * 2;  // a multiple of 128: n % 64 == 0
+  if constexpr (!Act::kGated) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(args.h + row * n + n0), "r"(bytes) : "memory");
+    return;
+  }
+  if (!Act::kNoBiasGateUp && args.interleaved) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(args.h + row * 2 * n + 2 * n0), "r"(2 * bytes)
+                 : "memory");
+    return;
+  }
   const bf16* g = args.h + row * 2 * n + n0;
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g), "r"(bytes) : "memory");
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g + n), "r"(bytes) : "memory");

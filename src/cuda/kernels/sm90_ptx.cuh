@@ -83,9 +83,10 @@ __device__ __forceinline__ uint32_t mn_major_offset(int k_row, int chunk) {
   return uint32_t((chunk >> 3) * kMNBlockBytes + k_row * 128 + (((chunk & 7) ^ (k_row & 7)) << 4));
 }
 
-// TMA 2D tile load global -> shared, completion counted in bytes on `bar`. Coordinates are
-// (column, row) of the tensor map, in elements; boxes partly or wholly out of bounds are zero-filled
-// and still count their full size.
+// TMA tile loads global -> shared, completion counted in bytes on `bar`. Coordinates are those of
+// the tensor map, innermost first, in elements; boxes partly or wholly out of bounds are zero-filled
+// and still count their full size. 2D (column, row): up's W1 on the default path (rows E·2n);
+// 4D: up's W1 otherwise (expert_gemms.cu up_weight_tensor_map).
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, uint64_t* bar, int col, int row) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(
@@ -93,7 +94,15 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(col), "r"(row)
       : "memory");
 }
-// The same box, written to the same shared offset of every CTA of the cluster in cta_mask, and
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2,
+                                            int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], "
+      "[%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+// 2D (column, row), written to the same shared offset of every CTA of the cluster in cta_mask, and
 // completing its bytes on the mbarrier at the same offset in each of them.
 __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtensorMap* map, uint64_t* bar, int col,
                                                       int row, uint16_t cta_mask) {
