@@ -350,11 +350,14 @@ def profile_step(model_key, mode, args, step, ids):
 
 
 def verdict_experts(res):
-    """Issue 13's bars for the experts implementation, or None when a mode is missing."""
+    """Issue 13's bars for the experts implementation, or None without (l); the time bar needs (g),
+    the memory bar (i)."""
     g, l, i = res.get("g"), res.get("l"), res.get("i")
-    if not g or not l or "error" in g or "error" in l:
+    if not l or "error" in l:
         return None
-    out = dict(time_ratio=l["step_s"] / g["step_s"], time_pass=l["step_s"] < g["step_s"])
+    has_g = bool(g) and "error" not in g
+    out = dict(time_ratio=l["step_s"] / g["step_s"] if has_g else None,
+               time_pass=l["step_s"] < g["step_s"] if has_g else None)
     if i and "error" not in i and l["peak_gib"] is not None:
         end_saving = l["after_backward_gib"] - i["after_backward_gib"]
         out.update(saving_gib=l["peak_gib"] - i["peak_gib"], peak_phase=l["peak_phase"],
@@ -479,7 +482,7 @@ def markdown(meta, results, args):
         if v is None:
             lines.append(f"| {name} | n/a | n/a | | n/a | n/a | n/a | n/a | INCOMPLETE | |")
             continue
-        lines.append(f"| {name} | {v['time_ratio']:.3f} | {fmt(v.get('inb_time_ratio'), '.3f')} | "
+        lines.append(f"| {name} | {fmt(v['time_ratio'], '.3f')} | {fmt(v.get('inb_time_ratio'), '.3f')} | "
                      f"{v.get('peak_phase') or 'n/a'} | {fmt(v.get('saving_gib'), '.2f')} | "
                      f"{fmt(v.get('layers_saving_gib'), '.2f')} | {fmt(v.get('end_saving_gib'), '.2f')} | "
                      f"{fmt(v.get('expected_gib'), '.2f')} | {pass_fail(v['time_pass'])} | "
