@@ -42,19 +42,7 @@ timeout 120 compute-sanitizer --tool racecheck "$B/leanmoe_gpu_tests" --gtest_fi
 echo "racecheck rc=$?"; tail -3 "$W/racecheck.log"
 
 echo "== ncu per-kernel times (t=${SECONDS}s)"
-summarise() {  # the measured iteration (the second half of the kernels: --warmup 1 --iters 1), in us
-  python3 - "$1" <<'EOF'
-import csv, sys
-f = sys.argv[1]
-rows = [r for r in csv.reader(l for l in open(f) if l.startswith('"'))]
-if not rows: sys.exit(print("==", f, "no kernels"))
-h = rows[0]; name, val = h.index("Kernel Name"), h.index("Metric Value")
-ks = [(r[name], float(r[val].replace(",", "")) / 1e3) for r in rows[1:]]
-ks = ks[len(ks) // 2:]
-print("==", f, "kernels", len(ks), "total us %.1f" % sum(k[1] for k in ks))
-for n, us in ks: print("  %8.1f  %s" % (us, n[:110]))
-EOF
-}
+summarise() { python3 dev/ncu_kernel_times.py "$1"; }  # the measured iteration, per kernel, in us
 prof() {  # name, then leanmoe bench flags
   local name=$1; shift
   timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
