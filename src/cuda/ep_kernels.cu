@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cuda/check.h"
+#include "cuda/kernels/offsets.cuh"
 #include "cuda/ep_launchers.h"
 #include "cuda/launchers.h"
 
@@ -20,17 +21,6 @@ constexpr int kScanItems = 4;  // 4096 tokens per block-scan step
 // One thread per item (T * P, R, ...): far below the 2^31 - 1 blocks of grid.x for int32 routing.
 int blocks_for(int64_t count) { return int(std::clamp<int64_t>((count + kThreads - 1) / kThreads, 1, INT32_MAX)); }
 
-// The expert of sorted row r: the last e with offsets[e] <= r (empty experts share an offset).
-__device__ int find_bucket(const int32_t* __restrict__ offsets, int count, int64_t r) {
-  int lo = 0, hi = count;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (offsets[mid] <= r) lo = mid;
-    else hi = mid;
-  }
-  return lo;
-}
-
 // msg_index[q, t] = 1 when one of token t's rows belongs to an expert of owner q.
 __global__ void mark_owners_kernel(const int32_t* __restrict__ expert_offsets, const int32_t* __restrict__ token_offsets,
                                    const int32_t* __restrict__ token_rows, int64_t T, int E, int El,
@@ -38,7 +28,7 @@ __global__ void mark_owners_kernel(const int32_t* __restrict__ expert_offsets, c
   const int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= T) return;
   for (int i = token_offsets[t]; i < token_offsets[t + 1]; ++i) {
-    const int q = find_bucket(expert_offsets, E, token_rows[i]) / El;
+    const int q = kernels::segment_of(expert_offsets, E, token_rows[i]) / El;
     msg_index[q * T + t] = 1;
   }
 }
@@ -85,7 +75,7 @@ __global__ void pack_records_kernel(const int32_t* __restrict__ expert_offsets, 
                                     int64_t T, int E, int El, int64_t rows_capacity, PairRecord* __restrict__ records) {
   const int64_t r = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (r >= rows_capacity || r >= expert_offsets[E]) return;
-  const int e = find_bucket(expert_offsets, E, r);
+  const int e = kernels::segment_of(expert_offsets, E, r);
   const int q = e / El;
   records[r] = {msg_index[q * T + row_token[r]], e - q * El, row_gate[r]};
 }
@@ -101,7 +91,7 @@ __global__ void receive_offsets_kernel(const PeerCounts* __restrict__ counts, in
 
 // Received token index of pair i: messages are laid out by source rank in both receive buffers.
 __device__ int64_t received_token(const PairRecord& rec, int64_t i, const int32_t* __restrict__ recv_offsets, int P) {
-  const int src = find_bucket(recv_offsets + P + 1, P + 1, i);
+  const int src = kernels::segment_of(recv_offsets + P + 1, P + 1, i);
   return int64_t(recv_offsets[src]) + rec.token;
 }
 

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "cuda/kernels/offsets.cuh"
+
 namespace leanmoe::cuda::kernels {
 
 constexpr int kVec = 8;  // bf16 per 16-byte vector
@@ -30,18 +32,6 @@ __device__ __forceinline__ Bf16x8 to_bf16x8(const float (&acc)[kVec]) {
   return r;
 }
 
-// The expert owning routed row `row` (< expert_offsets[E]): the last e with expert_offsets[e] <= row
-// (an empty expert before it shares its offset and is passed over).
-__device__ __forceinline__ int expert_of_row(const int32_t* __restrict__ expert_offsets, int E, int row) {
-  int lo = 0, hi = E;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (expert_offsets[mid] <= row) lo = mid;
-    else hi = mid;
-  }
-  return lo;
-}
-
 // out[t] = bf16(sum_rows gate[row] * (y[row] + bias[e(row)])); with gate == nullptr the weights are 1
 // and `extra` (fp32 [T, d], may be null) is added before the rounding (dX = sum dX_exp + dz·Wr).
 // bias (the experts' down bias [E, d], may be null) needs expert_offsets to find each row's expert.
@@ -59,7 +49,7 @@ __global__ void gather_sum_kernel(const Bf16x8* __restrict__ rows_data, const fl
       const int row = token_rows[i];
       const float s = gate ? gate[row] : 1.f;
       add_scaled(acc, rows_data[int64_t(row) * vecs + c], s);
-      if (bias) add_scaled(acc, bias[int64_t(expert_of_row(expert_offsets, E, row)) * vecs + c], s);
+      if (bias) add_scaled(acc, bias[int64_t(segment_of(expert_offsets, E, row)) * vecs + c], s);
     }
     if (extra) {
       const float4* x = reinterpret_cast<const float4*>(extra + int64_t(t) * d) + 2 * c;
@@ -92,7 +82,7 @@ __global__ void reduce_ds_bias_kernel(const float* __restrict__ partial, int par
   if (r >= rows_capacity || r >= expert_offsets[E]) return;  // whole warps leave together
   const int vecs = d / kVec;
   const Bf16x8* o = d_out + int64_t(row_token[r]) * vecs;
-  const Bf16x8* b = b2 + int64_t(expert_of_row(expert_offsets, E, int(r))) * vecs;
+  const Bf16x8* b = b2 + int64_t(segment_of(expert_offsets, E, int(r))) * vecs;
   float dot = 0.f;
   for (int c = lane; c < vecs; c += 32) {
     const Bf16x8 ov = o[c], bv = b[c];

@@ -9,6 +9,7 @@
 
 #include "../expert_gemms.h"  // GemmKind, kMaxGemmExperts
 #include "activation.cuh"
+#include "offsets.cuh"
 
 namespace leanmoe::cuda::kernels {
 
@@ -115,16 +116,6 @@ __device__ __forceinline__ void build_m_tile_prefix(const int32_t* expert_offset
     running += __shfl_sync(0xffffffffu, scan.inclusive, 31);
   }
   if (lane == 0) prefix[0] = 0;
-}
-// The expert owning m-tile slot `slot` (< prefix[E]): the last e with prefix[e] <= slot.
-__device__ __forceinline__ int expert_of_slot(const int* prefix, int E, int slot) {
-  int lo = 0, hi = E;
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) >> 1;
-    if (prefix[mid] <= slot) lo = mid;
-    else hi = mid;
-  }
-  return lo;
 }
 
 }  // namespace leanmoe::cuda::kernels

@@ -6,23 +6,13 @@
 
 #include <cstdint>
 
+#include "cuda/kernels/offsets.cuh"
 #include "cuda/kernels/warp.cuh"
 #include "cuda/launchers.h"
 
 namespace leanmoe::cuda::kernels {
 
 constexpr int kRouterBwdWarps = 4;
-
-// Expert owning sorted row `row`: the last e with offsets[e] <= row (offsets in shared memory).
-__device__ __forceinline__ int expert_of_row(const int32_t* offsets, int E, int row) {
-  int lo = 0, hi = E - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (offsets[mid] <= row) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
 
 // One warp per token. Per block, computed once: the aux-loss term of dp per expert (the same
 // expression per element as before, two divisions each, which per token cost ~E/8 instructions
@@ -75,7 +65,7 @@ __global__ void __launch_bounds__(32 * kRouterBwdWarps) router_backward_kernel(R
   for (int i = begin + lane; i < end; i += 32) {
     const int row = a.token_rows[i];
     const float ds = a.dS[row];
-    const int e = expert_of_row(offsets, E, row);
+    const int e = segment_of(offsets, E, row);  // offsets in shared memory
     if ((in_S[e / 32] >> (e % 32)) & 1u) {
       dp[e] += ds / D;
       chosen_weighted += ds * p[e];

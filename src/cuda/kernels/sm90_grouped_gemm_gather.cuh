@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       const int r = t - band * total_slots * args.n_band;
       const int slot = r / width;
       c.n_tile = band * args.n_band + r % width;
-      c.expert = expert_of_slot(s_tile_prefix, E, slot);
+      c.expert = segment_of(s_tile_prefix, E, slot);  // the expert owning m-tile slot `slot`
       m_tile = (slot - s_tile_prefix[c.expert]) * (kCluster ? 2 : 1) + cta_rank();
     }
     c.row_begin = args.expert_offsets[c.expert];
