@@ -38,6 +38,7 @@ struct PingpongConfig {
   using Cluster = Shape<_2, _1, _1>;
   using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+  using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;  // 64x32 per warpgroup
 };
 struct CooperativeConfig {
   static constexpr bool kPingpong = false;
@@ -45,6 +46,7 @@ struct CooperativeConfig {
   using Cluster = Shape<_2, _1, _1>;
   using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+  using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;  // 128x32
 };
 
 // B layout in CUTLASS terms (B is K x N): ColumnMajor = K contiguous (down: W2_e [d, n]),
@@ -59,7 +61,7 @@ struct GroupedGemm {
   // D = acc in bf16, no C operand (ElementC = void: nothing is read).
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Config::Tile, typename Config::Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor*, kAlignment,
+      typename Config::EpilogueTile, float, float, void, cutlass::layout::RowMajor*, kAlignment,
       Element, cutlass::layout::RowMajor*, kAlignment, typename Config::Epilogue,
       cutlass::epilogue::fusion::LinearCombination<Element, float, void, float>>::CollectiveOp;
 
