@@ -84,4 +84,10 @@ GemmConfig choose_gemm_config(GemmKind kind, const ExpertShape& s, int sm_count)
   return c;
 }
 
+int backward_side_sms(const ExpertShape&, int) {
+  // None: the side work fills the GEMMs' tail waves and the SMs their 2-CTA clusters leave idle.
+  // Provisional until the bench's sweep over 0/4/8/16 (docs/kernels.md "Backward streams").
+  return 0;
+}
+
 }  // namespace leanmoe::cuda
