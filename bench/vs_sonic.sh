@@ -4,7 +4,7 @@
 # the rows in CONFIGS, then optionally the PyTorch anchor, then bench/compare.py's side-by-side table.
 #
 # Prepare here: `bash scripts/prepare_carry.sh vs-sonic` (it prints the carry list: .carry/vs,
-# .carry/sonicmoe, .carry/blaslibs.tar.xz). Run there from the repository root: `bash bench/vs_sonic.sh`.
+# .carry/sonicmoe; the leanmoe binary has OpenBLAS linked in). Run there from the repository root: `bash bench/vs_sonic.sh`.
 # Environment:
 #   CONFIGS   grid rows SonicMoE runs, comma-separated (default: all 16). SonicMoE compiles its kernels
 #             on first use (fresh machine: ~6.5 min for the first shape, 5-61 s per further shape), so
@@ -42,10 +42,10 @@ finish() {
 trap finish EXIT
 left() { echo $((DEADLINE - (SECONDS - START))); }
 upto() { local l; l=$(left); echo $(( l < $1 ? (l > 1 ? l : 1) : $1 )); }  # a step's time limit: at most $1 s
-for f in "$V/leanmoe.xz" "$V/commit" "$S/sonic_bench.py" "$S/lb.tar.xz" .carry/blaslibs.tar.xz; do
+for f in "$V/leanmoe.xz" "$V/commit" "$S/sonic_bench.py" "$S/lb.tar.xz"; do
   [ -f "$f" ] || { echo "vs_sonic: $f is missing: run bash scripts/prepare_carry.sh vs-sonic and carry what it lists" >&2; exit 1; }
 done
-source scripts/device_env.sh  # OpenBLAS (leanmoe links the CPU backend) and NCCL on LD_LIBRARY_PATH
+source scripts/device_env.sh  # NCCL on LD_LIBRARY_PATH
 mkdir -p "$TMPD/vs_bin" && xz -dc "$V/leanmoe.xz" >"$TMPD/vs_bin/leanmoe" && chmod +x "$TMPD/vs_bin/leanmoe"
 commit="$(cat "$V/commit")"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$W/gpu.txt"

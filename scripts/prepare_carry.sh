@@ -11,7 +11,7 @@
 #                                            leanmoe binary xz-packed, the commit, the anchor script,
 #                                            SonicMoE's compiled-kernel cache when one came back and
 #                                            fits), .carry/sonicmoe (a copy of ../shared/anchors/sonicmoe)
-#                                            and .carry/blaslibs.tar.xz; checks the 64 MiB limit.
+#                                            (the binary has OpenBLAS linked in); checks the 64 MiB limit.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 mode="${1:-all}"
 [ "$mode" = all ] || [ "$mode" = vs-sonic ] || { echo "prepare_carry: mode must be empty or 'vs-sonic', got '$mode'" >&2; exit 2; }
@@ -38,11 +38,10 @@ if [ "$mode" = all ]; then
   echo "prepare_carry: .carry/ holds CUTLASS ($(du -sh .carry/cutlass | cut -f1)), the anchor script, commit $commit" >&2
 fi
 
-# Binaries built here with the CUDA backend (they run on the H200, whose image has no OpenBLAS for
-# the CPU backend they link), and OpenBLAS with its runtime libraries, xz-packed (36 MB -> 5 MB) to
-# stay inside the 64 MiB carry limit.
-LEANMOE_BUILD_DIR=build-device LEANMOE_CUDA=ON bash scripts/build.sh >&2
-blas="$(ldd build-device/leanmoe | awk '/libopenblas/{print $3}')"
+# Binaries built here with the CUDA backend, OpenBLAS linked in statically (the H200's image has
+# none), and OpenBLAS's shared libraries xz-packed (36 MB -> 5 MB) for the python front built there.
+LEANMOE_BUILD_DIR=build-device LEANMOE_CUDA=ON bash scripts/build.sh -DLEANMOE_STATIC_BLAS=ON >&2
+blas="$(ldconfig -p | awk '/libopenblas\.so\.0 /{print $NF; exit}')"
 libs="$(mktemp -d)"
 # shellcheck disable=SC2046  # one path per library
 cp -L "$blas" $(ldd "$blas" | awk '/gfortran|quadmath/{print $3}') "$libs/"
@@ -82,7 +81,7 @@ fi
 limit=$((64 * 1024 * 1024))
 # What travels: tracked and untracked-not-ignored files, plus the carried paths.
 tree="$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')"
-carried() { du -sb .carry/vs .carry/sonicmoe .carry/blaslibs.tar.xz | awk '{s += $1} END {print s}'; }
+carried() { du -sb .carry/vs .carry/sonicmoe | awk '{s += $1} END {print s}'; }
 total=$((tree + $(carried)))
 if [ -n "$cache" ]; then
   size="$(stat -c %s "$cache")"
@@ -99,4 +98,4 @@ if [ -n "$cache" ]; then
 fi
 echo "prepare_carry: $((total / 1024 / 1024)) MiB travel (working tree $((tree / 1024)) KiB + carry), commit $commit" >&2
 [ "$total" -le "$limit" ] || { echo "prepare_carry: over the 64 MiB limit" >&2; exit 1; }
-echo 'carry: [".carry/vs", ".carry/sonicmoe", ".carry/blaslibs.tar.xz"]; command: bash bench/vs_sonic.sh (env: CONFIGS, ANCHOR, DEADLINE)'
+echo 'carry: [".carry/vs", ".carry/sonicmoe"]; command: bash bench/vs_sonic.sh (env: CONFIGS, ANCHOR, DEADLINE)'

@@ -16,6 +16,8 @@
 
 #ifdef LEANMOE_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "../src/cuda/backward_overlap.h"
 #endif
 
 #include "configs.h"
@@ -58,6 +60,9 @@ bench options:
   --rounding nearest|up|down token-rounding mode (default nearest)
   --iters N --warmup N       timed and untimed iterations (default 20/3 on cuda, 5/1 on cpu)
   --graph                    also time forward and backward as CUDA-graph replays (cuda only)
+  --bwd-overlap off|auto|N   cuda backward: off runs every step on one stream; otherwise the expert
+                             GEMMs run beside the router chain and the dx gather-sum, leaving N SMs
+                             to them (auto: the library's default, the heuristic's N)
   --json FILE                write every number as JSON
 check options:
   --device, --dtype          as above
@@ -81,6 +86,7 @@ struct Options {
   std::optional<int64_t> tile;  // token rounding; bench defaults to MoEConfig's 128, check to 32
   std::optional<int> iters, warmup;
   bool graph = false;  // bench: CUDA-graph replay timing beside the eager one
+  std::string bwd_overlap = "auto";  // bench: off, auto or the SMs left to the side work
   int seeds = 2;
   std::string json;
 };
@@ -106,7 +112,7 @@ V parse_choice(const std::string& flag, const std::string& v, std::initializer_l
 Options parse_options(const std::string& cmd, const std::vector<std::string>& args) {
   const std::vector<std::string> bench_flags = {"config", "T", "d", "n", "E", "K", "grid", "device", "dtype",
                                                 "router", "norm-topk-prob", "routing", "tile", "rounding",
-                                                "iters", "warmup", "graph", "json"};
+                                                "iters", "warmup", "graph", "json", "bwd-overlap"};
   const std::vector<std::string> check_flags = {"T", "d", "n", "E", "K", "device", "dtype", "seeds", "tile"};
   const auto& allowed = cmd == "bench" ? bench_flags : check_flags;
   Options o;
@@ -156,6 +162,10 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
     else if (name == "seeds") o.seeds = int(parse_int(name, take(), 1));
     else if (name == "graph") o.graph = flag_only();
     else if (name == "json") o.json = take();
+    else if (name == "bwd-overlap") {
+      o.bwd_overlap = take();
+      if (o.bwd_overlap != "off" && o.bwd_overlap != "auto") parse_int(name, o.bwd_overlap, 0);
+    }
   }
   if (o.grid && (!o.config.empty() || o.T || o.d || o.n || o.E || o.K))
     throw UsageError("--grid runs every grid row: it takes no --config or shape flags");
@@ -305,7 +315,9 @@ void time_graph_replays(const std::function<void(int, Stream)>& enqueue_forward,
     }
     check(ended, "capture invalidated (a host-synchronising call inside forward/backward?)");
     cudaGraphExec_t exec = nullptr;
-    const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+    // Node priorities as captured (PyTorch instantiates the same way): backward's GEMM stream
+    // keeps its precedence over the memory-bound steps beside it.
+    const cudaError_t made = cudaGraphInstantiateWithFlags(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
     cudaGraphDestroy(graph);
     check(made, "cudaGraphInstantiate");
     res.execs.push_back(exec);
@@ -530,12 +542,21 @@ int run_bench(const Options& o, const std::string& command) {
   const bool graph = o.graph && dev == Device::cuda;
   if (o.graph && !graph) std::fprintf(stderr, "leanmoe bench: --graph ignored on %s (CUDA graphs need --device cuda)\n",
                                       device_name(dev));
+#ifdef LEANMOE_WITH_CUDA
+  cuda::BackwardOverlap overlap;
+  overlap.overlapped = o.bwd_overlap != "off";
+  if (overlap.overlapped && o.bwd_overlap != "auto") overlap.side_sms = int(parse_int("bwd-overlap", o.bwd_overlap, 0));
+  cuda::set_backward_overlap(overlap);
+#endif
+  if (o.bwd_overlap != "auto" && dev != Device::cuda)
+    std::fprintf(stderr, "leanmoe bench: --bwd-overlap ignored on %s (a cuda backward schedule)\n", device_name(dev));
 
   std::printf("# leanmoe bench: %s, %s, %s, router %s%s, routing %s", device_name(dev),
               backend_description(dev).c_str(), dtype_name(dt), router_convention_name(o.layer.router),
               o.layer.norm_topk_prob ? " (norm)" : "", routing_name(o.layer.routing));
   if (o.layer.routing == Routing::token_rounding)
     std::printf(" (tile %lld, %s)", (long long)o.layer.tile, rounding_mode_name(o.layer.rounding_mode));
+  if (dev == Device::cuda) std::printf("; bwd overlap %s", o.bwd_overlap.c_str());
   std::printf("; median of %d after %d warm-up%s\n", iters, warmup,
               graph ? "; graph = CUDA-graph replays, timed with events" : "");
   std::printf("# flops: fwd 6*T*K*d*n, bwd 12*T*K*d*n; saved = SavedState bytes without x; naive = a textbook "

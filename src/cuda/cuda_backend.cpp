@@ -12,21 +12,50 @@
 // allocates nothing either. The expert GEMM launchers promise the same (expert_gemms.h); the
 // CUTLASS ones get their argument arrays carved from ours too (the cudaMalloc in
 // cutlass_grouped_gemm.cu serves only callers that pass no workspace: tests and tools).
+//
+// Backward forks onto the backend's GEMM stream and joins it again before it returns
+// (BackwardStreams): event records and waits only, legal under capture; the streams and events are
+// created outside any call (the constructor, or the first call on another device).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
+#include <map>
 #include <mutex>
 #include <utility>
 #include <string>
 
 #include "backend.h"
 #include "carver.h"
+#include "cuda/backward_overlap.h"
 #include "cuda/check.h"
 #include "cuda/expert_gemms.h"
+#include "cuda/gemm_heuristics.h"
 #include "cuda/launchers.h"
+
+namespace leanmoe::cuda {
+namespace {
+std::mutex overlap_mutex;
+BackwardOverlap overlap_setting;
+}  // namespace
+
+void set_backward_overlap(const BackwardOverlap& overlap) {
+  if (overlap.side_sms < -1)
+    throw Error("set_backward_overlap: argument 'side_sms': must be >= 0, or -1 for the heuristic, got " +
+                std::to_string(overlap.side_sms));
+  std::lock_guard<std::mutex> lock(overlap_mutex);
+  overlap_setting = overlap;
+}
+
+BackwardOverlap backward_overlap() {
+  std::lock_guard<std::mutex> lock(overlap_mutex);
+  return overlap_setting;
+}
+}  // namespace leanmoe::cuda
 
 namespace leanmoe::detail {
 namespace {
@@ -71,7 +100,7 @@ struct ForwardWorkspace {
   }
 };
 
-// Everything backward needs beyond SavedState. A' is last read by dw2, which the stream runs
+// Everything backward needs beyond SavedState. A' is last read by dw2, which the GEMM stream runs
 // before dx_expert writes dX_exp, so the two share one buffer.
 struct BackwardWorkspace {
   void* cublas;
@@ -172,11 +201,84 @@ void require_backward_aligned(const char* fn, const MoEConfig& cfg, const Tensor
   require_aligned_workspace(fn, ws);
 }
 
+// Backward's GEMM stream on one device: non-blocking, at the device's greatest priority. When its
+// GEMMs and the caller's memory-bound steps are pending together, the block scheduler places the
+// GEMMs' CTAs first ("pending work in higher-priority streams takes preference"), so the side
+// work gets the SMs the persistent GEMMs leave (backward_side_sms) and those of their tail waves,
+// never the other way round. (CUDA graphs keep the priority when instantiated with
+// cudaGraphInstantiateFlagUseNodePriority, as PyTorch does; without it the two just race.)
+struct GemmStream {
+  enum Event { kFork, kDw2Done, kDxDone, kJoin, kEvents };
+  cudaStream_t stream = nullptr;
+  std::array<cudaEvent_t, kEvents> events{};  // timing disabled: records and waits only
+  int sms = 0;
+
+  GemmStream() {
+    int device = 0, least = 0, greatest = 0;
+    LEANMOE_CUDA_CHECK(cudaGetDevice(&device));
+    LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    LEANMOE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    LEANMOE_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
+    for (cudaEvent_t& e : events) LEANMOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+};
+
+// The two streams of one backward call: `caller` runs dH, reduce_ds, the callbacks and the side
+// work; `gemm` runs dW2, dx_expert and dW1 (the GEMM stream when overlapped, else the caller's, and
+// then every ordering below is a no-op). The backend's mutex keeps each event's record and its
+// waits inside one call; a second call's GEMMs queue behind the first's on the one GEMM stream.
+class BackwardStreams {
+ public:
+  BackwardStreams(cudaStream_t caller, GemmStream* g) : caller(caller), gemm(g ? g->stream : caller), g_(g) {}
+  BackwardStreams(const BackwardStreams&) = delete;
+  BackwardStreams& operator=(const BackwardStreams&) = delete;
+  // Joins also when a step or a callback throws: a capture must not end with the GEMM stream forked.
+  ~BackwardStreams() {
+    if (g_ && !joined_ && cudaEventRecord(g_->events[GemmStream::kJoin], gemm) == cudaSuccess)
+      (void)cudaStreamWaitEvent(caller, g_->events[GemmStream::kJoin], 0);
+  }
+
+  // The GEMM stream waits for everything enqueued on the caller's so far.
+  void fork() const {
+    if (!g_) return;
+    LEANMOE_CUDA_CHECK(cudaEventRecord(g_->events[GemmStream::kFork], caller));
+    LEANMOE_CUDA_CHECK(cudaStreamWaitEvent(gemm, g_->events[GemmStream::kFork], 0));
+  }
+  // Marks what the GEMM stream has enqueued so far (kDw2Done, kDxDone) ...
+  void mark(GemmStream::Event e) const {
+    if (g_) LEANMOE_CUDA_CHECK(cudaEventRecord(g_->events[e], gemm));
+  }
+  // ... for the caller's stream to wait on.
+  void wait(GemmStream::Event e) const {
+    if (g_) LEANMOE_CUDA_CHECK(cudaStreamWaitEvent(caller, g_->events[e], 0));
+  }
+  // The caller's stream waits for everything on the GEMM stream.
+  void join() {
+    mark(GemmStream::kJoin);
+    wait(GemmStream::kJoin);
+    joined_ = true;
+  }
+
+  const cudaStream_t caller, gemm;
+
+ private:
+  GemmStream* g_;
+  bool joined_ = false;
+};
+
+// What backward runs on the caller's stream beside the expert GEMMs: after_ds needs dS (the router
+// chain, or scatter_given_ds with routing given), after_dx needs dX_exp (the dx gather-sum). Either
+// may be empty; with both empty backward does not fork.
+struct SideWork {
+  std::function<void(cudaStream_t)> after_ds, after_dx;
+};
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend() {
     LEANMOE_CUBLAS_CHECK(cublasCreate(&cublas_));
     LEANMOE_CUDA_CHECK(cudaMalloc(&nonfinite_flag_, sizeof(int32_t)));
+    gemm_stream();  // the current device's, created here: outside any capture of a later call
   }
   // The singleton lives until exit; destroying it after the CUDA context is gone would fail.
 
@@ -283,7 +385,7 @@ class CudaBackend final : public Backend {
     const SavedState& s = a.saved;
     const MoEGrads& g = a.grads;
     require_backward_aligned("backward", cfg, a.d_out, a.d_losses, a.w, s, g, a.ws);
-    const int64_t T = s.T, E = cfg.E, K = cfg.K;
+    const int64_t T = s.T;
     const cudaStream_t stream = static_cast<cudaStream_t>(a.stream);
     if (T == 0) {  // no tokens: every weight gradient is 0 (handed over in the usual order), dx is empty
       zero_expert_grads(g, a.on_expert_grad, stream);
@@ -293,48 +395,15 @@ class CudaBackend final : public Backend {
     Carver carver(a.ws.data);
     BackwardWorkspace w(carver, cfg, T);
     const bool router_grads = g.dx.defined() || g.d_router.defined();
-    experts_backward(cfg, T, a.d_out, a.w, s, g, a.on_expert_grad, w, router_grads, stream);
-    if (!router_grads) return;
-
-    // Router part: recomputed logits, dz from dS, then the two products with dz.
-    router_logits(s.x.data, a.w.router.data, T, cfg, w.cublas, w.zdz, stream);
-    // With top-K routing the rows per expert are the top-K counts (the kernel reads expert_offsets).
-    const bool rounding = cfg.routing == Routing::token_rounding;
-    if (rounding) cuda::count_topk(s.topk_experts.ptr<int32_t>(), T, E, K, w.topk_counts, stream);
-    cuda::RouterBackwardArgs rb{};
-    rb.zdz = w.zdz;
-    rb.topk_experts = s.topk_experts.ptr<int32_t>();
-    rb.topk_counts = rounding ? w.topk_counts : nullptr;
-    rb.token_offsets = s.token_offsets.ptr<int32_t>();
-    rb.token_rows = s.token_rows.ptr<int32_t>();
-    rb.expert_offsets = s.expert_offsets.ptr<int32_t>();
-    rb.dS = w.dS;
-    rb.d_losses = a.d_losses.defined() ? a.d_losses.ptr<float>() : nullptr;
-    rb.c_aux = cfg.aux_loss_coef;
-    rb.c_z = cfg.z_loss_coef;
-    rb.renormalised = gates_renormalised(cfg);
-    rb.T = T, rb.E = E, rb.K = K;
-    rb.dz_split = w.dz_split;
-    cuda::router_backward(rb, stream);
-
-    if (g.d_router.defined()) {
-      // [dWr_hi; dWr_lo] [2E, d] = dz_split^T · X; column-major view: C (d x 2E) = X (d x T) · dz_split^T.
-      gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, int(cfg.d), int(2 * E), int(T), s.x.data, int(cfg.d), w.dz_split,
-                int(2 * E), w.d_router_f32, w.cublas, stream);
-      cuda::sum_halves_to_bf16(w.d_router_f32, E * cfg.d, g.d_router.data, stream);
-    }
-    if (g.dx.defined()) {
-      // dz·Wr [T, d] = dz_split · [Wr; Wr]; column-major view: C (d x T) = [Wr; Wr] (d x 2E) · dz_split (2E x T).
-      const size_t router_bytes = size_t(E * cfg.d) * sizeof(bf16_storage);
-      LEANMOE_CUDA_CHECK(cudaMemcpyAsync(w.router_twice, a.w.router.data, router_bytes, cudaMemcpyDeviceToDevice,
-                                         stream));
-      LEANMOE_CUDA_CHECK(cudaMemcpyAsync(w.router_twice + E * cfg.d, a.w.router.data, router_bytes,
-                                         cudaMemcpyDeviceToDevice, stream));
-      gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, int(cfg.d), int(T), int(2 * E), w.router_twice, int(cfg.d), w.dz_split,
-                int(2 * E), w.dx_router, w.cublas, stream);
-      cuda::gather_dx(w.a_prime_dxexp, w.dx_router, s.token_offsets.ptr<int32_t>(), s.token_rows.ptr<int32_t>(), T,
-                      cfg.d, g.dx.data, stream);
-    }
+    SideWork side;
+    if (router_grads)
+      side.after_ds = [&](cudaStream_t st) { router_backward_chain(a, w, st); };
+    if (g.dx.defined())  // dx[t] = sum of dX_exp over the token's rows + dz·Wr
+      side.after_dx = [&](cudaStream_t st) {
+        cuda::gather_dx(w.a_prime_dxexp, w.dx_router, s.token_offsets.ptr<int32_t>(), s.token_rows.ptr<int32_t>(),
+                        T, cfg.d, g.dx.data, st);
+      };
+    experts_backward(cfg, T, a.d_out, a.w, s, g, a.on_expert_grad, w, router_grads, side, stream);
   }
 
   void forward_routed(const RoutedForwardArgs& a) override {
@@ -376,15 +445,19 @@ class CudaBackend final : public Backend {
     }
     Carver carver(a.ws.data);
     BackwardWorkspace w(carver, cfg, T);
-    experts_backward(cfg, T, a.d_out, a.w, s, g, a.on_expert_grad, w, g.d_topk_weights.defined(), stream);
-    if (g.d_topk_weights.defined()) {
-      cuda::scatter_given_ds(s.topk_experts.ptr<int32_t>(), T, E, K, s.token_offsets.ptr<int32_t>(),
-                             s.token_rows.ptr<int32_t>(), w.dS, g.d_topk_weights.data,
-                             g.d_topk_weights.dtype == DType::bf16, stream);
-    }
+    SideWork side;
+    if (g.d_topk_weights.defined())
+      side.after_ds = [&](cudaStream_t st) {
+        cuda::scatter_given_ds(s.topk_experts.ptr<int32_t>(), T, E, K, s.token_offsets.ptr<int32_t>(),
+                               s.token_rows.ptr<int32_t>(), w.dS, g.d_topk_weights.data,
+                               g.d_topk_weights.dtype == DType::bf16, st);
+      };
     if (g.dx.defined())
-      cuda::gather_dx(w.a_prime_dxexp, nullptr, s.token_offsets.ptr<int32_t>(), s.token_rows.ptr<int32_t>(), T, cfg.d,
-                      g.dx.data, stream);
+      side.after_dx = [&](cudaStream_t st) {
+        cuda::gather_dx(w.a_prime_dxexp, nullptr, s.token_offsets.ptr<int32_t>(), s.token_rows.ptr<int32_t>(), T,
+                        cfg.d, g.dx.data, st);
+      };
+    experts_backward(cfg, T, a.d_out, a.w, s, g, a.on_expert_grad, w, g.d_topk_weights.defined(), side, stream);
   }
 
  private:
@@ -425,39 +498,129 @@ class CudaBackend final : public Backend {
                          s.expert_offsets.ptr<int32_t>(), cfg.E);
   }
 
-  // The expert steps of backward, both routings, in the order that lets the callback update each
-  // weight after its last read. Leaves dS in w.dS (when `ds`: it reads b2, so before b2's callback)
-  // and dX_exp in w.a_prime_dxexp.
+  // The expert steps of backward, both routings, with `side` beside them. dH and reduce_ds run on
+  // the caller's stream (leaving dS in w.dS when `ds`: it reads b2, so before b2's callback); dW2,
+  // dx_expert (dX_exp in w.a_prime_dxexp) and dW1 on the GEMM stream when overlapped; the bias
+  // sums, the callbacks and `side` on the caller's. Each callback comes after its gradient and the
+  // last read of its weight (W2: dH; W1: dx_expert), in the documented order; dW1 waits for the
+  // down-projection callbacks' work, which may reuse dW2's buffer for it. Sequential, the caller's
+  // stream runs: dH, reduce_ds, dW2, dx_expert, db2, the down callbacks, dW1, after_ds, db1,
+  // after_dx, the up callbacks.
   void experts_backward(const MoEConfig& cfg, int64_t T, const Tensor& d_out, const MoEWeights& wt,
                         const SavedState& s, const MoEGrads& g, const ExpertGradCallback& on_expert_grad,
-                        const BackwardWorkspace& w, bool ds, cudaStream_t stream) {
+                        const BackwardWorkspace& w, bool ds, const SideWork& side, cudaStream_t stream) {
     const cuda::RoutedRows rows = routed_rows(s, cfg.E);
     const cuda::ExpertShape shape = expert_shape(cfg, T);
+    const cuda::BackwardOverlap overlap = cuda::backward_overlap();
+    GemmStream* gemm = overlap.overlapped && (side.after_ds || side.after_dx) ? &gemm_stream() : nullptr;
+    BackwardStreams st(stream, gemm);
+    // Beside side work the GEMMs leave SMs free: their CTAs, at least one 2-CTA cluster.
+    std::array<cuda::GemmConfig, 3> lean{};  // dw2, dx, dw1
+    std::array<const cuda::GemmConfig*, 3> config{};
+    if (gemm) {
+      const int side_sms = overlap.side_sms >= 0 ? overlap.side_sms : cuda::backward_side_sms(shape, gemm->sms);
+      const cuda::GemmKind kinds[3] = {cuda::GemmKind::Dw2, cuda::GemmKind::Dx, cuda::GemmKind::Dw1};
+      for (size_t i = 0; i < 3 && side_sms > 0; ++i) {
+        lean[i] = cuda::choose_gemm_config(kinds[i], shape, gemm->sms);
+        lean[i].max_ctas = std::max(gemm->sms - side_sms, 2);
+        config[i] = &lean[i];
+      }
+    }
+
     cuda::dh_act_bwd(rows, shape, expert_function(cfg), d_out.data, wt.down_proj.data, s.h.data, w.dh,
                      w.a_prime_dxexp, w.ds_partial, stream);
     if (ds)
       cuda::reduce_ds(w.ds_partial, w.ds_parts, s.expert_offsets.ptr<int32_t>(), cfg.E, s.rows_capacity, w.dS,
                       stream, down_bias_ds(cfg, wt, d_out, s));
+    st.fork();
     if (g.d_down_proj.defined()) {
-      cuda::dw2(rows, shape, d_out.data, w.a_prime_dxexp, g.d_down_proj.data, stream);
-      if (on_expert_grad) on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
+      cuda::dw2(rows, shape, d_out.data, w.a_prime_dxexp, g.d_down_proj.data, st.gemm, config[0]);
+      st.mark(GemmStream::kDw2Done);
     }
-    if (g.d_down_bias.defined()) {  // db2_e = sum over e's rows of gate · dO[token]
+    if (g.dx.defined()) {
+      cuda::dx_expert(rows, shape, w.dh, wt.gate_up_proj.data, w.a_prime_dxexp, st.gemm, w.expert_gemm, config[1]);
+      st.mark(GemmStream::kDxDone);
+    }
+    if (g.d_down_bias.defined())  // db2_e = sum over e's rows of gate · dO[token]
       cuda::expert_column_sums(d_out.data, cfg.d, s.row_token.ptr<int32_t>(), s.row_gate.ptr<float>(),
                                s.expert_offsets.ptr<int32_t>(), cfg.E, g.d_down_bias.data, stream);
-      if (on_expert_grad) on_expert_grad(ExpertWeight::down_bias, g.d_down_bias);
+    if (on_expert_grad) {
+      if (g.d_down_proj.defined()) {
+        st.wait(GemmStream::kDw2Done);
+        on_expert_grad(ExpertWeight::down_proj, g.d_down_proj);
+      }
+      if (g.d_down_bias.defined()) on_expert_grad(ExpertWeight::down_bias, g.d_down_bias);
+      st.fork();
     }
-    if (g.dx.defined())
-      cuda::dx_expert(rows, shape, w.dh, wt.gate_up_proj.data, w.a_prime_dxexp, stream, w.expert_gemm);
-    if (g.d_gate_up_proj.defined()) {
-      cuda::dw1(rows, shape, w.dh, s.x.data, g.d_gate_up_proj.data, stream);
-      if (on_expert_grad) on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
-    }
-    if (g.d_gate_up_bias.defined()) {  // db1_e = sum over e's rows of dH
+    if (g.d_gate_up_proj.defined()) cuda::dw1(rows, shape, w.dh, s.x.data, g.d_gate_up_proj.data, st.gemm, config[2]);
+    if (side.after_ds) side.after_ds(stream);
+    if (g.d_gate_up_bias.defined())  // db1_e = sum over e's rows of dH
       cuda::expert_column_sums(w.dh, up_width(cfg), nullptr, nullptr, s.expert_offsets.ptr<int32_t>(), cfg.E,
                                g.d_gate_up_bias.data, stream);
-      if (on_expert_grad) on_expert_grad(ExpertWeight::gate_up_bias, g.d_gate_up_bias);
+    if (g.dx.defined() && side.after_dx) {
+      st.wait(GemmStream::kDxDone);
+      side.after_dx(stream);
     }
+    st.join();
+    if (on_expert_grad) {
+      if (g.d_gate_up_proj.defined()) on_expert_grad(ExpertWeight::gate_up_proj, g.d_gate_up_proj);
+      if (g.d_gate_up_bias.defined()) on_expert_grad(ExpertWeight::gate_up_bias, g.d_gate_up_bias);
+    }
+  }
+
+  // The router part of backward on `stream`: recomputed logits, dz from dS, then the two products with
+  // dz (dWr = dz^T·X, dz·Wr for the gather-sum of dx).
+  void router_backward_chain(const BackwardArgs& a, const BackwardWorkspace& w, cudaStream_t stream) {
+    const MoEConfig& cfg = a.cfg;
+    const SavedState& s = a.saved;
+    const MoEGrads& g = a.grads;
+    const int64_t T = s.T, E = cfg.E, K = cfg.K;
+    router_logits(s.x.data, a.w.router.data, T, cfg, w.cublas, w.zdz, stream);
+    // With top-K routing the rows per expert are the top-K counts (the kernel reads expert_offsets).
+    const bool rounding = cfg.routing == Routing::token_rounding;
+    if (rounding) cuda::count_topk(s.topk_experts.ptr<int32_t>(), T, E, K, w.topk_counts, stream);
+    cuda::RouterBackwardArgs rb{};
+    rb.zdz = w.zdz;
+    rb.topk_experts = s.topk_experts.ptr<int32_t>();
+    rb.topk_counts = rounding ? w.topk_counts : nullptr;
+    rb.token_offsets = s.token_offsets.ptr<int32_t>();
+    rb.token_rows = s.token_rows.ptr<int32_t>();
+    rb.expert_offsets = s.expert_offsets.ptr<int32_t>();
+    rb.dS = w.dS;
+    rb.d_losses = a.d_losses.defined() ? a.d_losses.ptr<float>() : nullptr;
+    rb.c_aux = cfg.aux_loss_coef;
+    rb.c_z = cfg.z_loss_coef;
+    rb.renormalised = gates_renormalised(cfg);
+    rb.T = T, rb.E = E, rb.K = K;
+    rb.dz_split = w.dz_split;
+    cuda::router_backward(rb, stream);
+
+    if (g.d_router.defined()) {
+      // [dWr_hi; dWr_lo] [2E, d] = dz_split^T · X; column-major view: C (d x 2E) = X (d x T) · dz_split^T.
+      gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_T, int(cfg.d), int(2 * E), int(T), s.x.data, int(cfg.d), w.dz_split,
+                int(2 * E), w.d_router_f32, w.cublas, stream);
+      cuda::sum_halves_to_bf16(w.d_router_f32, E * cfg.d, g.d_router.data, stream);
+    }
+    if (g.dx.defined()) {
+      // dz·Wr [T, d] = dz_split · [Wr; Wr]; column-major view: C (d x T) = [Wr; Wr] (d x 2E) · dz_split (2E x T).
+      const size_t router_bytes = size_t(E * cfg.d) * sizeof(bf16_storage);
+      LEANMOE_CUDA_CHECK(cudaMemcpyAsync(w.router_twice, a.w.router.data, router_bytes, cudaMemcpyDeviceToDevice,
+                                         stream));
+      LEANMOE_CUDA_CHECK(cudaMemcpyAsync(w.router_twice + E * cfg.d, a.w.router.data, router_bytes,
+                                         cudaMemcpyDeviceToDevice, stream));
+      gemm_bf16(CUBLAS_OP_N, CUBLAS_OP_N, int(cfg.d), int(T), int(2 * E), w.router_twice, int(cfg.d), w.dz_split,
+                int(2 * E), w.dx_router, w.cublas, stream);
+    }
+  }
+
+  // The current device's GEMM stream, created on first use there (the constructor's device: at
+  // construction). Called under mutex_.
+  GemmStream& gemm_stream() {
+    int device = 0;
+    LEANMOE_CUDA_CHECK(cudaGetDevice(&device));
+    auto it = gemm_streams_.find(device);
+    if (it == gemm_streams_.end()) it = gemm_streams_.try_emplace(device).first;
+    return it->second;
   }
 
   static cuda::MetadataOut metadata_out(SavedState& s) {
@@ -493,6 +656,7 @@ class CudaBackend final : public Backend {
 
   cublasHandle_t cublas_ = nullptr;
   int32_t* nonfinite_flag_ = nullptr;
+  std::map<int, GemmStream> gemm_streams_;  // by device; never destroyed (as the backend)
   std::mutex mutex_;
 };
 

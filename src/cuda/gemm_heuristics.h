@@ -10,4 +10,8 @@ namespace leanmoe::cuda {
 // Fully specified (band and max_ctas included), and always one of compiled_gemm_configs(kind).
 GemmConfig choose_gemm_config(GemmKind kind, const ExpertShape& s, int sm_count);
 
+// SMs that backward's dW2, dx and dW1 leave free, when overlapped (backward_overlap.h), for the
+// memory-bound steps the caller's stream runs beside them: the router chain and the dx gather-sum.
+int backward_side_sms(const ExpertShape& s, int sm_count);
+
 }  // namespace leanmoe::cuda
