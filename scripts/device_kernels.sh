@@ -41,7 +41,7 @@ echo "gemms rc=$?"; cat "$W/gemms.txt"
 
 echo "== explicit --config (t=${SECONDS}s)"
 explicit=up=gather:coop:128x256:s4:warp:c1:b4,dh=gather:coop:128x256:s4:warp:c2:b4
-explicit=$explicit,down=cutlass:coop:128x256:auto:tma:c2
+explicit=$explicit,down=cutlass:pingpong:128x192:auto:tma:c2
 timeout 40 "$B/leanmoe_bench_gemms" --shape 120B-n2048,7B-n256 --gemms up,dh,down --iters 20 --config "$explicit" \
   >"$W/gemms_explicit.txt" 2>&1; echo "explicit rc=$?"; cat "$W/gemms_explicit.txt"
 

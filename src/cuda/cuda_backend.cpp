@@ -514,7 +514,7 @@ class CudaBackend final : public Backend {
     const cuda::BackwardOverlap overlap = cuda::backward_overlap();
     GemmStream* gemm = overlap.overlapped && (side.after_ds || side.after_dx) ? &gemm_stream() : nullptr;
     BackwardStreams st(stream, gemm);
-    // Beside side work the GEMMs leave SMs free: their CTAs, at least one 2-CTA cluster.
+    // Beside side work the GEMMs leave SMs free: their CTAs, at least one cluster.
     std::array<cuda::GemmConfig, 3> lean{};  // dw2, dx, dw1
     std::array<const cuda::GemmConfig*, 3> config{};
     if (gemm) {
@@ -522,7 +522,7 @@ class CudaBackend final : public Backend {
       const cuda::GemmKind kinds[3] = {cuda::GemmKind::Dw2, cuda::GemmKind::Dx, cuda::GemmKind::Dw1};
       for (size_t i = 0; i < 3 && side_sms > 0; ++i) {
         lean[i] = cuda::choose_gemm_config(kinds[i], shape, gemm->sms);
-        lean[i].max_ctas = std::max(gemm->sms - side_sms, 2);
+        lean[i].max_ctas = std::max(gemm->sms - side_sms, lean[i].cluster_ctas());
         config[i] = &lean[i];
       }
     }

@@ -20,10 +20,12 @@ namespace leanmoe::cuda {
 namespace {
 
 namespace k = kernels::cutlass_sm90;
-// The compiled instantiations: down both (the heuristic picks by n), dx cooperative (never worse).
-using DownPingpong = k::GroupedGemm<cutlass::layout::ColumnMajor, k::PingpongConfig>;
-using DownCooperative = k::GroupedGemm<cutlass::layout::ColumnMajor, k::CooperativeConfig>;
-using DxCooperative = k::GroupedGemm<cutlass::layout::RowMajor, k::CooperativeConfig>;
+// The compiled instantiations: ping-pong 128x192 in 1x2 and 2x1 clusters for each (the heuristic
+// picks the cluster shape by d).
+using Down1x2 = k::GroupedGemm<cutlass::layout::ColumnMajor, k::Pingpong128x192Config<1, 2>>;
+using Down2x1 = k::GroupedGemm<cutlass::layout::ColumnMajor, k::Pingpong128x192Config<2, 1>>;
+using Dx1x2 = k::GroupedGemm<cutlass::layout::RowMajor, k::Pingpong128x192Config<1, 2>>;
+using Dx2x1 = k::GroupedGemm<cutlass::layout::RowMajor, k::Pingpong128x192Config<2, 1>>;
 
 // The GemmConfig G runs (run-time fields 0).
 template <class G>
@@ -37,6 +39,7 @@ GemmConfig config_of() {
   c.stages = 0;  // StageCountAutoCarveout
   c.epilogue = GemmEpilogue::Tma;
   c.cluster = cute::size<0>(typename Config::Cluster{});
+  c.cluster_n = cute::size<1>(typename Config::Cluster{});
   return c;
 }
 
@@ -118,9 +121,9 @@ size_t total_bytes(int64_t E, int sms) {
   return arrays_bytes<G>(E) + align_up(cutlass_workspace_bytes<G>(sms));
 }
 
-// How many 2-CTA clusters of G's kernel fit on the device at once (per device, queried once).
-// Given to CUTLASS, the persistent grid is exactly that many clusters; without it CUTLASS assumes
-// every SM pair can host one, and clusters that do not fit would start only after others finish.
+// How many clusters of G's kernel fit on the device at once (per device, queried once). Given to
+// CUTLASS, the persistent grid is exactly that many clusters; without it CUTLASS assumes every SM
+// pair can host one, and clusters that do not fit would start only after others finish.
 template <class G>
 int max_active_clusters(int device) {
   static std::array<std::atomic<int>, 64> cache{};  // 0: not queried yet
@@ -131,13 +134,14 @@ int max_active_clusters(int device) {
   check_cuda(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, Kernel::SharedStorageSize),
              "cudaFuncSetAttribute (CUTLASS grouped GEMM)");
   constexpr int kClusterM = cute::size<0>(typename Kernel::ClusterShape{});
+  constexpr int kClusterN = cute::size<1>(typename Kernel::ClusterShape{});
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kClusterM;
-  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.x = kClusterM;  // CUTLASS launches clusters as (M, N, 1) blocks
+  cluster.val.clusterDim.y = kClusterN;
   cluster.val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(kClusterM, 1, 1);
+  config.gridDim = dim3(kClusterM, kClusterN, 1);
   config.blockDim = dim3(Kernel::MaxThreadsPerBlock, 1, 1);
   config.dynamicSmemBytes = Kernel::SharedStorageSize;
   config.attrs = &cluster;
@@ -189,12 +193,14 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
       static_cast<Element*>(d), K, N, b_expert_stride, stride_a, stride_b, stride_d, arrays);
   check_cuda(cudaGetLastError(), what);
 
-  // The persistent grid: one CTA per SM, or config.max_ctas (tests cap it so that each CTA walks many
-  // tiles across experts); at least one 2-CTA cluster.
+  // The persistent grid: one CTA per SM, or config.max_ctas (backward's overlapped GEMMs leave SMs to
+  // side work; tests cap it so that each CTA walks many tiles across experts), rounded down to whole
+  // clusters, at least one: with device-side problem shapes CUTLASS launches max_active_clusters.
+  constexpr int kClusterCtas = cute::size(typename G::Kernel::ClusterShape{});
   cutlass::KernelHardwareInfo hw;
   hw.device_id = device;
-  hw.sm_count = std::clamp(config.max_ctas, 2, sms);
-  hw.max_active_clusters = std::min(max_active_clusters<G>(device), hw.sm_count / 2);
+  hw.sm_count = std::clamp(config.max_ctas, kClusterCtas, sms);
+  hw.max_active_clusters = std::min(max_active_clusters<G>(device), hw.sm_count / kClusterCtas);
 
   const auto args = make_arguments<G>(E, arrays, hw);
   typename G::Gemm gemm;
@@ -208,14 +214,14 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
 
 size_t expert_gemm_workspace_bytes(int64_t E) {
   const int sms = sm_count(current_device());
-  const size_t need = std::max({total_bytes<DownPingpong>(E, sms), total_bytes<DownCooperative>(E, sms),
-                                total_bytes<DxCooperative>(E, sms)});
+  const size_t need = std::max({total_bytes<Down1x2>(E, sms), total_bytes<Down2x1>(E, sms),
+                                total_bytes<Dx1x2>(E, sms), total_bytes<Dx2x1>(E, sms)});
   return kAlign + need;  // kAlign: slack to align the base
 }
 
 std::vector<GemmConfig> cutlass_gemm_configs(GemmKind kind) {
-  if (kind == GemmKind::Down) return {config_of<DownCooperative>(), config_of<DownPingpong>()};
-  if (kind == GemmKind::Dx) return {config_of<DxCooperative>()};
+  if (kind == GemmKind::Down) return {config_of<Down1x2>(), config_of<Down2x1>()};
+  if (kind == GemmKind::Dx) return {config_of<Dx1x2>(), config_of<Dx2x1>()};
   return {};
 }
 
@@ -223,17 +229,20 @@ void cutlass_down_proj(const RoutedRows& rows, const ExpertShape& s, const void*
                        void* workspace, const GemmConfig& config, cudaStream_t stream) {
   if (rows.E <= 0 || rows.rows_capacity <= 0) return;
   // Per expert: [M_e, K = n] · (W2_e [N = d, K = n])^T.
-  if (config.same_kernel(config_of<DownPingpong>()))
-    run<DownPingpong>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, config, stream, "down_proj");
+  if (config.same_kernel(config_of<Down1x2>()))
+    run<Down1x2>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, config, stream, "down_proj");
   else
-    run<DownCooperative>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, config, stream, "down_proj");
+    run<Down2x1>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, config, stream, "down_proj");
 }
 
 void cutlass_dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
                        void* workspace, const GemmConfig& config, cudaStream_t stream) {
   if (rows.E <= 0 || rows.rows_capacity <= 0) return;
   // Per expert: [M_e, K = W] · W1_e [K = W, N = d].
-  run<DxCooperative>(rows, s.d, s.width(), dh, w1, dx_exp, s.width() * s.d, workspace, config, stream, "dx_expert");
+  if (config.same_kernel(config_of<Dx1x2>()))
+    run<Dx1x2>(rows, s.d, s.width(), dh, w1, dx_exp, s.width() * s.d, workspace, config, stream, "dx_expert");
+  else
+    run<Dx2x1>(rows, s.d, s.width(), dh, w1, dx_exp, s.width() * s.d, workspace, config, stream, "dx_expert");
 }
 
 }  // namespace leanmoe::cuda

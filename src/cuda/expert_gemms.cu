@@ -355,8 +355,8 @@ GemmConfig resolve_gemm_config(GemmKind kind, const ExpertShape& s, int64_t E, i
          std::to_string(kMaxGemmExperts));
   if (c.band < 0 || c.max_ctas < 0) fail("band and max_ctas must be >= 0 (0: the heuristic's)");
   if (!banded && c.band != 0) fail("band (bK) applies to up and dh only");
-  if (c.max_ctas != 0 && c.max_ctas < c.cluster)
-    fail("max_ctas must be at least the cluster size " + std::to_string(c.cluster));
+  if (c.max_ctas != 0 && c.max_ctas < c.cluster_ctas())
+    fail("max_ctas must be at least the cluster size " + std::to_string(c.cluster_ctas()));
   if (c.band == 0) c.band = chosen.band;
   if (c.max_ctas == 0) c.max_ctas = chosen.max_ctas;
   if (banded) c.band = int(std::min<int64_t>(c.band, gemm_column_tiles(kind, s, c)));

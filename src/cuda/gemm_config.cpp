@@ -13,8 +13,8 @@ namespace {
 
 constexpr const char* kGrammar =
     "family:schedule:MxN:stages:epilogue:cluster[:band][:max_ctas], e.g. gather:coop:128x256:s4:warp:c2:b8:m132 "
-    "(family gather|cutlass, schedule coop|pingpong, stages sK|auto, epilogue warp|tma, cluster cK, band bK, "
-    "max_ctas mK)";
+    "(family gather|cutlass, schedule coop|pingpong, stages sK|auto, epilogue warp|tma, cluster cM (Mx1) or cMxN, "
+    "band bK, max_ctas mK)";
 
 [[noreturn]] void bad(std::string_view text, const std::string& rule) {
   throw Error("GemmConfig '" + std::string(text) + "': " + rule + "; expected " + kGrammar);
@@ -25,6 +25,15 @@ int positive(std::string_view digits) {
   int value = 0;
   const auto [end, err] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
   return err == std::errc() && end == digits.data() + digits.size() && value > 0 ? value : -1;
+}
+
+// "MxN" of two positive integers into m and n; false otherwise.
+bool pair(std::string_view text, int& m, int& n) {
+  const size_t x = text.find('x');
+  if (x == std::string_view::npos) return false;
+  m = positive(text.substr(0, x));
+  n = positive(text.substr(x + 1));
+  return m > 0 && n > 0;
 }
 
 // Field `field` = prefix followed by a positive integer (e.g. "s4"), or -1.
@@ -57,7 +66,7 @@ GemmKind parse_gemm_kind(std::string_view name) {
 
 bool GemmConfig::same_kernel(const GemmConfig& o) const {
   return family == o.family && schedule == o.schedule && tile_m == o.tile_m && tile_n == o.tile_n &&
-         stages == o.stages && epilogue == o.epilogue && cluster == o.cluster;
+         stages == o.stages && epilogue == o.epilogue && cluster == o.cluster && cluster_n == o.cluster_n;
 }
 
 std::string to_string(const GemmConfig& c) {
@@ -74,6 +83,7 @@ std::string to_string(const GemmConfig& c) {
   else s += ":auto";
   s += c.epilogue == GemmEpilogue::Warp ? ":warp" : ":tma";
   field(":c", c.cluster);
+  if (c.cluster_n != 1) field("x", c.cluster_n);
   if (c.band > 0) field(":b", c.band);
   if (c.max_ctas > 0) field(":m", c.max_ctas);
   return s;
@@ -94,16 +104,16 @@ GemmConfig parse_gemm_config(std::string_view text) {
   if (f[1] == "coop") c.schedule = GemmSchedule::Cooperative;
   else if (f[1] == "pingpong") c.schedule = GemmSchedule::Pingpong;
   else bad(text, "schedule '" + std::string(f[1]) + "'");
-  const size_t x = f[2].find('x');
-  c.tile_m = x == std::string_view::npos ? -1 : positive(f[2].substr(0, x));
-  c.tile_n = x == std::string_view::npos ? -1 : positive(f[2].substr(x + 1));
-  if (c.tile_m < 0 || c.tile_n < 0) bad(text, "tile '" + std::string(f[2]) + "' is not MxN");
+  if (!pair(f[2], c.tile_m, c.tile_n)) bad(text, "tile '" + std::string(f[2]) + "' is not MxN");
   if (f[3] != "auto" && (c.stages = prefixed(f[3], 's')) < 0) bad(text, "stages '" + std::string(f[3]) + "'");
   if (f[3] == "auto") c.stages = 0;
   if (f[4] == "warp") c.epilogue = GemmEpilogue::Warp;
   else if (f[4] == "tma") c.epilogue = GemmEpilogue::Tma;
   else bad(text, "epilogue '" + std::string(f[4]) + "'");
-  if ((c.cluster = prefixed(f[5], 'c')) < 0) bad(text, "cluster '" + std::string(f[5]) + "'");
+  const std::string_view cl = f[5].substr(f[5].empty() || f[5][0] != 'c' ? f[5].size() : 1);  // "M" or "MxN"
+  const bool one_dim = cl.find('x') == std::string_view::npos;
+  if (one_dim ? (c.cluster = positive(cl)) < 0 : !pair(cl, c.cluster, c.cluster_n))
+    bad(text, "cluster '" + std::string(f[5]) + "'");
   for (size_t i = 6; i < f.size(); ++i) {
     const char key = f[i].empty() ? '?' : f[i][0];
     int& field = key == 'b' ? c.band : c.max_ctas;

@@ -42,18 +42,24 @@ struct GemmConfig {
   int tile_m = 0, tile_n = 0;  // CTA tile of the per-expert C[M, N] (problem table: grouped_gemm_problem.cuh)
   int stages = 0;              // pipeline stages; 0 = as many as fit (CUTLASS's StageCountAutoCarveout)
   GemmEpilogue epilogue = GemmEpilogue::Warp;
-  int cluster = 1;  // CTAs per cluster along M (2: the operand loaded with TMA is multicast to both)
+  // CTAs per cluster along M and along N; the pair's shared operand tile is loaded once and
+  // multicast to both. Gather kernel: cluster 2 shares its TMA-loaded operand, cluster_n is 1.
+  // CUTLASS: 2x1 pairs adjacent m-tiles (shared B tile), 1x2 adjacent n-tiles (shared A tile).
+  int cluster = 1;
+  int cluster_n = 1;
   // ---- run-time parameters of that kernel (0 = not given: resolve_gemm_config takes the heuristic's) ----
   int band = 0;      // gather up/dh: column tiles per band of the tile order (>= 1); other kinds: 0
-  int max_ctas = 0;  // at most this many CTAs, rounded down to whole clusters (>= cluster)
+  int max_ctas = 0;  // at most this many CTAs, rounded down to whole clusters (>= cluster_ctas())
 
   bool operator==(const GemmConfig&) const = default;
   // Same compiled kernel (every field but band and max_ctas).
   bool same_kernel(const GemmConfig& other) const;
+  int cluster_ctas() const { return cluster * cluster_n; }
 };
 
 // "gather:coop:128x256:s4:warp:c2:b8:m132" (family : schedule : tile : stages : epilogue : cluster
-// [: band] [: max_ctas]; stages "auto" for 0; band and max_ctas left out when 0).
+// [: band] [: max_ctas]; stages "auto" for 0; cluster cM for Mx1, cMxN otherwise; band and max_ctas
+// left out when 0).
 std::string to_string(const GemmConfig& config);
 // The inverse of to_string; throws leanmoe::Error quoting the text and the rule it broke.
 GemmConfig parse_gemm_config(std::string_view text);

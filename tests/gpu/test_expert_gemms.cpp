@@ -486,7 +486,8 @@ TEST(ExpertGemms, ActivationMustMatchTheShape) {
   }
 }
 
-// R = 200 (not a multiple of 128), expert 3 empty, d = n = 192 (edges of 128-wide tiles).
+// R = 200 (not a multiple of 128), expert 3 empty, d = n = 192 (edges of 128-wide tiles; one 192-wide
+// n-tile of down and dx, so their heuristic picks 2x1 clusters).
 TEST(ExpertGemms, RaggedWithEmptyExpert) { run_case({100, 8, 2, 192, 192, 3, false}); }
 // A single token (T = 1): most experts empty, tiles of 2 rows.
 TEST(ExpertGemms, SingleToken) { run_case({1, 4, 2, 128, 64, -1, false}); }
@@ -495,7 +496,8 @@ TEST(ExpertGemms, OneExpertTakesAllRows) { run_case({300, 4, 1, 64, 128, -1, tru
 // Larger and ragged: R = 2048 over 16 experts, n = 320 (a 64-wide last column tile), d = 256.
 TEST(ExpertGemms, ManyExperts) { run_case({512, 16, 4, 256, 320, -1, false}); }
 
-// n = 576 > 512 takes the long-K down-projection tiles; n and d = 320 end in partial 256-wide tiles.
+// n = 576: K = 576 for down, 1152 for dx; n and d = 320 end in partial tiles (256-wide, and 192-wide
+// for down and dx, two n-tiles: 1x2 clusters).
 TEST(ExpertGemms, WideExperts) { run_case({64, 4, 2, 320, 576, -1, false}); }
 
 // Configuration i of every kind (its last where a kind has fewer), run-time fields unset.
@@ -514,7 +516,7 @@ size_t max_compiled_configs() {
 }
 // At most `ctas` CTAs for every kind (whole clusters: at least one cluster).
 Kernels with_max_ctas(Kernels k, int ctas) {
-  for (auto& c : k.config) c->max_ctas = std::max(ctas, c->cluster);
+  for (auto& c : k.config) c->max_ctas = std::max(ctas, c->cluster_ctas());
   return k;
 }
 
@@ -525,16 +527,17 @@ TEST(ExpertGemms, FewPersistentCtas) {
   run_case({512, 16, 4, 256, 320, 5, false}, with_max_ctas(compiled_configs(0), 5));
 }
 
-// Every compiled configuration of every kind (down: CUTLASS cooperative 128x256 and ping-pong 128x128;
-// the others one each) on the ragged cases: one m-tile per expert and an empty one (~25 rows each), T = 1
-// (1-row experts and empty ones; the launchers' own CUTLASS workspace), three m-tiles of one hot expert
-// (R = 300), a mix of 1 and 2 m-tiles (ManyExperts, n = 320: partial n-tiles), WideExperts (n = 576,
-// d = 320: partial 256-wide tiles); and with 5, 2 and 1 CTAs (at least one cluster) walking every tile
-// with many passes over the stages. The cluster kernels (dH, dW2, dW1, CUTLASS) meet their dangerous
-// cases here: an odd m-tile count, where rank 1's m-tile lies wholly past the expert's rows yet must
-// take part in every multicast and barrier (dH); odd n- or m-tile counts leaving rank 1 a tile past
-// the edge (d = 320: 3 n-tiles of dW1 at 256x128, 3 m-tiles of dW2 at 128x256); partial last k-tiles
-// loaded by each CTA alone; empty experts storing zeros in both CTAs (dW).
+// Every compiled configuration of every kind (down, dx: CUTLASS ping-pong 128x192 in 1x2 and 2x1
+// clusters; the others one each) on the ragged cases: one m-tile per expert and an empty one (~25 rows
+// each), T = 1 (1-row experts and empty ones; the launchers' own CUTLASS workspace), three m-tiles of
+// one hot expert (R = 300), a mix of 1 and 2 m-tiles (ManyExperts, n = 320: partial n-tiles),
+// WideExperts (n = 576, d = 320: partial 256-wide tiles); and with 5, 2 and 1 CTAs (at least one
+// cluster) walking every tile with many passes over the stages. The cluster kernels (dH, dW2, dW1,
+// CUTLASS) meet their dangerous cases here: an odd m-tile count, where rank 1's m-tile lies wholly past
+// the expert's rows yet must take part in every multicast and barrier (dH, CUTLASS 2x1); odd n- or
+// m-tile counts leaving rank 1 a tile past the edge (d = 320: 3 n-tiles of dW1 at 256x128, 3 m-tiles of
+// dW2 at 128x256; d <= 192: one 192-wide n-tile, so rank 1 of a CUTLASS 1x2 cluster lies wholly past
+// d); partial last k-tiles loaded by each CTA alone; empty experts storing zeros in both CTAs (dW).
 TEST(ExpertGemms, EveryCompiledConfig) {
   for (size_t i = 0; i < max_compiled_configs(); ++i) {
     const Kernels k = compiled_configs(i);
@@ -602,9 +605,9 @@ TEST(ExpertGemms, LaunchersRefuseConfigsByName) {
                  [&](const lc::GemmConfig* c) { lc::dw1(rows, s, h.ptr, x.ptr, w1.ptr, nullptr, c); });
   expect_refused("dw2", "gather:coop:128x256:s4:warp:c2:m1", "cluster size",
                  [&](const lc::GemmConfig* c) { lc::dw2(rows, s, x.ptr, a.ptr, w2.ptr, nullptr, c); });
-  expect_refused("down", "gather:coop:128x256:s4:warp:c1", "compiled for down: cutlass:coop:128x256:auto:tma:c2",
+  expect_refused("down", "gather:coop:128x256:s4:warp:c1", "compiled for down: cutlass:pingpong:128x192:auto:tma:c1x2",
                  [&](const lc::GemmConfig* c) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, c); });
-  expect_refused("dx", "cutlass:pingpong:128x128:auto:tma:c2", "compiled for dx: cutlass:coop:128x256:auto:tma:c2",
+  expect_refused("dx", "cutlass:pingpong:128x128:auto:tma:c2", "compiled for dx: cutlass:pingpong:128x192:auto:tma:c1x2",
                  [&](const lc::GemmConfig* c) { lc::dx_expert(rows, s, h.ptr, w1.ptr, y.ptr, nullptr, nullptr, c); });
   CUDA_OK(cudaDeviceSynchronize());
 }

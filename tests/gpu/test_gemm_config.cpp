@@ -62,6 +62,16 @@ TEST(GemmConfig, TextRoundTrip) {
   EXPECT_EQ(c.band, 8);
   EXPECT_EQ(c.max_ctas, 132);
   EXPECT_EQ(lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:m5").max_ctas, 5);
+  // Clusters: cM is Mx1, written so; cMxN otherwise.
+  const lc::GemmConfig n2 = lc::parse_gemm_config("cutlass:pingpong:128x192:auto:tma:c1x2:m128");
+  EXPECT_EQ(n2.cluster, 1);
+  EXPECT_EQ(n2.cluster_n, 2);
+  EXPECT_EQ(n2.cluster_ctas(), 2);
+  EXPECT_EQ(n2.max_ctas, 128);
+  const lc::GemmConfig m2 = lc::parse_gemm_config("cutlass:pingpong:128x192:auto:tma:c2x1");
+  EXPECT_EQ(m2, lc::parse_gemm_config("cutlass:pingpong:128x192:auto:tma:c2"));
+  EXPECT_EQ(lc::to_string(m2), "cutlass:pingpong:128x192:auto:tma:c2");
+  EXPECT_FALSE(n2.same_kernel(m2));
 }
 
 TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
@@ -76,6 +86,10 @@ TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
       {"gather:coop:128x256:s0:warp:c1", "stages 's0'"},
       {"gather:coop:128x256:s4:reg:c1", "epilogue 'reg'"},
       {"gather:coop:128x256:s4:warp:2", "cluster '2'"},
+      {"gather:coop:128x256:s4:warp:c", "cluster 'c'"},
+      {"gather:coop:128x256:s4:warp:c1x0", "cluster 'c1x0'"},
+      {"gather:coop:128x256:s4:warp:c2x", "cluster 'c2x'"},
+      {"gather:coop:128x256:s4:warp:c1x2x2", "cluster 'c1x2x2'"},
       {"gather:coop:128x256:s4:warp:c1:b0", "field 'b0'"},
       {"gather:coop:128x256:s4:warp:c1:m4:b8", "field 'b8'"},
       {"gather:coop:128x256:s4:warp:c1:b8:b8", "field 'b8'"},
@@ -98,17 +112,19 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
   };
   const char* const kDw2 = "gather:coop:128x256:s4:warp:c2:m132";
   const char* const kDw1 = "gather:coop:256x128:s4:warp:c2:m132";
-  const char* const kCoop = "cutlass:coop:128x256:auto:tma:c2:m132";
-  const char* const kPingpong = "cutlass:pingpong:128x128:auto:tma:c2:m132";
+  // down and dx: 1x2 clusters where d makes an even number of 192-wide n-tiles (1536: 8, 4096: 22),
+  // 2x1 where odd (2048: 11, 2880: 15).
+  const char* const k1x2 = "cutlass:pingpong:128x192:auto:tma:c1x2:m132";
+  const char* const k2x1 = "cutlass:pingpong:128x192:auto:tma:c2:m132";
   const Row rows[] = {
-      {"7B-n256", 1536, 256, "gather:coop:128x256:s4:warp:c1:b2:m132", kCoop, "gather:coop:128x256:s4:warp:c2:b1:m132",
-       kDw2, kCoop, kDw1},
-      {"olmoe-1b-7b", 2048, 1024, "gather:coop:128x256:s4:warp:c1:b8:m132", kPingpong,
-       "gather:coop:128x256:s4:warp:c2:b4:m132", kDw2, kCoop, kDw1},
-      {"120B-n2048", 4096, 2048, "gather:coop:128x256:s4:warp:c1:b8:m132", kPingpong,
-       "gather:coop:128x256:s4:warp:c2:b8:m132", kDw2, kCoop, kDw1},
-      {"gpt-oss-20b", 2880, 2880, "gather:coop:128x256:s4:warp:c1:b8:m132", kPingpong,
-       "gather:coop:128x256:s4:warp:c2:b8:m132", kDw2, kCoop, kDw1},
+      {"7B-n256", 1536, 256, "gather:coop:128x256:s4:warp:c1:b2:m132", k1x2, "gather:coop:128x256:s4:warp:c2:b1:m132",
+       kDw2, k1x2, kDw1},
+      {"olmoe-1b-7b", 2048, 1024, "gather:coop:128x256:s4:warp:c1:b8:m132", k2x1,
+       "gather:coop:128x256:s4:warp:c2:b4:m132", kDw2, k2x1, kDw1},
+      {"120B-n2048", 4096, 2048, "gather:coop:128x256:s4:warp:c1:b8:m132", k1x2,
+       "gather:coop:128x256:s4:warp:c2:b8:m132", kDw2, k1x2, kDw1},
+      {"gpt-oss-20b", 2880, 2880, "gather:coop:128x256:s4:warp:c1:b8:m132", k2x1,
+       "gather:coop:128x256:s4:warp:c2:b8:m132", kDw2, k2x1, kDw1},
   };
   for (const Row& r : rows) {
     SCOPED_TRACE(r.shape);
@@ -119,6 +135,17 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
       EXPECT_EQ(lc::to_string(chosen), want[static_cast<size_t>(kind)]) << lc::gemm_kind_name(kind);
       // The heuristic's choice is compiled and resolves to itself.
       EXPECT_EQ(lc::resolve_gemm_config(kind, s, 64, kH200Sms, nullptr), chosen);
+    }
+  }
+  // down and dx cluster by the parity of ceil(d / 192), whatever n.
+  for (auto [d, cluster] : {std::pair<int64_t, const char*>{192, "c2"}, {384, "c1x2"}, {385, "c2"}, {768, "c1x2"},
+                            {2048, "c2"}, {4096, "c1x2"}}) {
+    for (int64_t n : {256, 1024}) {
+      const lc::ExpertShape s{4096, d, n};
+      for (GemmKind kind : {GemmKind::Down, GemmKind::Dx})
+        EXPECT_EQ(lc::to_string(lc::choose_gemm_config(kind, s, kH200Sms)),
+                  std::string("cutlass:pingpong:128x192:auto:tma:") + cluster + ":m132")
+            << lc::gemm_kind_name(kind) << " d " << d << " n " << n;
     }
   }
 }
@@ -155,20 +182,23 @@ TEST(GemmHeuristics, ResolveRefusesByName) {
   expect_error(resolve(GemmKind::Dw1, "gather:coop:128x256:s4:warp:c2"),
                {"compiled for dw1: gather:coop:256x128:s4:warp:c2"});
   expect_error(resolve(GemmKind::Down, "gather:coop:128x256:s4:warp:c1"),
-               {"compiled for down: cutlass:coop:128x256:auto:tma:c2, cutlass:pingpong:128x128:auto:tma:c2"});
-  expect_error(resolve(GemmKind::Dx, "cutlass:pingpong:128x128:auto:tma:c2"),
-               {"compiled for dx: cutlass:coop:128x256:auto:tma:c2"});
+               {"compiled for down: cutlass:pingpong:128x192:auto:tma:c1x2, cutlass:pingpong:128x192:auto:tma:c2"});
+  expect_error(resolve(GemmKind::Dx, "cutlass:coop:128x256:auto:tma:c2"),
+               {"compiled for dx: cutlass:pingpong:128x192:auto:tma:c1x2, cutlass:pingpong:128x192:auto:tma:c2"});
+  expect_error(resolve(GemmKind::Dx, "cutlass:pingpong:128x192:auto:tma:c2x2"), {"not compiled"});
   // Not valid for the kind or the shape.
   expect_error(resolve(GemmKind::Dw2, "gather:coop:128x256:s4:warp:c2:b4"), {"band (bK) applies to up and dh only"});
-  expect_error(resolve(GemmKind::Down, "cutlass:coop:128x256:auto:tma:c2:b4"), {"band"});
+  expect_error(resolve(GemmKind::Down, "cutlass:pingpong:128x192:auto:tma:c1x2:b4"), {"band"});
   expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2:m1"),
                {"max_ctas must be at least the cluster size 2"});
-  expect_error(resolve(GemmKind::Dx, "cutlass:coop:128x256:auto:tma:c2:m1"), {"cluster size 2"});
+  expect_error(resolve(GemmKind::Dx, "cutlass:pingpong:128x192:auto:tma:c2:m1"), {"cluster size 2"});
+  expect_error(resolve(GemmKind::Down, "cutlass:pingpong:128x192:auto:tma:c1x2:m1"), {"cluster size 2"});
+  EXPECT_NO_THROW(resolve(GemmKind::Down, "cutlass:pingpong:128x192:auto:tma:c1x2:m2")());
   expect_error(resolve(GemmKind::Up, "gather:coop:128x256:s4:warp:c1", 2000), {"E = 2000", "at most 1024"});
   expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2", 1025), {"E = 1025"});
   // The varlen-K kinds and CUTLASS keep no per-expert table: any E.
   EXPECT_NO_THROW(resolve(GemmKind::Dw1, "gather:coop:256x128:s4:warp:c2", 4096)());
-  EXPECT_NO_THROW(resolve(GemmKind::Down, "cutlass:coop:128x256:auto:tma:c2", 4096)());
+  EXPECT_NO_THROW(resolve(GemmKind::Down, "cutlass:pingpong:128x192:auto:tma:c2", 4096)());
   // Fields set directly rather than parsed.
   lc::GemmConfig c = lc::compiled_gemm_configs(GemmKind::Up).front();
   c.band = -1;

@@ -24,29 +24,20 @@ namespace leanmoe::cuda::kernels::cutlass_sm90 {
 
 using namespace cute;
 
-// Two configurations, instantiated as down: both, dx: cooperative (each costs minutes of nvcc;
-// which runs where: gemm_heuristics.cpp):
-// - Pingpong 128x128x64: two consumer warpgroups on alternate tiles, so one's epilogue (a 32 KB
-//   bf16 store) overlaps the other's MMAs: down from n = 512 on.
-// - Cooperative 128x256x64: both warpgroups on one tile, twice the MMA work per byte of A loaded:
-//   down at n <= 256 (4 k-blocks per tile, where halving A's reads wins) and dx.
-// Both use 2x1 clusters: the two CTAs of a cluster take adjacent m-tiles of the same expert and
-// n-tile, so each weight tile is read from L2 once and multicast to both (halves B's L2 traffic).
-struct PingpongConfig {
+// Ping-pong 128x192x64 in clusters of two, instantiated for down and dx with either cluster shape
+// (each costs minutes of nvcc; which runs where: gemm_heuristics.cpp). Ping-pong: two consumer
+// warpgroups on alternate tiles, so one's epilogue (a 48 KB bf16 store) runs under the other's MMAs.
+// The two CTAs of a cluster take adjacent tiles of one expert and load their shared operand tile once
+// from L2, multicast to both: ClusterM x ClusterN = 2x1 adjacent m-tiles sharing the weight tile,
+// 1x2 adjacent n-tiles sharing the A tile.
+template <int ClusterM, int ClusterN>
+struct Pingpong128x192Config {
   static constexpr bool kPingpong = true;
-  using Tile = Shape<_128, _128, _64>;
-  using Cluster = Shape<_2, _1, _1>;
+  using Tile = Shape<_128, _192, _64>;
+  using Cluster = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
   using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;  // 64x32 per warpgroup
-};
-struct CooperativeConfig {
-  static constexpr bool kPingpong = false;
-  using Tile = Shape<_128, _256, _64>;
-  using Cluster = Shape<_2, _1, _1>;
-  using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-  using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;  // 128x32
+  using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;  // 64x32 subtiles
 };
 
 // B layout in CUTLASS terms (B is K x N): ColumnMajor = K contiguous (down: W2_e [d, n]),
