@@ -39,7 +39,7 @@ struct bf16_storage {
 };
 
 cuda::ExpertShape expert_shape(const MoEConfig& cfg, int64_t T) {
-  return {T, cfg.d, cfg.n, activation_is_gated(cfg.activation)};
+  return {T, cfg.d, cfg.n, activation_is_gated(cfg.activation), cfg.transposed};
 }
 cuda::ExpertFunction expert_function(const MoEConfig& cfg) {
   return {cfg.activation, cfg.act_alpha, cfg.act_limit, cfg.interleaved};
@@ -214,9 +214,8 @@ class CudaBackend final : public Backend {
     if (cfg.d % 8 != 0) return "cfg.d must be a multiple of 8 on cuda (16-byte rows), got " + std::to_string(cfg.d);
     if (cfg.E > kMaxExperts)
       return "cfg.E must be <= " + std::to_string(kMaxExperts) + " on cuda, got " + std::to_string(cfg.E);
-    // Every activation, both row orders of W1 and the biases are fused into the expert GEMMs; the
-    // transposed (gpt-oss) layout would need MN-major weight operands there (not written yet).
-    if (cfg.transposed) return "cfg.transposed is not supported on cuda yet (run on cpu)";
+    // Every activation, both row orders of W1, both weight layouts and the biases are fused into the
+    // expert GEMMs (the transposed layout read in place: no per-step copy of the weights).
     const char* gemm = cuda::expert_gemms_unsupported(expert_shape(cfg, 1));
     if (gemm && *gemm) return gemm;
     return "";
