@@ -498,6 +498,13 @@ TEST(ExpertGemms, EveryActivationLayoutAndBias) {
             run_expert_function_case(a, interleaved, biased, transposed);
 }
 
+// gpt-oss's expert function on its layout (the transposed interleaved pairs epilogue, with b1) and a
+// plain one transposed: two cases of the sweep above, small enough for compute-sanitizer.
+TEST(ExpertGemms, GptOssExpertFunction) {
+  run_expert_function_case(leanmoe::Activation::swiglu_clamped, true, true, true);
+  run_expert_function_case(leanmoe::Activation::relu2, false, true, true);
+}
+
 // A shape and function that disagree (a plain activation on a gated shape) are refused by name.
 TEST(ExpertGemms, ActivationMustMatchTheShape) {
   const lc::ExpertShape gated_shape{4, 64, 64, true};
