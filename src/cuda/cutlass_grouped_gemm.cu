@@ -20,10 +20,14 @@ namespace leanmoe::cuda {
 namespace {
 
 namespace k = kernels::cutlass_sm90;
-// The compiled instantiations: down both (the heuristic picks by n), dx cooperative (never worse).
-using DownPingpong = k::GroupedGemm<cutlass::layout::ColumnMajor, k::PingpongConfig>;
-using DownCooperative = k::GroupedGemm<cutlass::layout::ColumnMajor, k::CooperativeConfig>;
-using DxCooperative = k::GroupedGemm<cutlass::layout::RowMajor, k::CooperativeConfig>;
+// The compiled instantiations, by B's major-ness: down both schedules (the heuristic picks by n), dx
+// cooperative (never worse), in either weight layout. B is K-major for down (W2 [d, n]) and for dx
+// on transposed weights (W1 [d, W]), N-major for dx (W1 [W, d]) and for down on transposed weights
+// (W2 [n, d]); so the transposed layout adds one instantiation, the N-major ping-pong.
+using KMajorPingpong = k::GroupedGemm<cutlass::layout::ColumnMajor, k::PingpongConfig>;
+using KMajorCooperative = k::GroupedGemm<cutlass::layout::ColumnMajor, k::CooperativeConfig>;
+using NMajorPingpong = k::GroupedGemm<cutlass::layout::RowMajor, k::PingpongConfig>;
+using NMajorCooperative = k::GroupedGemm<cutlass::layout::RowMajor, k::CooperativeConfig>;
 
 // The GemmConfig G runs (run-time fields 0).
 template <class G>
@@ -208,32 +212,48 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
 
 size_t expert_gemm_workspace_bytes(int64_t E) {
   const int sms = sm_count(current_device());
-  const size_t need = std::max({total_bytes<DownPingpong>(E, sms), total_bytes<DownCooperative>(E, sms),
-                                total_bytes<DxCooperative>(E, sms)});
+  const size_t need = std::max({total_bytes<KMajorPingpong>(E, sms), total_bytes<KMajorCooperative>(E, sms),
+                                total_bytes<NMajorPingpong>(E, sms), total_bytes<NMajorCooperative>(E, sms)});
   return kAlign + need;  // kAlign: slack to align the base
 }
 
 std::vector<GemmConfig> cutlass_gemm_configs(GemmKind kind) {
-  if (kind == GemmKind::Down) return {config_of<DownCooperative>(), config_of<DownPingpong>()};
-  if (kind == GemmKind::Dx) return {config_of<DxCooperative>()};
+  if (kind == GemmKind::Down) return {config_of<KMajorCooperative>(), config_of<KMajorPingpong>()};
+  if (kind == GemmKind::Dx) return {config_of<NMajorCooperative>()};
   return {};
+}
+
+// The instantiation of `config`'s schedule with B K-major or N-major (the schedules' tiles are those
+// of config_of; resolve_gemm_config has checked that the kind compiles `config`).
+template <class Pingpong, class Cooperative>
+void run_schedule(const GemmConfig& config, const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void* b,
+                  void* d, void* workspace, cudaStream_t stream, const char* what) {
+  if (config.same_kernel(config_of<Pingpong>()))
+    run<Pingpong>(rows, N, K, a, b, d, N * K, workspace, config, stream, what);
+  else
+    run<Cooperative>(rows, N, K, a, b, d, N * K, workspace, config, stream, what);
 }
 
 void cutlass_down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
                        void* workspace, const GemmConfig& config, cudaStream_t stream) {
   if (rows.E <= 0 || rows.rows_capacity <= 0) return;
-  // Per expert: [M_e, K = n] · (W2_e [N = d, K = n])^T.
-  if (config.same_kernel(config_of<DownPingpong>()))
-    run<DownPingpong>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, config, stream, "down_proj");
+  // Per expert: [M_e, K = n] · B [K = n, N = d], B = W2_eᵀ (W2_e [d, n]: K-major) or W2_e [n, d] (N-major).
+  if (s.transposed)
+    run_schedule<NMajorPingpong, NMajorCooperative>(config, rows, s.d, s.n, a, w2, y, workspace, stream, "down_proj");
   else
-    run<DownCooperative>(rows, s.d, s.n, a, w2, y, s.d * s.n, workspace, config, stream, "down_proj");
+    run_schedule<KMajorPingpong, KMajorCooperative>(config, rows, s.d, s.n, a, w2, y, workspace, stream, "down_proj");
 }
 
 void cutlass_dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
                        void* workspace, const GemmConfig& config, cudaStream_t stream) {
   if (rows.E <= 0 || rows.rows_capacity <= 0) return;
-  // Per expert: [M_e, K = W] · W1_e [K = W, N = d].
-  run<DxCooperative>(rows, s.d, s.width(), dh, w1, dx_exp, s.width() * s.d, workspace, config, stream, "dx_expert");
+  // Per expert: [M_e, K = W] · B [K = W, N = d], B = W1_e [W, d] (N-major) or W1_eᵀ (W1_e [d, W]: K-major).
+  if (s.transposed)
+    run<KMajorCooperative>(rows, s.d, s.width(), dh, w1, dx_exp, s.width() * s.d, workspace, config, stream,
+                           "dx_expert");
+  else
+    run<NMajorCooperative>(rows, s.d, s.width(), dh, w1, dx_exp, s.width() * s.d, workspace, config, stream,
+                           "dx_expert");
 }
 
 }  // namespace leanmoe::cuda

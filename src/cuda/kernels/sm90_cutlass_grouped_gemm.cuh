@@ -2,6 +2,7 @@
 // persistent consumers, device-side group scheduler) for the two expert GEMMs without a gather:
 //   down: Y[r]      = A[r]  · W2_e^T   A [R, n], B = W2_e [N=d, K=n] (K contiguous)
 //   dx:   dX_exp[r] = dH[r] · W1_e     A [R, 2n], B = W1_e [K=2n, N=d] (N contiguous)
+// (transposed weights, W1_e [d, 2n] and W2_e [n, d], swap B's major-ness in both.)
 // Expert e is group e with M_e = expert_offsets[e+1] - expert_offsets[e] rows; the problem shapes,
 // pointers and strides are written on the device by fill_group_args (rows per expert never reach
 // the host), and CUTLASS's group scheduler walks the groups from those device arrays
@@ -24,8 +25,8 @@ namespace leanmoe::cuda::kernels::cutlass_sm90 {
 
 using namespace cute;
 
-// Two configurations, instantiated as down: both, dx: cooperative (each costs minutes of nvcc;
-// which runs where: gemm_heuristics.cpp):
+// Two configurations, instantiated as down: both, dx: cooperative, for each B layout (each costs
+// minutes of nvcc; which runs where: gemm_heuristics.cpp):
 // - Pingpong 128x128x64: two consumer warpgroups on alternate tiles, so one's epilogue (a 32 KB
 //   bf16 store) overlaps the other's MMAs: down from n = 512 on.
 // - Cooperative 128x256x64: both warpgroups on one tile, twice the MMA work per byte of A loaded:
@@ -47,8 +48,9 @@ struct CooperativeConfig {
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
 
-// B layout in CUTLASS terms (B is K x N): ColumnMajor = K contiguous (down: W2_e [d, n]),
-// RowMajor = N contiguous (dx: W1_e [2n, d]). A and D are row-major (K resp. N contiguous).
+// B layout in CUTLASS terms (B is K x N): ColumnMajor = K contiguous (down: W2_e [d, n]; dx with
+// transposed weights: W1_e [d, 2n]), RowMajor = N contiguous (dx: W1_e [2n, d]; down with transposed
+// weights: W2_e [n, d]). A and D are row-major (K resp. N contiguous).
 template <class LayoutB, class Config>
 struct GroupedGemm {
   using TileConfig = Config;
