@@ -217,6 +217,7 @@ class CudaBackend final : public Backend {
     // Every activation, both row orders of W1 and the biases are fused into the expert GEMMs; the
     // transposed (gpt-oss) layout would need MN-major weight operands there (not written yet).
     if (cfg.transposed) return "cfg.transposed is not supported on cuda yet (run on cpu)";
+    if (cfg.precision == Precision::fp8) return "cfg.precision = fp8 is not supported on cuda yet (run on cpu)";
     const char* gemm = cuda::expert_gemms_unsupported(expert_shape(cfg, 1));
     if (gemm && *gemm) return gemm;
     return "";
