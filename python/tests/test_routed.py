@@ -157,7 +157,7 @@ def test_opcheck(bias, device):
         pytest.skip("the CUDA backend has no expert biases (so far)")
     d, n = widths(device)
     x, ids, wts, w1, w2, b1, b2 = make(24, d, n, 6, 2, "swiglu", False, bias, dtype, device, sentinels=True)
-    fn = ("swiglu", 1.702, 7.0, False, False)
+    fn = ("swiglu", 1.702, 7.0, False, False, "storage")
     args = (x, ids.int(), wts, w1, w2, b1, b2, *fn)
     torch.library.opcheck(torch.ops.leanmoe.moe_routed_forward.default, args)
     with torch.no_grad():
