@@ -41,6 +41,7 @@ const char* activation_name(Activation a) {
   }
   return "?";
 }
+const char* precision_name(Precision p) { return p == Precision::fp8 ? "fp8" : "storage"; }
 int64_t up_width(const MoEConfig& cfg) { return activation_is_gated(cfg.activation) ? 2 * cfg.n : cfg.n; }
 
 void expert_activation(const MoEConfig& cfg, const Tensor& h, const Tensor& a) {
@@ -148,6 +149,7 @@ std::string MoEConfig::describe() const {
     s += "(alpha " + std::to_string(act_alpha) + ", limit " + std::to_string(act_limit) + ")";
   if (interleaved) s += " interleaved";
   if (transposed) s += " transposed";
+  if (precision != Precision::storage) s += std::string(" precision=") + precision_name(precision);
   return s;
 }
 
@@ -218,6 +220,7 @@ size_t SavedState::bytes_excluding_x() const {
 LayerPlan plan_layer(const MoEConfig& cfg, int64_t T, DType dtype, Device device) {
   detail::validate_config(cfg, "plan_layer");
   detail::validate_tokens(cfg, T, "plan_layer");
+  detail::validate_storage(cfg, dtype, "plan_layer");
   detail::Backend& be = detail::backend_for(device, "device");
   LayerPlan p;
   p.T = T;
@@ -309,6 +312,7 @@ void backward_routed(const MoEConfig& cfg, const Tensor& d_out, const MoEWeights
 std::string unsupported_reason(const MoEConfig& cfg, DType dtype, Device device, bool expert_biases) {
   try {
     detail::validate_config(cfg, "unsupported_reason");
+    detail::validate_storage(cfg, dtype, "unsupported_reason");
   } catch (const Error& e) {
     return e.what();
   }

@@ -90,6 +90,7 @@ void check_activation(const char* fn, const char* arg, const Tensor& t, int64_t 
 }
 
 void check_backend_support(const char* fn, const MoEConfig& cfg, DType dtype, const Backend& be) {
+  validate_storage(cfg, dtype, fn);
   const std::string reason = be.unsupported_reason(cfg, dtype);
   if (!reason.empty())
     fail(fn, "cfg", reason + " (backend: " + be.description() + ", dtype " + dtype_name(dtype) + ")", cfg.describe());
@@ -342,6 +343,21 @@ void validate_config(const MoEConfig& cfg, const char* fn) {
                                                         std::isfinite(cfg.act_limit)))
     fail(fn, "cfg", "swiglu_clamped needs a finite cfg.act_alpha and a finite cfg.act_limit > 0",
          "alpha " + std::to_string(cfg.act_alpha) + ", limit " + std::to_string(cfg.act_limit));
+  if (cfg.precision != Precision::storage && cfg.precision != Precision::fp8)
+    fail(fn, "cfg", "cfg.precision must be one of the Precision values", std::to_string(int(cfg.precision)));
+  // FP8 scales cover 128 values along each GEMM's K (d for up and dH, n for down, W for dX) and
+  // weight blocks of 128 x 128 (DESIGN.md "FP8"): no partial tile.
+  for (auto [field, v] : {std::pair{"d", cfg.d}, {"n", cfg.n}})
+    if (cfg.precision == Precision::fp8 && v % 128 != 0)
+      fail(fn, "cfg", std::string("cfg.") + field + " must be a multiple of 128 with cfg.precision = fp8 (1x128 scale "
+                          "tiles, 128x128 weight blocks)",
+           std::string(field) + " = " + std::to_string(v));
+}
+
+void validate_storage(const MoEConfig& cfg, DType dtype, const char* fn) {
+  if (cfg.precision == Precision::fp8 && dtype != DType::bf16)
+    fail(fn, "cfg", "cfg.precision = fp8 needs bf16 storage (operands are quantized from bf16 values)",
+         std::string("storage dtype ") + dtype_name(dtype));
 }
 
 void validate_tokens(const MoEConfig& cfg, int64_t T, const char* fn) {

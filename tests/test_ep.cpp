@@ -296,6 +296,17 @@ TEST(ExpertParallel, RejectsRouterLosses) {
   EXPECT_THROW(run_ep(pb, 2), Error);
 }
 
+TEST(ExpertParallel, RejectsFp8) {
+  Problem pb = make_problem(4, 2, {3, 3}, 7);
+  pb.cfg.precision = Precision::fp8;
+  try {
+    run_ep(pb, 2);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cfg.precision = storage only"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ExpertParallel, NcclCommunicatorNeedsAComm) {
   EXPECT_THROW(ep::make_nccl_communicator(nullptr, 0, 1, 0, nullptr), Error);
 }

@@ -18,7 +18,9 @@ namespace {
 constexpr int64_t kT = 24;
 
 // Layers of different E, n, K (and one with token rounding) so the shared gradient workspace must
-// be sized for the largest one: layer 1 has E*2n*d = 6*48*32.
+// be sized for the largest one: layer 1 has E*2n*d = 6*48*32. Layers 3 and 4 store their experts
+// transposed (gpt-oss's [E, d, W] and [E, n, d]): gpt-oss's clamped SwiGLU over interleaved columns,
+// and a plain ReLU² (W = n).
 std::vector<MoEConfig> layer_configs() {
   MoEConfig a{.d = 32, .n = 16, .E = 4, .K = 2};
   MoEConfig b{.d = 32, .n = 24, .E = 6, .K = 2};
@@ -27,7 +29,13 @@ std::vector<MoEConfig> layer_configs() {
   c.routing = Routing::token_rounding;
   c.tile = 4;
   c.aux_loss_coef = 0.01f;
-  return {a, b, c};
+  MoEConfig g{.d = 32, .n = 16, .E = 4, .K = 2};
+  g.activation = Activation::swiglu_clamped;
+  g.interleaved = g.transposed = true;
+  MoEConfig p{.d = 32, .n = 24, .E = 4, .K = 1};
+  p.activation = Activation::relu2;
+  p.transposed = true;
+  return {a, b, c, g, p};
 }
 
 struct HostTensor {
@@ -80,7 +88,7 @@ std::string optimizer_bytes(const ExpertOptimizer& o) {
 }
 
 size_t expert_grad_bytes_of_layer(const MoEConfig& c, DType dtype) {
-  return size_t(3 * c.E * c.n * c.d) * dtype_size(dtype);  // dW1 [E, 2n, d] + dW2 [E, d, n]
+  return size_t(c.E * (up_width(c) + c.n) * c.d) * dtype_size(dtype);  // dW1 [E, W, d] + dW2 [E, d, n]
 }
 
 // One training step on a stack; the data depend only on `step`.
@@ -163,7 +171,7 @@ TEST(OptimStack, GradientWorkspaceHoldsOneLayer) {
   for (const MoEConfig& c : cfgs) {
     all_layers += expert_grad_bytes_of_layer(c, DType::bf16);
     largest_layer = std::max(largest_layer, expert_grad_bytes_of_layer(c, DType::bf16));
-    largest_dw1 = std::max(largest_dw1, size_t(c.E * 2 * c.n * c.d) * 2);
+    largest_dw1 = std::max(largest_dw1, size_t(c.E * up_width(c) * c.d) * 2);
   }
   StackOptions opt;
   opt.mode = ExpertUpdateMode::in_backward;

@@ -5,7 +5,14 @@
 // inputs are filled on the device with a hash (no host copy of multi-GB weights).
 //
 //   leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]
-//                       [--gemms up,down,dh,dw2,dx,dw1] [--iters N] [--warmup N]
+//                       [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]
+//                       [--iters N] [--warmup N]
+//
+// --layout: the weights' layout (hf: W1 [E, 2n, d], W2 [E, d, n]; transposed: gpt-oss's [E, d, 2n],
+// [E, n, d], dW1 and dW2 written so); a list times each GEMM in every layout in turn (interleaved
+// rounds for an A/B). --interleaved: W1's gate/up rows (columns) alternate, as gpt-oss's. The expert
+// function is SwiGLU without biases; the HF layout without --interleaved is the default path, which
+// has its own up and dH kernels (docs/kernels.md), the other combinations run the general ones.
 //
 // --config runs the given kernel configuration (src/cuda/gemm_config.h, e.g.
 // up=gather:coop:128x256:s4:warp:c1:b4) for that GEMM kind on every shape, the heuristic's for the
@@ -124,7 +131,7 @@ Requested parse_requested(const std::string& list) {
 }
 
 void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, const Requested& requested,
-                 int sms, int iters, int warmup) {
+                 const std::vector<bool>& layouts, bool interleaved, int sms, int iters, int warmup) {
   const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
   // Uniform random top-K routing, rows sorted by expert and stable by token (what routing emits).
   std::mt19937 rng(1234);
@@ -157,40 +164,59 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
   check(cudaDeviceSynchronize(), "fill");
 
   const lc::RoutedRows rows{d_offsets.ptr, d_row_token.ptr, d_gate.ptr, R, E};
-  const lc::ExpertShape s{T, d, n};
-  if (const char* why = lc::expert_gemms_unsupported(s); why[0]) throw std::runtime_error(c.name + ": " + why);
+  if (const char* why = lc::expert_gemms_unsupported({T, d, n}); why[0]) throw std::runtime_error(c.name + ": " + why);
+  const lc::ExpertFunction fn{leanmoe::Activation::swiglu, 1.702f, 7.f, interleaved};
   const double mnk = double(R) * d * n;  // the 2n GEMMs count twice
   using lc::GemmKind;
   struct Gemm {
     GemmKind kind;
     double flops;
-    std::function<void(const lc::GemmConfig*)> launch;
+    std::function<void(const lc::ExpertShape&, const lc::GemmConfig*)> launch;
   };
+  using S = const lc::ExpertShape&;
   const std::vector<Gemm> gemms = {
       {GemmKind::Up, 4 * mnk,
-       [&](const lc::GemmConfig* k) { lc::up_proj_act(rows, s, {}, x.ptr, w1.ptr, nullptr, h.ptr, a.ptr, nullptr, k); }},
+       [&](S s, const lc::GemmConfig* k) {
+         lc::up_proj_act(rows, s, fn, x.ptr, w1.ptr, nullptr, h.ptr, a.ptr, nullptr, k);
+       }},
       {GemmKind::Down, 2 * mnk,
-       [&](const lc::GemmConfig* k) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, k); }},
+       [&](S s, const lc::GemmConfig* k) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, k); }},
       {GemmKind::Dh, 2 * mnk,
-       [&](const lc::GemmConfig* k) {
-         lc::dh_act_bwd(rows, s, {}, d_out.ptr, w2.ptr, h.ptr, dh.ptr, a_prime.ptr, ds_partial.ptr, nullptr, k);
+       [&](S s, const lc::GemmConfig* k) {
+         lc::dh_act_bwd(rows, s, fn, d_out.ptr, w2.ptr, h.ptr, dh.ptr, a_prime.ptr, ds_partial.ptr, nullptr, k);
        }},
       {GemmKind::Dw2, 2 * mnk,
-       [&](const lc::GemmConfig* k) { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr, k); }},
+       [&](S s, const lc::GemmConfig* k) { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr, k); }},
       {GemmKind::Dx, 4 * mnk,
-       [&](const lc::GemmConfig* k) { lc::dx_expert(rows, s, dh.ptr, w1.ptr, dx.ptr, nullptr, nullptr, k); }},
-      {GemmKind::Dw1, 4 * mnk, [&](const lc::GemmConfig* k) { lc::dw1(rows, s, dh.ptr, x.ptr, dw1.ptr, nullptr, k); }},
+       [&](S s, const lc::GemmConfig* k) { lc::dx_expert(rows, s, dh.ptr, w1.ptr, dx.ptr, nullptr, nullptr, k); }},
+      {GemmKind::Dw1, 4 * mnk,
+       [&](S s, const lc::GemmConfig* k) { lc::dw1(rows, s, dh.ptr, x.ptr, dw1.ptr, nullptr, k); }},
   };
   for (const auto& g : gemms) {
     if (!only.empty() && std::find(only.begin(), only.end(), lc::gemm_kind_name(g.kind)) == only.end()) continue;
-    const lc::GemmConfig* want = requested[g.kind];
-    const std::string ran = lc::to_string(lc::resolve_gemm_config(g.kind, s, E, sms, want));
-    const double ms = median_ms([&] { g.launch(want); }, iters, warmup);
-    std::printf("| %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", c.name.c_str(), (long long)T,
-                (long long)d, (long long)n, (long long)E, (long long)K, lc::gemm_kind_name(g.kind), ran.c_str(), ms,
-                g.flops / (ms * 1e9));
-    std::fflush(stdout);
+    for (const bool transposed : layouts) {
+      const lc::ExpertShape s{T, d, n, true, transposed};
+      const lc::GemmConfig* want = requested[g.kind];
+      const std::string ran = lc::to_string(lc::resolve_gemm_config(g.kind, s, E, sms, want));
+      const double ms = median_ms([&] { g.launch(s, want); }, iters, warmup);
+      const std::string layout = std::string(transposed ? "transposed" : "hf") + (interleaved ? "-interleaved" : "");
+      std::printf("| %s | %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", c.name.c_str(),
+                  layout.c_str(), (long long)T, (long long)d, (long long)n, (long long)E, (long long)K,
+                  lc::gemm_kind_name(g.kind), ran.c_str(), ms, g.flops / (ms * 1e9));
+      std::fflush(stdout);
+    }
   }
+}
+
+// "hf,transposed" -> {false, true}: whether each listed layout is the transposed one.
+std::vector<bool> parse_layouts(const std::string& list) {
+  std::vector<bool> layouts;
+  for (const auto& name : split_commas(list)) {
+    if (name != "hf" && name != "transposed")
+      throw std::runtime_error("--layout: '" + name + "' is not hf or transposed");
+    layouts.push_back(name == "transposed");
+  }
+  return layouts;
 }
 
 }  // namespace
@@ -201,13 +227,21 @@ int main(int argc, char** argv) {
     Requested requested;
     std::vector<std::string> only;  // GEMMs to time; empty = all six
     int iters = 20, warmup = 3;
+    std::vector<bool> layouts = {false};  // transposed?
+    bool interleaved = false;
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
+      if (flag == "--interleaved") {
+        interleaved = true;
+        continue;
+      }
       if (flag == "--help" || flag == "-h") {
         std::printf("leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]\n"
-                    "                    [--gemms up,down,dh,dw2,dx,dw1] [--iters N] [--warmup N]\n"
+                    "                    [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]\n"
+                    "                    [--iters N] [--warmup N]\n"
                     "shapes: %s\nCONFIG: family:schedule:MxN:stages:epilogue:cluster[:bBAND][:mMAX_CTAS], e.g. "
-                    "gather:coop:128x256:s4:warp:c2:b8 (docs/kernels.md); compiled:\n",
+                    "gather:coop:128x256:s4:warp:c2:b8 (docs/kernels.md; with --layout transposed dw1 and dw2 run "
+                    "each other's); compiled:\n",
                     leanmoe::tools::shape_names().c_str());
         for (lc::GemmKind kind : lc::kGemmKinds)
           for (const auto& k : lc::compiled_gemm_configs(kind))
@@ -218,6 +252,7 @@ int main(int argc, char** argv) {
       if (flag == "--shape") shape_list = v;
       else if (flag == "--config") requested = parse_requested(v);
       else if (flag == "--gemms") only = split_commas(v);
+      else if (flag == "--layout") layouts = parse_layouts(v);
       else if (flag == "--iters") iters = int(leanmoe::tools::to_int(flag, v));
       else if (flag == "--warmup") warmup = int(leanmoe::tools::to_int(flag, v));
       else throw std::runtime_error("unknown flag " + flag + " (see --help)");
@@ -239,14 +274,16 @@ int main(int argc, char** argv) {
     // Every requested configuration checked on every shape before anything is timed.
     for (const auto& shape : shapes)
       for (lc::GemmKind kind : lc::kGemmKinds)
-        if (requested[kind])
-          lc::resolve_gemm_config(kind, {shape.T, shape.d, shape.n}, shape.E, prop.multiProcessorCount,
-                                  requested[kind]);
+        for (const bool transposed : layouts)
+          if (requested[kind])
+            lc::resolve_gemm_config(kind, {shape.T, shape.d, shape.n, true, transposed}, shape.E,
+                                    prop.multiProcessorCount, requested[kind]);
     std::printf("GPU: %s (%d SMs); median of %d launches after %d warm-up\n\n", prop.name, prop.multiProcessorCount,
                 iters, warmup);
-    std::printf("| shape | T | d | n | E | K | GEMM | kernel | ms | TFLOP/s |\n"
-                "|---|---|---|---|---|---|---|---|---|---|\n");
-    for (const auto& s : shapes) bench_shape(s, only, requested, prop.multiProcessorCount, iters, warmup);
+    std::printf("| shape | layout | T | d | n | E | K | GEMM | kernel | ms | TFLOP/s |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const auto& s : shapes)
+      bench_shape(s, only, requested, layouts, interleaved, prop.multiProcessorCount, iters, warmup);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_gemms: %s\n", e.what());

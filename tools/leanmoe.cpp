@@ -58,6 +58,8 @@ bench options:
                              caller hands over, taken from the fused router's top-K of the same x)
   --tile N                   token-rounding tile (default 128)
   --rounding nearest|up|down token-rounding mode (default nearest)
+  --layout hf|transposed     expert weights as gate_up_proj [E, 2n, d], down_proj [E, d, n] (default) or
+                             transposed, gpt-oss's [E, d, 2n], [E, n, d] (read in place)
   --iters N --warmup N       timed and untimed iterations (default 20/3 on cuda, 5/1 on cpu)
   --graph                    also time forward and backward as CUDA-graph replays (cuda only)
   --bwd-overlap off|auto|N   cuda backward: off runs every step on one stream; otherwise the expert
@@ -112,7 +114,7 @@ V parse_choice(const std::string& flag, const std::string& v, std::initializer_l
 Options parse_options(const std::string& cmd, const std::vector<std::string>& args) {
   const std::vector<std::string> bench_flags = {"config", "T", "d", "n", "E", "K", "grid", "device", "dtype",
                                                 "router", "norm-topk-prob", "routing", "tile", "rounding",
-                                                "iters", "warmup", "graph", "json", "bwd-overlap"};
+                                                "layout", "iters", "warmup", "graph", "json", "bwd-overlap"};
   const std::vector<std::string> check_flags = {"T", "d", "n", "E", "K", "device", "dtype", "seeds", "tile"};
   const auto& allowed = cmd == "bench" ? bench_flags : check_flags;
   Options o;
@@ -157,6 +159,8 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
     else if (name == "rounding")
       o.layer.rounding_mode = parse_choice<RoundingMode>(name, take(), {{"nearest", RoundingMode::nearest}, {"up", RoundingMode::up},
                                                           {"down", RoundingMode::down}});
+    else if (name == "layout")
+      o.layer.transposed = parse_choice<bool>(name, take(), {{"hf", false}, {"transposed", true}});
     else if (name == "iters") o.iters = int(parse_int(name, take(), 1));
     else if (name == "warmup") o.warmup = int(parse_int(name, take(), 0));
     else if (name == "seeds") o.seeds = int(parse_int(name, take(), 1));
@@ -359,7 +363,12 @@ BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, DType dt, Dev
   Buffer router = random_buffer(dev, dt, E * d, 1.f / std::sqrt(float(d)), 1);
   Buffer gate_up = random_buffer(dev, dt, E * 2 * n * d, 1.f / std::sqrt(float(d)), 2);
   Buffer down = random_buffer(dev, dt, E * d * n, 1.f / std::sqrt(float(n)), 3);
-  MoEWeights w{router.view(dt, {E, d}), gate_up.view(dt, {E, 2 * n, d}), down.view(dt, {E, d, n})};
+  // The expert weights (and their gradients) in cfg's layout.
+  auto gate_up_view = [&](const Buffer& b) {
+    return cfg.transposed ? b.view(dt, {E, d, 2 * n}) : b.view(dt, {E, 2 * n, d});
+  };
+  auto down_view = [&](const Buffer& b) { return cfg.transposed ? b.view(dt, {E, n, d}) : b.view(dt, {E, d, n}); };
+  MoEWeights w{router.view(dt, {E, d}), gate_up_view(gate_up), down_view(down)};
   constexpr int kSets = 3;
   std::vector<Buffer> xs, douts;
   for (int i = 0; i < kSets; ++i) {
@@ -368,8 +377,7 @@ BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, DType dt, Dev
   }
   Buffer out(dev, size_t(T * d) * dtype_size(dt)), dx(dev, out.bytes());
   Buffer d_router(dev, router.bytes()), d_gate_up(dev, gate_up.bytes()), d_down(dev, down.bytes());
-  MoEGrads g{dx.view(dt, {T, d}), d_router.view(dt, {E, d}), d_gate_up.view(dt, {E, 2 * n, d}),
-             d_down.view(dt, {E, d, n})};
+  MoEGrads g{dx.view(dt, {T, d}), d_router.view(dt, {E, d}), gate_up_view(d_gate_up), down_view(d_down)};
 
   // Routing given: the experts the fused router's top-K picks for each input set, with random
   // weights; the layer then runs without its router (the comparison the fused path is held to).
@@ -513,6 +521,7 @@ void write_json(const std::string& path, const std::string& command, Device dev,
       << ", \"router\": \"" << router_convention_name(c.router) << "\", \"norm_topk_prob\": "
       << (c.norm_topk_prob ? "true" : "false") << ", \"routing\": \"" << routing_name(c.routing)
       << "\", \"tile\": " << c.tile << ", \"rounding\": \"" << rounding_mode_name(c.rounding_mode)
+      << "\", \"layout\": \"" << (c.transposed ? "transposed" : "hf")
       << "\", \"device\": \"" << device_name(dev) << "\", \"dtype\": \"" << dtype_name(dt) << "\", \"rows\": " << r.rows
       << ", \"rows_topk\": " << r.shape.T * c.K << ", \"fwd_ms\": " << r.fwd_ms << ", \"bwd_ms\": " << r.bwd_ms
       << ", \"fwd_tflops\": " << r.fwd_tflops() << ", \"bwd_tflops\": " << r.bwd_tflops()
@@ -556,6 +565,7 @@ int run_bench(const Options& o, const std::string& command) {
               o.layer.norm_topk_prob ? " (norm)" : "", routing_name(o.layer.routing));
   if (o.layer.routing == Routing::token_rounding)
     std::printf(" (tile %lld, %s)", (long long)o.layer.tile, rounding_mode_name(o.layer.rounding_mode));
+  if (o.layer.transposed) std::printf(", transposed weights");
   if (dev == Device::cuda) std::printf("; bwd overlap %s", o.bwd_overlap.c_str());
   std::printf("; median of %d after %d warm-up%s\n", iters, warmup,
               graph ? "; graph = CUDA-graph replays, timed with events" : "");

@@ -91,10 +91,17 @@ enum class Activation {
   relu2,           // plain: relu(h)^2
 };
 
+// The operands of the up, down, dH and dX expert GEMMs (docs/DESIGN.md "FP8"): the storage dtype's
+// values, or fp8 e4m3 codes with power-of-two scales per 1x128 tile along K (activations and
+// gradients) or 128x128 block (weights), accumulated in fp32. The weight gradients (dW1, dW2), the
+// router and the saved state keep the storage dtype.
+enum class Precision { storage, fp8 };
+
 const char* router_convention_name(RouterConvention);
 const char* routing_name(Routing);
 const char* rounding_mode_name(RoundingMode);
 const char* activation_name(Activation);
+const char* precision_name(Precision);
 constexpr bool activation_is_gated(Activation a) {
   return a == Activation::swiglu || a == Activation::geglu || a == Activation::geglu_tanh || a == Activation::reglu ||
          a == Activation::swiglu_clamped;
@@ -119,6 +126,7 @@ struct MoEConfig {
   float act_limit = 7.f;     // swiglu_clamped only
   bool interleaved = false;  // gated only: up-projection rows alternate [g0, u0, g1, u1, ...] (else [gate; up])
   bool transposed = false;   // gate_up_proj [E, d, 2n] and down_proj [E, n, d] (else [E, 2n, d] and [E, d, n])
+  Precision precision = Precision::storage;  // fp8: bf16 storage, d and n multiples of 128
 
   std::string describe() const;
 };

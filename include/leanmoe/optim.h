@@ -112,7 +112,8 @@ struct StackOptions {
 };
 
 // Layer l maps x_l [T, d] to x_{l+1} = moe_l(x_l) (no residual, so the stack only calls the public
-// API and runs on any device). All layers share d; n, E, K and routing may differ per layer.
+// API and runs on any device). All layers share d; n, E, K, routing, the experts' activation and
+// their weight layout (MoEConfig::interleaved, transposed) may differ per layer.
 // One training step: forward(x), backward(d_out), step().
 class MoEStack {
  public:

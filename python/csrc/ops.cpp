@@ -48,9 +48,15 @@ leanmoe::Stream current_stream(const at::Tensor& t) {
   return nullptr;
 }
 
+leanmoe::Precision parse_precision(c10::string_view name) {
+  for (leanmoe::Precision p : {leanmoe::Precision::storage, leanmoe::Precision::fp8})
+    if (name == leanmoe::precision_name(p)) return p;
+  TORCH_CHECK_VALUE(false, "leanmoe: argument 'precision': must be 'storage' or 'fp8', got '", std::string(name), "'");
+}
+
 leanmoe::MoEConfig make_config(const at::Tensor& gate_up_proj, int64_t top_k, c10::string_view router,
                                bool norm_topk_prob, c10::string_view routing, int64_t tile,
-                               c10::string_view rounding_mode) {
+                               c10::string_view rounding_mode, c10::string_view precision) {
   TORCH_CHECK(gate_up_proj.dim() == 3, "leanmoe: argument 'gate_up_proj': must be 3-D [E, 2n, d], got ",
               gate_up_proj.sizes());
   leanmoe::MoEConfig c;
@@ -73,6 +79,7 @@ leanmoe::MoEConfig make_config(const at::Tensor& gate_up_proj, int64_t top_k, c1
   else if (rounding_mode == "down") c.rounding_mode = leanmoe::RoundingMode::down;
   else TORCH_CHECK(false, "leanmoe: argument 'rounding_mode': must be 'nearest', 'up' or 'down', got '",
                    std::string(rounding_mode), "'");
+  c.precision = parse_precision(precision);
   return c;
 }
 
@@ -114,11 +121,12 @@ leanmoe::MoEWeights weights(const at::Tensor& router_weight, const at::Tensor& g
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 moe_forward(const at::Tensor& x, const at::Tensor& router_weight, const at::Tensor& gate_up_proj,
             const at::Tensor& down_proj, int64_t top_k, c10::string_view router, bool norm_topk_prob,
-            c10::string_view routing, int64_t tile, c10::string_view rounding_mode) {
+            c10::string_view routing, int64_t tile, c10::string_view rounding_mode,
+            c10::string_view precision) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
-        make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode);
+        make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode, precision);
     TORCH_CHECK(x.dim() == 2, "leanmoe::moe_forward: argument 'x': must be 2-D [T, d], got ", x.sizes());
     for (auto [name, t] : {std::pair{"x", &x}, {"router_weight", &router_weight}, {"gate_up_proj", &gate_up_proj},
                            {"down_proj", &down_proj}})
@@ -185,11 +193,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_backward(
     const at::Tensor& gate_up_proj, const at::Tensor& down_proj, const at::Tensor& h, const at::Tensor& row_gate,
     const at::Tensor& row_token, const at::Tensor& token_rows, const at::Tensor& token_offsets,
     const at::Tensor& expert_offsets, const at::Tensor& topk_experts, int64_t top_k, c10::string_view router,
-    bool norm_topk_prob, c10::string_view routing, int64_t tile, c10::string_view rounding_mode) {
+    bool norm_topk_prob, c10::string_view routing, int64_t tile, c10::string_view rounding_mode,
+    c10::string_view precision) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
-        make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode);
+        make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode, precision);
     at::Tensor d_gate_up = at::empty_like(gate_up_proj, at::MemoryFormat::Contiguous);
     at::Tensor d_down = at::empty_like(down_proj, at::MemoryFormat::Contiguous);
     auto [dx, d_router] = run_backward(cfg, d_out, d_losses, x, router_weight, gate_up_proj, down_proj, h, row_gate,
@@ -293,14 +302,14 @@ std::tuple<at::Tensor, at::Tensor> moe_backward_adamw_(
     const at::Tensor& row_token, const at::Tensor& token_rows, const at::Tensor& token_offsets,
     const at::Tensor& expert_offsets, const at::Tensor& topk_experts, int64_t top_k, c10::string_view router,
     bool norm_topk_prob, c10::string_view routing, int64_t tile, c10::string_view rounding_mode,
-    const at::Tensor& gate_up_exp_avg, const at::Tensor& gate_up_exp_avg_sq, const at::Tensor& gate_up_step,
-    const at::Tensor& down_exp_avg, const at::Tensor& down_exp_avg_sq, const at::Tensor& down_step, double lr,
-    double beta1, double beta2, double weight_decay, double eps, const c10::optional<at::Tensor>& gate_up_master,
-    const c10::optional<at::Tensor>& down_master) {
+    c10::string_view precision, const at::Tensor& gate_up_exp_avg, const at::Tensor& gate_up_exp_avg_sq,
+    const at::Tensor& gate_up_step, const at::Tensor& down_exp_avg, const at::Tensor& down_exp_avg_sq,
+    const at::Tensor& down_step, double lr, double beta1, double beta2, double weight_decay, double eps,
+    const c10::optional<at::Tensor>& gate_up_master, const c10::optional<at::Tensor>& down_master) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
-        make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode);
+        make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode, precision);
     InBackwardAdamW update("leanmoe::moe_backward_adamw_",
                            {gate_up_proj, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, gate_up_master},
                            {down_proj, down_exp_avg, down_exp_avg_sq, down_step, down_master},
@@ -326,7 +335,8 @@ leanmoe::Activation parse_activation(c10::string_view name) {
 
 // The layer's shape from the weights in their layout: gate_up_proj [E, W, d] ([E, d, W] transposed).
 leanmoe::MoEConfig routed_config(const at::Tensor& gate_up_proj, int64_t top_k, c10::string_view activation,
-                                 double act_alpha, double act_limit, bool interleaved, bool transposed) {
+                                 double act_alpha, double act_limit, bool interleaved, bool transposed,
+                                 c10::string_view precision) {
   TORCH_CHECK_VALUE(gate_up_proj.dim() == 3, "leanmoe: argument 'gate_up_proj': must be 3-D [E, W, d] (or [E, d, W] "
                     "transposed), got ", gate_up_proj.sizes());
   leanmoe::MoEConfig c;
@@ -345,6 +355,7 @@ leanmoe::MoEConfig routed_config(const at::Tensor& gate_up_proj, int64_t top_k, 
   c.d = gate_up_proj.size(transposed ? 1 : 2);
   c.n = gated ? W / 2 : W;
   c.K = top_k;
+  c.precision = parse_precision(precision);
   return c;
 }
 
@@ -366,13 +377,14 @@ RoutedSaved moe_routed_forward(const at::Tensor& x, const at::Tensor& topk_exper
                                const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
                                const c10::optional<at::Tensor>& gate_up_bias,
                                const c10::optional<at::Tensor>& down_bias, c10::string_view activation,
-                               double act_alpha, double act_limit, bool interleaved, bool transposed) {
+                               double act_alpha, double act_limit, bool interleaved, bool transposed,
+                               c10::string_view precision) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     TORCH_CHECK_VALUE(topk_experts.dim() == 2, "leanmoe::moe_routed_forward: argument 'topk_experts': must be 2-D "
                       "[T, K], got ", topk_experts.sizes());
     const leanmoe::MoEConfig cfg = routed_config(gate_up_proj, topk_experts.size(1), activation, act_alpha, act_limit,
-                                                 interleaved, transposed);
+                                                 interleaved, transposed, precision);
     TORCH_CHECK_VALUE(x.dim() == 2, "leanmoe::moe_routed_forward: argument 'x': must be 2-D [T, d], got ", x.sizes());
     const int64_t T = x.size(0), R = leanmoe::max_routed_rows(cfg, T);
     const auto f32 = x.options().dtype(at::kFloat), i32 = x.options().dtype(at::kInt);
@@ -433,11 +445,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& row_gate, const at::Tensor& row_token, const at::Tensor& token_rows,
     const at::Tensor& token_offsets, const at::Tensor& expert_offsets, const at::Tensor& topk_saved,
     c10::string_view activation, double act_alpha, double act_limit, bool interleaved, bool transposed,
-    at::ScalarType weights_dtype) {
+    c10::string_view precision, at::ScalarType weights_dtype) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
-        routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, interleaved, transposed);
+        routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, interleaved, transposed,
+                      precision);
     at::Tensor d_gate_up = at::empty_like(gate_up_proj, at::MemoryFormat::Contiguous);
     at::Tensor d_down = at::empty_like(down_proj, at::MemoryFormat::Contiguous);
     auto [dx, d_weights, d_b1, d_b2] = run_routed_backward(
@@ -457,14 +470,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_a
     const at::Tensor& row_gate, const at::Tensor& row_token, const at::Tensor& token_rows,
     const at::Tensor& token_offsets, const at::Tensor& expert_offsets, const at::Tensor& topk_saved,
     c10::string_view activation, double act_alpha, double act_limit, bool interleaved, bool transposed,
-    at::ScalarType weights_dtype, const at::Tensor& gate_up_exp_avg, const at::Tensor& gate_up_exp_avg_sq,
-    const at::Tensor& gate_up_step, const at::Tensor& down_exp_avg, const at::Tensor& down_exp_avg_sq,
-    const at::Tensor& down_step, double lr, double beta1, double beta2, double weight_decay, double eps,
-    const c10::optional<at::Tensor>& gate_up_master, const c10::optional<at::Tensor>& down_master) {
+    c10::string_view precision, at::ScalarType weights_dtype, const at::Tensor& gate_up_exp_avg,
+    const at::Tensor& gate_up_exp_avg_sq, const at::Tensor& gate_up_step, const at::Tensor& down_exp_avg,
+    const at::Tensor& down_exp_avg_sq, const at::Tensor& down_step, double lr, double beta1, double beta2,
+    double weight_decay, double eps, const c10::optional<at::Tensor>& gate_up_master,
+    const c10::optional<at::Tensor>& down_master) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
-        routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, interleaved, transposed);
+        routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, interleaved, transposed,
+                      precision);
     InBackwardAdamW update("leanmoe::moe_routed_backward_adamw_",
                            {gate_up_proj, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, gate_up_master},
                            {down_proj, down_exp_avg, down_exp_avg_sq, down_step, down_master},
@@ -481,9 +496,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_a
 // "" when the backend of `like`'s device runs these experts (the layer's d, n, E from `like` =
 // gate_up_proj in its layout), else the rule: leanmoe.hf checks a model once before running it.
 std::string layer_unsupported_reason(const at::Tensor& like, c10::string_view activation, double act_alpha,
-                                     double act_limit, bool interleaved, bool transposed, bool biases) {
+                                     double act_limit, bool interleaved, bool transposed, bool biases,
+                                     c10::string_view precision) {
   return translate_errors([&] {
-    leanmoe::MoEConfig cfg = routed_config(like, 1, activation, act_alpha, act_limit, interleaved, transposed);
+    leanmoe::MoEConfig cfg =
+        routed_config(like, 1, activation, act_alpha, act_limit, interleaved, transposed, precision);
     return leanmoe::unsupported_reason(cfg, storage_dtype(like), leanmoe_device(like), biases);
   });
 }
@@ -510,7 +527,7 @@ at::Tensor expert_activation(const at::Tensor& h, c10::string_view activation, d
 
 TORCH_LIBRARY(leanmoe, m) {
   const std::string config =
-      "int top_k, str router, bool norm_topk_prob, str routing, int tile, str rounding_mode";
+      "int top_k, str router, bool norm_topk_prob, str routing, int tile, str rounding_mode, str precision";
   const std::string saved =
       "Tensor h, Tensor row_gate, Tensor row_token, Tensor token_rows, Tensor token_offsets, "
       "Tensor expert_offsets, Tensor topk_experts";
@@ -533,7 +550,8 @@ TORCH_LIBRARY(leanmoe, m) {
   m.def("cuda_available() -> bool", [] { return leanmoe::backend_available(leanmoe::Device::cuda); });
   const std::string experts =
       "Tensor gate_up_proj, Tensor down_proj, Tensor? gate_up_bias, Tensor? down_bias";
-  const std::string expert_fn = "str activation, float act_alpha, float act_limit, bool interleaved, bool transposed";
+  const std::string expert_fn =
+      "str activation, float act_alpha, float act_limit, bool interleaved, bool transposed, str precision";
   const std::string routed_saved =
       "Tensor h, Tensor row_gate, Tensor row_token, Tensor token_rows, Tensor token_offsets, Tensor expert_offsets, "
       "Tensor topk_saved";
@@ -548,7 +566,7 @@ TORCH_LIBRARY(leanmoe, m) {
          ") -> (Tensor dx, Tensor d_topk_weights, Tensor d_gate_up_bias, Tensor d_down_bias)").c_str());
   m.def("expert_activation(Tensor h, str activation, float act_alpha, float act_limit, bool interleaved) -> Tensor");
   m.def("layer_unsupported_reason(Tensor like, str activation, float act_alpha, float act_limit, bool interleaved, "
-        "bool transposed, bool biases) -> str",
+        "bool transposed, bool biases, str precision=\"storage\") -> str",
         &layer_unsupported_reason);
 }
 

@@ -25,7 +25,7 @@ def max_routed_rows(T, E, K, routing, tile, rounding_mode):
 
 @torch.library.register_fake("leanmoe::moe_forward")
 def _moe_forward_fake(x, router_weight, gate_up_proj, down_proj, top_k, router, norm_topk_prob, routing, tile,
-                      rounding_mode):
+                      rounding_mode, precision):
     torch._check(x.dim() == 2, lambda: "leanmoe::moe_forward: x must be 2-D [T, d]")
     T, d = x.shape
     E, two_n = gate_up_proj.shape[0], gate_up_proj.shape[1]
@@ -120,6 +120,9 @@ torch.library.register_autograd("leanmoe::moe_forward", _backward, setup_context
 # leanmoe.h Activation, by name; the gated ones split the up-projection into gate and up halves.
 ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh", "reglu", "swiglu_clamped", "gelu", "gelu_tanh", "silu", "relu", "relu2")
 GATED_ACTIVATIONS = ACTIVATIONS[:5]
+# leanmoe.h Precision: the expert GEMMs' operands in the parameters' dtype, or e4m3 with block scales
+# (bfloat16 parameters, d and n multiples of 128; docs/DESIGN.md "FP8").
+PRECISIONS = ("storage", "fp8")
 
 
 def _up_width(gate_up_proj, transposed):
@@ -128,7 +131,7 @@ def _up_width(gate_up_proj, transposed):
 
 @torch.library.register_fake("leanmoe::moe_routed_forward")
 def _moe_routed_forward_fake(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_bias, down_bias,
-                             activation, act_alpha, act_limit, interleaved, transposed):
+                             activation, act_alpha, act_limit, interleaved, transposed, precision):
     torch._check(x.dim() == 2, lambda: "leanmoe::moe_routed_forward: x must be 2-D [T, d]")
     T, d = x.shape
     K = topk_experts.shape[1]
@@ -153,7 +156,7 @@ def _empty_or_like(bias, x):
 @torch.library.register_fake("leanmoe::moe_routed_backward")
 def _moe_routed_backward_fake(d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate, row_token,
                               token_rows, token_offsets, expert_offsets, topk_saved, activation, act_alpha, act_limit,
-                              interleaved, transposed, weights_dtype):
+                              interleaved, transposed, precision, weights_dtype):
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             x.new_empty(topk_saved.shape, dtype=weights_dtype),
             torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format),
@@ -164,7 +167,8 @@ def _moe_routed_backward_fake(d_out, x, gate_up_proj, down_proj, gate_up_bias, d
 @torch.library.register_fake("leanmoe::moe_routed_backward_adamw_")
 def _moe_routed_backward_adamw_fake(d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate,
                                     row_token, token_rows, token_offsets, expert_offsets, topk_saved, activation,
-                                    act_alpha, act_limit, interleaved, transposed, weights_dtype, *state_and_hyper):
+                                    act_alpha, act_limit, interleaved, transposed, precision, weights_dtype,
+                                    *state_and_hyper):
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             x.new_empty(topk_saved.shape, dtype=weights_dtype),
             _empty_or_like(gate_up_bias, x), _empty_or_like(down_bias, x))

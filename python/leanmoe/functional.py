@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from ._ops import ACTIVATIONS, GATED_ACTIVATIONS, _incoming_grads, _once_differentiable, ops
+from ._ops import ACTIVATIONS, GATED_ACTIVATIONS, PRECISIONS, _incoming_grads, _once_differentiable, ops
 
 ROUTERS = ("softmax_then_topk", "topk_then_softmax")
 ROUTINGS = ("topk", "token_rounding")
@@ -114,12 +114,19 @@ def _autocast(fn, x, weights):
     return cast(x), tuple(cast(w) for w in weights)
 
 
+def _check_precision(fn, precision):
+    if precision not in PRECISIONS:
+        raise ValueError(f"{fn}: argument 'precision': must be one of {PRECISIONS}, got {precision!r}")
+
+
 def moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_then_topk", norm_topk_prob=False,
-        routing="topk", tile=128, rounding_mode="nearest", return_stats=False):
+        routing="topk", tile=128, rounding_mode="nearest", return_stats=False, precision="storage"):
     """x [..., d]; router_weight [E, d]; gate_up_proj [E, 2n, d]; down_proj [E, d, n] (HF v5 layout).
     All of one dtype (bfloat16 or float32) and device; x may have no tokens (then the output is empty,
     the losses 0 and the weight gradients 0). Returns MoEOutput, or MoEOutputWithStats with
-    ``return_stats=True`` (RouterStats: device tensors, no host synchronisation)."""
+    ``return_stats=True`` (RouterStats: device tensors, no host synchronisation).
+    precision="fp8": the up, down, dH and dX expert GEMMs on e4m3 operands with block scales
+    (bfloat16 tensors, d and n multiples of 128; CPU only for now; docs/DESIGN.md "FP8")."""
     if router not in ROUTERS:
         raise ValueError(f"leanmoe.moe: argument 'router': must be one of {ROUTERS}, got {router!r}")
     if routing not in ROUTINGS:
@@ -128,13 +135,14 @@ def moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_the
         raise ValueError(f"leanmoe.moe: argument 'rounding_mode': must be one of {ROUNDING_MODES}, got {rounding_mode!r}")
     if isinstance(tile, bool) or not isinstance(tile, (int, torch.SymInt)) or tile <= 0:
         raise ValueError(f"leanmoe.moe: argument 'tile': must be an int > 0, got {tile!r}")
+    _check_precision("leanmoe.moe", precision)
     params = (gate_up_proj, down_proj)
     x, (router_weight, gate_up_proj, down_proj) = _autocast("leanmoe.moe", x,
                                                             (router_weight, gate_up_proj, down_proj))
     _check_tensors("leanmoe.moe", x, router_weight, gate_up_proj, down_proj, top_k)
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
-    config = (int(top_k), router, bool(norm_topk_prob), routing, int(tile), rounding_mode)
+    config = (int(top_k), router, bool(norm_topk_prob), routing, int(tile), rounding_mode, precision)
     optimizer = _in_backward_optimizer_of_call(params, (gate_up_proj, down_proj))
     if optimizer is not None:
         out, losses, *routing_arrays = _InBackwardMoE.apply(x2, router_weight, gate_up_proj, down_proj, config,
@@ -208,7 +216,7 @@ class _InBackwardMoE(torch.autograd.Function):
 
 def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_bias=None, down_bias=None, *,
                activation="swiglu", act_alpha=1.702, act_limit=7.0, interleaved=False,
-               transposed=False) -> torch.Tensor:
+               transposed=False, precision="storage") -> torch.Tensor:
     """The experts under a routing computed by the caller's router (any: softmax or sigmoid, with
     a correction bias, group-limited, ...): out_t = sum_k topk_weights[t, k] * expert_{topk_experts[t, k]}(x_t).
 
@@ -220,11 +228,13 @@ def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_b
       gate_up_bias [E, W], down_bias [E, d]: optional
     activation: one of leanmoe.functional.ACTIVATIONS (swiglu_clamped is gpt-oss's, with act_alpha
     and act_limit). Expert weights and x share one dtype (bfloat16 or float32) and device; under
-    torch.autocast x, the weights and biases are cast as in ``moe``. x may have no tokens."""
+    torch.autocast x, the weights and biases are cast as in ``moe``. x may have no tokens.
+    precision: as in ``moe``."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"leanmoe.moe_routed: argument 'activation': must be one of {ACTIVATIONS}, got {activation!r}")
     if interleaved and activation not in GATED_ACTIVATIONS:
         raise ValueError(f"leanmoe.moe_routed: argument 'interleaved': needs a gated activation, got {activation!r}")
+    _check_precision("leanmoe.moe_routed", precision)
     if topk_weights.shape != topk_experts.shape:
         raise ValueError(f"leanmoe.moe_routed: argument 'topk_weights': must have the shape of topk_experts "
                          f"{tuple(topk_experts.shape)}, got {tuple(topk_weights.shape)}")
@@ -238,7 +248,7 @@ def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_b
     if weights.dtype not in (torch.float32, x.dtype):
         weights = weights.float()
     weights = weights.contiguous()
-    expert_fn = (activation, float(act_alpha), float(act_limit), bool(interleaved), bool(transposed))
+    expert_fn = (activation, float(act_alpha), float(act_limit), bool(interleaved), bool(transposed), precision)
     optimizer = _in_backward_optimizer_of_call(params, (gate_up_proj, down_proj))
     if optimizer is not None:
         out = _InBackwardRoutedMoE.apply(x2, ids, weights, gate_up_proj, down_proj, gate_up_bias, down_bias,

@@ -5,6 +5,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from ._ops import PRECISIONS
 from .functional import (ROUNDING_MODES, ROUTERS, ROUTINGS, STORAGE_DTYPES, _WHY_NOT_F64, MoEOutput,
                          MoEOutputWithStats, moe, routing_for_call)
 
@@ -35,6 +36,9 @@ class MoE(nn.Module):
     torch.no_grad() or torch.inference_mode() the layer routes with ``inference_routing``
     ("topk" by default, docs/SPEC.md §5; "token_rounding" to round there too).
 
+    precision="fp8" runs the up, down, dH and dX expert GEMMs on e4m3 operands with block scales
+    (dtype=torch.bfloat16, d and n multiples of 128; CPU only for now; docs/DESIGN.md "FP8").
+
     A transformers MoE block's state_dict (keys ``gate.weight`` or ``router.weight``,
     ``experts.gate_up_proj``, ``experts.down_proj``) loads directly; ``MoE.from_hf_block(block)``
     builds the matching layer (convention, K, norm_topk_prob) with a copy of the block's weights.
@@ -42,7 +46,7 @@ class MoE(nn.Module):
 
     def __init__(self, d: int, n: int, E: int, K: int, router: str = "softmax_then_topk", routing: str = "topk", *,
                  norm_topk_prob: bool = False, tile: int = 128, rounding_mode: str = "nearest",
-                 inference_routing: str = "topk", return_stats: bool = False,
+                 inference_routing: str = "topk", return_stats: bool = False, precision: str = "storage",
                  device: Optional[Union[torch.device, str]] = None, dtype: Optional[torch.dtype] = None):
         super().__init__()
         for name, value in (("d", d), ("n", n), ("E", E), ("K", K), ("tile", tile)):
@@ -53,6 +57,7 @@ class MoE(nn.Module):
         _choice("routing", routing, ROUTINGS)
         _choice("rounding_mode", rounding_mode, ROUNDING_MODES)
         _choice("inference_routing", inference_routing, ROUTINGS)
+        _choice("precision", precision, PRECISIONS)
         if dtype is not None and dtype not in STORAGE_DTYPES:
             why = f" ({_WHY_NOT_F64})" if dtype == torch.float64 else ""
             raise ValueError(f"leanmoe.MoE: argument 'dtype': must be torch.bfloat16 or torch.float32{why}, "
@@ -61,6 +66,7 @@ class MoE(nn.Module):
         self.router_convention, self.routing = router, routing
         self.norm_topk_prob, self.tile, self.rounding_mode = bool(norm_topk_prob), tile, rounding_mode
         self.inference_routing, self.return_stats = inference_routing, bool(return_stats)
+        self.precision = precision
         factory = dict(device=device, dtype=dtype)
         self.router = nn.Linear(d, E, bias=False, **factory)
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * n, d, **factory))
@@ -79,14 +85,14 @@ class MoE(nn.Module):
         routing = routing_for_call(self.routing, self.inference_routing, self.training)
         return moe(x, self.router.weight, self.gate_up_proj, self.down_proj, self.K, router=self.router_convention,
                    norm_topk_prob=self.norm_topk_prob, routing=routing, tile=self.tile,
-                   rounding_mode=self.rounding_mode, return_stats=self.return_stats)
+                   rounding_mode=self.rounding_mode, return_stats=self.return_stats, precision=self.precision)
 
     @classmethod
     def from_hf_block(cls, block: nn.Module, **kwargs) -> "MoE":
         """A leanmoe.MoE computing what a transformers v5 MoE block (OlmoeSparseMoeBlock,
         Qwen3MoeSparseMoeBlock, GraniteMoeMoE, MixtralSparseMoeBlock: leanmoe.hf.SUPPORTED_BLOCKS)
         computes, on the block's device and dtype, with a copy of its weights (Mixtral's training-time
-        router jitter is not part of the layer). kwargs (routing, tile, rounding_mode,
+        router jitter is not part of the layer). kwargs (routing, tile, rounding_mode, precision,
         inference_routing, return_stats) go to the constructor."""
         from .hf import block_spec  # late import: hf imports functional
 
@@ -103,6 +109,8 @@ class MoE(nn.Module):
              f"norm_topk_prob={self.norm_topk_prob}, routing={self.routing}")
         if self.routing == "token_rounding":
             s += f", tile={self.tile}, rounding_mode={self.rounding_mode}, inference_routing={self.inference_routing}"
+        if self.precision != "storage":
+            s += f", precision={self.precision}"
         return s
 
 

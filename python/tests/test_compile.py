@@ -19,14 +19,14 @@ def layer(T=24, E=6, dtype=torch.float32, device="cpu", requires_grad=True):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_opcheck_forward(routing, tile, dtype, device):
     skip_unsupported(device, dtype)
-    args = (*layer(dtype=dtype, device=device), 2, "softmax_then_topk", True, routing, tile, "nearest")
+    args = (*layer(dtype=dtype, device=device), 2, "softmax_then_topk", True, routing, tile, "nearest", "storage")
     torch.library.opcheck(torch.ops.leanmoe.moe_forward.default, args)
 
 
 def test_opcheck_backward(device):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     x, wr, w1, w2 = layer(device=device, dtype=dtype, requires_grad=False)
-    config = (2, "topk_then_softmax", False, "topk", 128, "nearest")
+    config = (2, "topk_then_softmax", False, "topk", 128, "nearest", "storage")
     out, losses, *saved = torch.ops.leanmoe.moe_forward(x, wr, w1, w2, *config)
     d_out, d_losses = torch.randn_like(out), torch.tensor([0.1, 0.01], device=device)
     torch.library.opcheck(torch.ops.leanmoe.moe_backward.default, (d_out, d_losses, x, wr, w1, w2, *saved, *config))
@@ -72,7 +72,7 @@ def test_torch_compile_matches_eager(backend, device):
 def test_opcheck_backward_with_in_backward_adamw(device):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     x, wr, w1, w2 = layer(device=device, dtype=dtype, requires_grad=False)
-    config = (2, "softmax_then_topk", False, "topk", 128, "nearest")
+    config = (2, "softmax_then_topk", False, "topk", 128, "nearest", "storage")
     out, losses, *saved = torch.ops.leanmoe.moe_forward(x, wr, w1, w2, *config)
     state = [torch.zeros_like(w1), torch.zeros_like(w1), torch.zeros((), device=device),
              torch.zeros_like(w2), torch.zeros_like(w2), torch.zeros((), device=device)]

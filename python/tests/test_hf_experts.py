@@ -20,7 +20,8 @@ pytest.importorskip("transformers.integrations.moe")
 COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               max_position_embeddings=64)
 
-# family -> (config class, model class, config kwargs); widths are multiples of 64 on CUDA.
+# family -> (config class, model class, config kwargs). The CUDA expert GEMMs take d and n in
+# multiples of 64: families with n = 32 run on the CPU backend only (skipped on cuda, saying so).
 FAMILIES = {
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", dict(intermediate_size=32, num_experts=8, num_experts_per_tok=2)),
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
@@ -42,9 +43,9 @@ FAMILIES = {
                          n_shared_experts=1, num_experts_per_tok=2, n_group=2, topk_group=1, first_k_dense_replace=0,
                          kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
                          routed_scaling_factor=2.5, norm_topk_prob=True)),
-    # Biases, transposed and interleaved weights, the clamped SwiGLU.
+    # Biases, transposed and interleaved weights, the clamped SwiGLU (n = 64: runs on cuda too).
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
-                dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, head_dim=16, sliding_window=16,
+                dict(intermediate_size=64, num_local_experts=8, num_experts_per_tok=2, head_dim=16, sliding_window=16,
                      layer_types=["sliding_attention", "full_attention"])),
     "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM",
                  dict(intermediate_size=64, moe_intermediate_size=32, n_routed_experts=8, n_shared_experts=1,
@@ -144,8 +145,8 @@ def test_bf16_as_close_to_fp32_as_eager_bf16(family, device):
     try:
         out_f, out_e, out_o = run(fp32, b), run(eager, b), run(ours, b)
     except NotImplementedError as e:
-        if device == "cuda":
-            pytest.skip(f"not on the CUDA backend yet: {e}")
+        if device == "cuda" and "multiple of 64" in str(e):  # the only rule the CUDA backend adds
+            pytest.skip(f"a width the CUDA expert GEMMs do not take: {e}")
         raise
     assert rel(out_o.loss, out_f.loss) <= max(1e-2, 2 * rel(out_e.loss, out_f.loss))
     assert rel(out_o.logits, out_f.logits) <= max(2e-2, 2 * rel(out_e.logits, out_f.logits))

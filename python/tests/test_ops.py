@@ -73,7 +73,8 @@ def test_token_rounding_counts(mode, device):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     x, wr, w1, w2 = make_layer(T, d, n, E, dtype, device, seed=3)
     cfg = dict(routing="token_rounding", tile=tile, rounding_mode=mode)
-    saved = torch.ops.leanmoe.moe_forward(x, wr, w1, w2, K, "softmax_then_topk", False, "token_rounding", tile, mode)
+    saved = torch.ops.leanmoe.moe_forward(x, wr, w1, w2, K, "softmax_then_topk", False, "token_rounding", tile, mode,
+                                          "storage")
     expert_offsets = saved[7].cpu()
     counts = expert_offsets[1:] - expert_offsets[:-1]
     *_, keep = moe_reference(*(t.detach().float().cpu() for t in (x, wr, w1, w2)), K, **cfg)
@@ -88,7 +89,7 @@ def test_topk_rows_are_a_permutation(device):
     (d, n), T, E, K = widths(device), 33, 5, 3
     x, wr, w1, w2 = make_layer(T, d, n, E, torch.bfloat16 if device == "cuda" else torch.float32, device)
     _, _, h, row_gate, row_token, token_rows, token_offsets, expert_offsets, topk = torch.ops.leanmoe.moe_forward(
-        x, wr, w1, w2, K, "softmax_then_topk", False, "topk", 128, "nearest")
+        x, wr, w1, w2, K, "softmax_then_topk", False, "topk", 128, "nearest", "storage")
     assert int(expert_offsets[-1]) == T * K
     assert torch.equal(torch.sort(token_rows.cpu().long()).values, torch.arange(T * K))
     assert torch.equal(torch.bincount(row_token.cpu().long(), minlength=T), torch.full((T,), K))

@@ -26,7 +26,8 @@ def test_token_rounding_with_fewer_tokens_than_the_tile(mode, device):
     dtype = _dtype(device)
     x, wr, w1, w2 = make_layer(T, d, n, E, dtype, device, seed=4)
     cfg = dict(routing="token_rounding", tile=tile, rounding_mode=mode)
-    saved = torch.ops.leanmoe.moe_forward(x, wr, w1, w2, K, "softmax_then_topk", False, "token_rounding", tile, mode)
+    saved = torch.ops.leanmoe.moe_forward(x, wr, w1, w2, K, "softmax_then_topk", False, "token_rounding", tile, mode,
+                                          "storage")
     offsets = saved[7].cpu()
     counts = (offsets[1:] - offsets[:-1]).tolist()
     f = torch.bincount(saved[8].cpu().long().flatten(), minlength=E).tolist()
@@ -129,7 +130,7 @@ def test_bad_arguments_name_the_argument_and_the_rule():
         leanmoe.moe(x, wr, w1, w2, 2, routing="token_rounding", tile=0)
     # The operator itself checks the config before sizing any tensor from it.
     with pytest.raises(ValueError, match="cfg.K must be > 0"):
-        torch.ops.leanmoe.moe_forward(x, wr, w1, w2, -1, "softmax_then_topk", False, "topk", 128, "nearest")
+        torch.ops.leanmoe.moe_forward(x, wr, w1, w2, -1, "softmax_then_topk", False, "topk", 128, "nearest", "storage")
     # dtype: the valid storage dtypes only (int32 is for routing arrays, not for x).
     with pytest.raises(ValueError,
                        match=r"argument 'x': dtype must be torch.bfloat16 or torch.float32.*got torch.int32"):
@@ -137,7 +138,8 @@ def test_bad_arguments_name_the_argument_and_the_rule():
     with pytest.raises(ValueError, match="float64 is not offered"):
         leanmoe.moe(x.double(), wr.double(), w1.double(), w2.double(), 2)
     with pytest.raises(ValueError, match=r"argument 'x': dtype must be bfloat16 or float32, got Half"):
-        torch.ops.leanmoe.moe_forward(x.half(), wr, w1, w2, 2, "softmax_then_topk", False, "topk", 128, "nearest")
+        torch.ops.leanmoe.moe_forward(x.half(), wr, w1, w2, 2, "softmax_then_topk", False, "topk", 128, "nearest",
+                                      "storage")
 
 
 def test_module_refuses_bad_construction_arguments():

@@ -49,6 +49,7 @@ ExpertScratch carve_experts(const MoEConfig& c, int64_t tokens, DType dtype, boo
     e.d_act = cv.take<float>(T * n);
     e.dw = cv.take<float>(W * d);  // the larger of dW1_e [W, d] and dW2_e [d, n] (W >= n)
     e.db = cv.take<float>(std::max(W, d));
+    e.quantized = cv.take<float>(c.precision == Precision::fp8 ? T * std::max(W, d) : 0);
   } else {
     e.h_acc = cv.take<float>(T * W);
   }
@@ -146,7 +147,7 @@ void router_probabilities(const MoEConfig& c, const Tensor& router_w, int64_t T,
 ExpertsProblem experts_problem(const MoEConfig& c, DType dtype, const MoEWeights& w, const SavedState& saved) {
   return {c.d, c.n, c.E, dtype, w.gate_up_proj.data, w.down_proj.data, saved.expert_offsets.ptr<int32_t>(),
           saved.row_token.ptr<int32_t>(), saved.row_gate.ptr<float>(), act::params_of(c), c.interleaved,
-          c.transposed, w.gate_up_bias.data, w.down_bias.data};
+          c.transposed, w.gate_up_bias.data, w.down_bias.data, c.precision == Precision::fp8};
 }
 
 // The expert part of backward, shared by both routings: the W2 phase (dS, dH, dW2, db2), then the

@@ -52,6 +52,7 @@ struct ExpertScratch {
   float* d_act;    // [T, n]  dA' (backward)
   float* dw;       // [max(W*d, d*n)] a weight gradient in fp32
   float* db = nullptr;  // [max(W, d)] a bias gradient in fp32 (biases only)
+  float* quantized = nullptr;  // [T, max(d, W)] dO or dH rows quantized for dH / dX (fp8 backward only)
 };
 
 struct ExpertsProblem {
@@ -67,6 +68,9 @@ struct ExpertsProblem {
   bool interleaved = false, transposed = false;
   const void* gate_up_bias = nullptr;  // [E, W] storage, or null
   const void* down_bias = nullptr;     // [E, d] storage, or null
+  // Precision::fp8: up, down, dH and dX read their operands quantized (src/fp8.h): X and dO rows and
+  // A and dH rows in 1x128 tiles along K, W1_e and W2_e in 128x128 blocks of their stored layout.
+  bool fp8 = false;
 
   bool gated() const { return activation_is_gated(act.kind); }
   int64_t width() const { return gated() ? 2 * n : n; }  // W
@@ -75,19 +79,20 @@ struct ExpertsProblem {
 };
 
 // Forward: H = store(gather(X)·W1_eᵀ + b1_e) into h [R, W]; A = round(act(g, u)) from the
-// accumulators; y [R, d] = round(A·W2_eᵀ + b2_e). x is fp32 [T, d].
+// accumulators; y [R, d] = round(A·W2_eᵀ + b2_e). x is fp32 [T, d]. fp8: H from q(X_e)·q(W1_e)ᵀ,
+// y from q(A)·q(W2_e)ᵀ, where q(·) is an operand's quantized value (src/fp8.h).
 void experts_forward(const ExpertsProblem& P, const float* x, void* h, float* y, const ExpertScratch& s);
 
 // Backward, W2 phase (the last reads of W2 and b2): dA' = gather(dO)·W2_e, a recomputed from h,
 // dS[row] = <dA', a> (+ <dO_t, b2_e>), dH [R, W] = round(gate·dA'·[da/dg, da/du]) in the row
 // order of W1, d_down (if not null) = store(sum_rows dO_t ⊗ round(gate·a)), d_down_bias (if not
-// null) = store(sum_rows gate·dO_t); zeros for experts with no rows.
+// null) = store(sum_rows gate·dO_t); zeros for experts with no rows. fp8: dA' = q(dO_e)·q(W2_e).
 void experts_backward_down(const ExpertsProblem& P, const void* d_out, const void* h, float* dS, float* dH,
                            void* d_down, const ExpertScratch& s, void* d_down_bias = nullptr);
 
 // Backward, W1 phase (the last reads of W1): dx_rows [R, d] (if not null) = round(dH·W1_e);
 // d_gate_up (if not null) = store(sum_rows dH_row ⊗ x_t), d_gate_up_bias (if not null) =
-// store(sum_rows dH_row); zeros for experts with no rows.
+// store(sum_rows dH_row); zeros for experts with no rows. fp8: dx_rows = round(q(dH)·q(W1_e)).
 void experts_backward_up(const ExpertsProblem& P, const float* x, const float* dH, float* dx_rows, void* d_gate_up,
                          const ExpertScratch& s, void* d_gate_up_bias = nullptr);
 

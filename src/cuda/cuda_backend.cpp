@@ -68,7 +68,7 @@ struct bf16_storage {
 };
 
 cuda::ExpertShape expert_shape(const MoEConfig& cfg, int64_t T) {
-  return {T, cfg.d, cfg.n, activation_is_gated(cfg.activation)};
+  return {T, cfg.d, cfg.n, activation_is_gated(cfg.activation), cfg.transposed};
 }
 cuda::ExpertFunction expert_function(const MoEConfig& cfg) {
   return {cfg.activation, cfg.act_alpha, cfg.act_limit, cfg.interleaved};
@@ -316,9 +316,9 @@ class CudaBackend final : public Backend {
     if (cfg.d % 8 != 0) return "cfg.d must be a multiple of 8 on cuda (16-byte rows), got " + std::to_string(cfg.d);
     if (cfg.E > kMaxExperts)
       return "cfg.E must be <= " + std::to_string(kMaxExperts) + " on cuda, got " + std::to_string(cfg.E);
-    // Every activation, both row orders of W1 and the biases are fused into the expert GEMMs; the
-    // transposed (gpt-oss) layout would need MN-major weight operands there (not written yet).
-    if (cfg.transposed) return "cfg.transposed is not supported on cuda yet (run on cpu)";
+    // Every activation, both row orders of W1, both weight layouts and the biases are fused into the
+    // expert GEMMs (the transposed layout read in place: no per-step copy of the weights).
+    if (cfg.precision == Precision::fp8) return "cfg.precision = fp8 is not supported on cuda yet (run on cpu)";
     const char* gemm = cuda::expert_gemms_unsupported(expert_shape(cfg, 1));
     if (gemm && *gemm) return gemm;
     return "";
@@ -521,7 +521,8 @@ class CudaBackend final : public Backend {
       const int side_sms = overlap.side_sms >= 0 ? overlap.side_sms : cuda::backward_side_sms(shape, gemm->sms);
       const cuda::GemmKind kinds[3] = {cuda::GemmKind::Dw2, cuda::GemmKind::Dx, cuda::GemmKind::Dw1};
       for (size_t i = 0; i < 3 && side_sms > 0; ++i) {
-        lean[i] = cuda::choose_gemm_config(kinds[i], shape, gemm->sms);
+        // resolve, not choose: with transposed weights dW1 and dW2 run each other's kernel.
+        lean[i] = cuda::resolve_gemm_config(kinds[i], shape, cfg.E, gemm->sms, nullptr);
         lean[i].max_ctas = std::max(gemm->sms - side_sms, lean[i].cluster_ctas());
         config[i] = &lean[i];
       }

@@ -128,10 +128,10 @@ CUtensorMap up_weight_tensor_map(const void* w1, const ExpertShape& s, bool inte
 // (cudaOccupancyMaxActiveClusters: GPCs with an odd number of free SMs leave one idle), never more
 // clusters than cluster tiles (varlen-M: 256-row pair slots x n-tiles; varlen-K: experts x tile
 // pairs) or than config.max_ctas allows (rounded down to whole clusters).
-template <GemmKind kKind, class Tile, class Act>
+template <GemmKind kKind, class Tile, class Act, bool kTransposed>
 void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const GemmArgs& args, const CUtensorMap& map,
                     const GemmConfig& config, cudaStream_t stream, const char* what) {
-  const auto kernel = sm90::gather_grouped_gemm_kernel<kKind, Tile, true, Act>;
+  const auto kernel = sm90::gather_grouped_gemm_kernel<kKind, Tile, true, Act, kTransposed>;
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = 2;
@@ -171,14 +171,14 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const GemmArgs
 }
 
 // The gather kernel, persistent: at most one CTA per SM and config.max_ctas, never more than tiles.
-// The operand loaded with TMA: the weights (varlen-M) or the row-range operand (varlen-K: dH for
-// dW1, A' for dW2, over the rows_capacity rows the caller allocated; none: every expert is empty,
-// no k-tile is loaded and the kernel only stores zero gradients).
-template <GemmKind kKind, class Tile, bool kCluster, class Act>
+// The operand loaded with TMA: the weights (varlen-M; kTransposed: stored [E, d, W] and [E, n, d])
+// or the row-range operand (varlen-K: dH for dW1, A' for dW2, over the rows_capacity rows the caller
+// allocated; none: every expert is empty, no k-tile is loaded and the kernel only stores zero gradients).
+template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed>
 void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const GemmConfig& config,
                    cudaStream_t stream, const char* what) {
-  static const bool ready =
-      raise_smem_limit(sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act>, Tile::kSmemBytes, what);
+  static const bool ready = raise_smem_limit(sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>,
+                                             Tile::kSmemBytes, what);
   (void)ready;
   const dim3 tiles = grid_for<kKind>(rows, s, Tile::kTileM, Tile::kTileN);
   args.n_tiles = static_cast<int>(tiles.y);
@@ -186,27 +186,33 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   args.n_band = config.band;                 // varlen-M only
   CUtensorMap map{};
   if constexpr (kKind == GemmKind::Up) {
-    if constexpr (Act::kNoBiasGateUp)  // W1 as [E·2n rows, d cols] (the kernel's 2D loads)
+    if constexpr (kTransposed)  // W1 as [E·d rows, W cols], 64-wide MN blocks
+      map = bf16_tensor_map(args.b, rows.E * s.d, s.width(), 64, 64, what);
+    else if constexpr (Act::kNoBiasGateUp)  // W1 as [E·2n rows, d cols] (the kernel's 2D loads)
       map = bf16_tensor_map(args.b, rows.E * 2 * s.n, s.d, 64, Tile::kTileN / 2, what);
     else
       map = up_weight_tensor_map(args.b, s, args.interleaved, rows.E, Tile::kTileN / 2, what);
-  } else if constexpr (kKind == GemmKind::Dh)
-    map = bf16_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, what);
-  else if (rows.rows_capacity > 0)
+  } else if constexpr (kKind == GemmKind::Dh) {
+    if constexpr (kTransposed)  // W2 as [E·n rows, d cols], K-major halves of the tile
+      map = bf16_tensor_map(args.b, rows.E * s.n, s.d, 64, Tile::kTileN / 2, what);
+    else
+      map = bf16_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, what);
+  } else if (rows.rows_capacity > 0)
     map = kKind == GemmKind::Dw1 ? bf16_tensor_map(args.a, rows.rows_capacity, s.width(), 64, 64, what)
                                  : bf16_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, what);
   if constexpr (kCluster) {
-    launch_cluster<kKind, Tile, Act>(rows, s, args, map, config, stream, what);
+    launch_cluster<kKind, Tile, Act, kTransposed>(rows, s, args, map, config, stream, what);
   } else {
     const int64_t ctas = std::min<int64_t>({int64_t(tiles.x) * tiles.y * tiles.z, multiprocessor_count(),
                                             int64_t(config.max_ctas)});
-    sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act>
+    sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>
         <<<static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream>>>(args, map);
   }
 }
 
-// One compiled configuration of the gather kernel: up and dH one instantiation per activation
-// (launch[activation]), dW1 and dW2 one for all.
+// One compiled configuration of the gather kernel: up and dH one instantiation per activation and
+// weight layout (launch[activation], launch_transposed[activation]), dW1 and dW2 one for all
+// (launch only: with transposed weights they exchange roles, gemm_kernel_kind).
 using GatherLaunch = void (*)(const RoutedRows&, const ExpertShape&, GemmArgs, const GemmConfig&, cudaStream_t,
                               const char*);
 constexpr Activation kActivations[] = {Activation::swiglu, Activation::geglu, Activation::geglu_tanh,
@@ -224,16 +230,17 @@ static_assert(in_enum_order(), "kActivations lists every Activation in enum orde
 // fixed at compile time (kernels::NoBiasGateUp); launch[swiglu] then runs only with b1 or interleaved.
 struct GatherKernel {
   GemmConfig config;
-  std::array<GatherLaunch, kNumActivations> launch;
+  std::array<GatherLaunch, kNumActivations> launch, launch_transposed;
   GatherLaunch no_bias_gate_up;
 };
-template <GemmKind kKind, class Tile, bool kCluster, size_t... I>
+template <GemmKind kKind, class Tile, bool kCluster, bool kTransposed, size_t... I>
 std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I...>) {
   std::array<GatherLaunch, kNumActivations> launches{};
-  if constexpr (kernels::is_varlen_k(kKind))
-    launches.fill(&launch_gather<kKind, Tile, kCluster, void>);
-  else
-    launches = {&launch_gather<kKind, Tile, kCluster, kernels::DeviceActivation<kActivations[I]>>...};
+  if constexpr (kernels::is_varlen_k(kKind)) {
+    if constexpr (!kTransposed) launches.fill(&launch_gather<kKind, Tile, kCluster, void, false>);
+  } else {
+    launches = {&launch_gather<kKind, Tile, kCluster, kernels::DeviceActivation<kActivations[I]>, kTransposed>...};
+  }
   return launches;
 }
 template <GemmKind kKind, class Tile, bool kCluster>
@@ -248,8 +255,10 @@ GatherKernel gather_kernel() {
   c.cluster = kCluster ? 2 : 1;
   GatherLaunch no_bias_gate_up = nullptr;
   if constexpr (!kernels::is_varlen_k(kKind))
-    no_bias_gate_up = &launch_gather<kKind, Tile, kCluster, kernels::NoBiasGateUp<kernels::SwiGLU>>;
-  return {c, gather_launches<kKind, Tile, kCluster>(std::make_index_sequence<kNumActivations>()), no_bias_gate_up};
+    no_bias_gate_up = &launch_gather<kKind, Tile, kCluster, kernels::NoBiasGateUp<kernels::SwiGLU>, false>;
+  constexpr auto activations = std::make_index_sequence<kNumActivations>();
+  return {c, gather_launches<kKind, Tile, kCluster, false>(activations),
+          gather_launches<kKind, Tile, kCluster, true>(activations), no_bias_gate_up};
 }
 
 // The gather kernel's instantiations: per kind the one that won the measurements (docs/kernels.md).
@@ -277,6 +286,8 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
                          (s.gated ? "plain" : "gated") + " but the shape says " + (s.gated ? "gated" : "plain"));
   if (fn.interleaved && !s.gated)
     throw leanmoe::Error(std::string(what) + ": interleaved applies to a gated activation only");
+  if (kernels::is_varlen_k(kKind) && s.transposed)  // dw1() and dw2() pass the kernel's own shape
+    throw leanmoe::Error(std::string(what) + ": internal: a varlen-K launch with the transposed layout");
   const GemmConfig config = resolve_gemm_config(kKind, s, rows.E, multiprocessor_count(), requested);
   if (rows.E <= 0) return;
   if (!kernels::is_varlen_k(kKind) && rows.rows_capacity <= 0) return;
@@ -291,10 +302,12 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
   args.interleaved = fn.interleaved;
   for (const GatherKernel& kernel : gather_kernels(kKind))
     if (kernel.config.same_kernel(config)) {
-      const bool default_path = fn.activation == Activation::swiglu && !fn.interleaved && args.b1 == nullptr;
+      const bool default_path =
+          fn.activation == Activation::swiglu && !fn.interleaved && args.b1 == nullptr && !s.transposed;
+      const auto& launches = s.transposed ? kernel.launch_transposed : kernel.launch;
       (default_path && kernel.no_bias_gate_up ? kernel.no_bias_gate_up
-                                              : kernel.launch[static_cast<size_t>(fn.activation)])(
-          rows, s, args, config, stream, what);
+                                              : launches[static_cast<size_t>(fn.activation)])(rows, s, args, config,
+                                                                                               stream, what);
       check_launch(what);
       return;
     }
@@ -318,6 +331,11 @@ const char* expert_gemms_unsupported(const ExpertShape& s) {
   return "";
 }
 
+GemmKind gemm_kernel_kind(GemmKind kind, const ExpertShape& s) {
+  if (!s.transposed) return kind;
+  return kind == GemmKind::Dw1 ? GemmKind::Dw2 : kind == GemmKind::Dw2 ? GemmKind::Dw1 : kind;
+}
+
 int64_t gemm_column_tiles(GemmKind kind, const ExpertShape& s, const GemmConfig& config) {
   const int64_t columns = kind == GemmKind::Up || kind == GemmKind::Dh || kind == GemmKind::Dw2 ? s.n : s.d;
   return ceil_div(columns, kind == GemmKind::Up && s.gated ? config.tile_n / 2 : config.tile_n);
@@ -336,12 +354,16 @@ const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind) {
   return table[static_cast<size_t>(kind)];
 }
 
-GemmConfig resolve_gemm_config(GemmKind kind, const ExpertShape& s, int64_t E, int sm_count,
+GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, int sm_count,
                                const GemmConfig* requested) {
+  const GemmKind kind = gemm_kernel_kind(asked, s);
   const GemmConfig chosen = choose_gemm_config(kind, s, sm_count);
   GemmConfig c = requested ? *requested : chosen;
   auto fail = [&](const std::string& rule) {
-    throw leanmoe::Error(std::string(gemm_kind_name(kind)) + " GEMM config '" + to_string(c) + "': " + rule);
+    const std::string runs =
+        kind == asked ? "" : std::string(" (transposed weights: ") + gemm_kind_name(kind) + "'s kernel)";
+    throw leanmoe::Error(std::string(gemm_kind_name(asked)) + " GEMM config '" + to_string(c) + "'" + runs + ": " +
+                         rule);
   };
   const std::vector<GemmConfig>& compiled = compiled_gemm_configs(kind);
   if (std::none_of(compiled.begin(), compiled.end(), [&](const GemmConfig& k) { return k.same_kernel(c); })) {
@@ -395,6 +417,14 @@ void dh_act_bwd(const RoutedRows& rows, const ExpertShape& s, const ExpertFuncti
 
 void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,
          cudaStream_t stream, const GemmConfig* config) {
+  if (s.transposed) {  // dW2ᵀ [n, d] = A'ᵀ·dO[tok]: dW1's GEMM with dH -> A' (width n), X -> dO
+    // Resolved under its own name (a refusal names dw2), then launched with the kernel's shape.
+    const GemmConfig c = resolve_gemm_config(GemmKind::Dw2, s, rows.E, multiprocessor_count(), config);
+    GemmArgs args = make_args(a_prime, d_out);
+    args.out = static_cast<kernels::bf16*>(dw2);
+    launch<GemmKind::Dw1>(rows, {s.T, s.d, s.n, /*gated=*/false}, args, &c, stream, "dw2");
+    return;
+  }
   GemmArgs args = make_args(d_out, a_prime);
   args.out = static_cast<kernels::bf16*>(dw2);
   launch<GemmKind::Dw2>(rows, s, args, config, stream, "dw2");
@@ -408,6 +438,13 @@ void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, con
 
 void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* x, void* dw1,
          cudaStream_t stream, const GemmConfig* config) {
+  if (s.transposed) {  // dW1ᵀ [d, W] = X[tok]ᵀ·dH: dW2's GEMM with dO -> X, A' -> dH (n -> W)
+    const GemmConfig c = resolve_gemm_config(GemmKind::Dw1, s, rows.E, multiprocessor_count(), config);
+    GemmArgs args = make_args(x, dh);
+    args.out = static_cast<kernels::bf16*>(dw1);
+    launch<GemmKind::Dw2>(rows, {s.T, s.d, s.width(), /*gated=*/false}, args, &c, stream, "dw1");
+    return;
+  }
   GemmArgs args = make_args(dh, x);
   args.out = static_cast<kernels::bf16*>(dw1);
   launch<GemmKind::Dw1>(rows, s, args, config, stream, "dw1");

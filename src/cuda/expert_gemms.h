@@ -28,9 +28,15 @@ struct RoutedRows {
 };
 
 // gated: the activation splits H into gate and up (W = 2n columns), else W = n (docs/SPEC.md §2).
+// transposed: the weights are stored W1 [E, d, W] and W2 [E, n, d] (gpt-oss), and dW1, dW2 are
+// wanted in that layout; else W1 [E, W, d], W2 [E, d, n] (the HF layout). The same kernels run
+// both: the layout flips the weight operand's major-ness in up, dH (the gather kernel's TMA
+// loads), down and dx (CUTLASS's B layout), and exchanges dW1's and dW2's kernels
+// (gemm_kernel_kind).
 struct ExpertShape {
   int64_t T = 0, d = 0, n = 0;
   bool gated = true;
+  bool transposed = false;
   int64_t width() const { return gated ? 2 * n : n; }
 };
 
@@ -49,10 +55,17 @@ const char* expert_gemms_unsupported(const ExpertShape& s);
 // Experts the gather kernel takes: it keeps a per-expert tile table in shared memory.
 constexpr int kMaxGemmExperts = 1024;
 
-// The configurations compiled for `kind` (band and max_ctas 0: any value is a run-time parameter).
+// The configurations compiled for `kind` (band and max_ctas 0: any value is a run-time parameter),
+// in either weight layout.
 const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind);
+// The kind whose compiled kernels run `kind` on s: kind itself, but with transposed weights dW1 is
+// wanted as [d, W] = X[tok]ᵀ·dH, which is dW2's GEMM (gathered A, row-range B by TMA, 128x256
+// tiles with the TMA operand on the long side, as dW1's 256x128 in the HF layout), and dW2 as
+// [n, d] = A'ᵀ·dO[tok], which is dW1's. A configuration for dw1 or dw2 is then one of the other's.
+GemmKind gemm_kernel_kind(GemmKind kind, const ExpertShape& s);
 // What a launch of `kind` on this shape runs: `requested`'s kernel with its band and max_ctas, those
-// it leaves at 0 taken from choose_gemm_config(kind, s, sm_count), band clamped to the column tiles;
+// it leaves at 0 taken from choose_gemm_config(gemm_kernel_kind(kind, s), s, sm_count), band clamped
+// to the column tiles;
 // or that heuristic config itself when `requested` is null. Throws leanmoe::Error naming the config
 // when it is not compiled for `kind` (listing those that are) or not valid for the shape (E above
 // kMaxGemmExperts for the gather kernel, a band for a kind without one, max_ctas below the cluster).
@@ -66,7 +79,8 @@ int64_t gemm_column_tiles(GemmKind kind, const ExpertShape& s, const GemmConfig&
 // Forward 3: H[r] = X[row_token[r]] · W1_e^T + b1_e (gather fused into the A-operand load), epilogue
 // stores H (bf16 [R, W], W1's row order) and A = f(g, u) (gated) or f(h) (plain) (bf16 [R, n]),
 // both from the fp32 accumulators. w1 is the HF layout [E, W, d] (fn.interleaved: rows g0, u0, ...;
-// else gate rows 0..n-1, up rows n..2n-1); b1 bf16 [E, W] in the same row order, or null.
+// else gate rows 0..n-1, up rows n..2n-1), or [E, d, W] with s.transposed (the same order along
+// W); b1 bf16 [E, W] in the same order, or null.
 void up_proj_act(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, const void* x,
                  const void* w1, const void* b1, void* h, void* a, cudaStream_t stream,
                  const GemmConfig* config = nullptr);
@@ -76,13 +90,15 @@ void up_proj_act(const RoutedRows& rows, const ExpertShape& s, const ExpertFunct
 // Depends on E and the current device's SM count only. Any alignment (the launchers align inside).
 size_t expert_gemm_workspace_bytes(int64_t E);
 
-// Forward 4: Y[r] = A[r] · W2_e^T, w2 [E, d, n], Y bf16 [R, d]. `workspace`: expert_gemm_workspace_bytes(E)
-// bytes, used by one launch at a time; nullptr (tests, tools) takes a per-device buffer allocated on
-// first use, which synchronises the device then: the library always passes its planned workspace.
+// Forward 4: Y[r] = A[r] · W2_e^T, w2 [E, d, n] ([E, n, d] with s.transposed), Y bf16 [R, d].
+// `workspace`: expert_gemm_workspace_bytes(E) bytes, used by one launch at a time; nullptr (tests,
+// tools) takes a per-device buffer allocated on first use, which synchronises the device then: the
+// library always passes its planned workspace.
 void down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
                cudaStream_t stream, void* workspace = nullptr, const GemmConfig* config = nullptr);
 
-// Backward 1 (dH kernel): dA'[r] = dO[row_token[r]] · W2_e (gather of dO fused), epilogue reads H:
+// Backward 1 (dH kernel): dA'[r] = dO[row_token[r]] · W2_e (gather of dO fused; w2 as for down_proj),
+// epilogue reads H:
 // a = f(g, u); ds_partial[r * ds_partials(s) + j] = sum over the j-th column tile of dA'·a;
 // dH = gate·dA'·[da/dg, da/du] (bf16 [R, W], H's column order; plain: gate·dA'·f'(h));
 // A' = gate·a (bf16 [R, n]).
@@ -91,17 +107,18 @@ void dh_act_bwd(const RoutedRows& rows, const ExpertShape& s, const ExpertFuncti
                 const void* w2, const void* h, void* dh, void* a_prime, float* ds_partial, cudaStream_t stream,
                 const GemmConfig* config = nullptr);
 
-// Backward 2: dW2_e = sum_{r in e} dO[row_token[r]]^T ⊗ A'[r]  -> bf16 [E, d, n] (varlen-K, gather along K).
-// Experts with no rows get zeros.
+// Backward 2: dW2_e = sum_{r in e} dO[row_token[r]]^T ⊗ A'[r]  -> bf16 [E, d, n] (varlen-K, gather along K),
+// or its transpose [E, n, d] with s.transposed (dW1's kernel, gemm_kernel_kind). Experts with no rows get zeros.
 void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,
          cudaStream_t stream, const GemmConfig* config = nullptr);
 
-// Backward 3: dX_exp[r] = dH[r] · W1_e  -> bf16 [R, d] (K = W). `workspace` as for down_proj.
+// Backward 3: dX_exp[r] = dH[r] · W1_e  -> bf16 [R, d] (K = W; w1 as for up_proj_act). `workspace` as
+// for down_proj.
 void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
                cudaStream_t stream, void* workspace = nullptr, const GemmConfig* config = nullptr);
 
-// Backward 4: dW1_e = sum_{r in e} dH[r]^T ⊗ X[row_token[r]]  -> bf16 [E, W, d] (varlen-K, gather X).
-// Experts with no rows get zeros.
+// Backward 4: dW1_e = sum_{r in e} dH[r]^T ⊗ X[row_token[r]]  -> bf16 [E, W, d] (varlen-K, gather X),
+// or its transpose [E, d, W] with s.transposed (dW2's kernel). Experts with no rows get zeros.
 void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* x, void* dw1,
          cudaStream_t stream, const GemmConfig* config = nullptr);
 

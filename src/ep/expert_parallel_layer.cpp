@@ -160,6 +160,9 @@ ExpertParallelLayer::ExpertParallelLayer(const MoEConfig& cfg, Communicator& com
   EP_REQUIRE(cfg.activation == Activation::swiglu && !cfg.interleaved && !cfg.transposed,
              "ExpertParallelLayer: argument 'cfg': the EP layer runs SwiGLU experts in the [gate; up] HF layout only, "
              "got " + cfg.describe());
+  EP_REQUIRE(cfg.precision == Precision::storage,
+             "ExpertParallelLayer: argument 'cfg': the EP layer runs cfg.precision = storage only (fp8: the "
+             "single-device layer on cpu), got " + cfg.describe());
   s_->P = P;
   s_->El = cfg.E / P;
   s_->owner_cfg = owner_config(cfg, s_->El);

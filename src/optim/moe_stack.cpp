@@ -88,6 +88,15 @@ struct Layer {
   bool updated[2] = {false, false};  // in_backward: expert weight updated in this step, by ExpertWeight
 
   std::string tensor(ExpertWeight which) const { return name + "." + expert_weight_name(which); }
+  // An expert weight (or its gradient, of the same shape) in the layer's layout (leanmoe.h
+  // MoEWeights): gate_up_proj [E, W, d] or, transposed, [E, d, W]; down_proj [E, d, n] or [E, n, d].
+  Tensor gate_up_view(const Buffer& b, DType dtype) const {
+    const int64_t W = up_width(cfg);
+    return cfg.transposed ? b.view(dtype, {cfg.E, cfg.d, W}) : b.view(dtype, {cfg.E, W, cfg.d});
+  }
+  Tensor down_view(const Buffer& b, DType dtype) const {
+    return cfg.transposed ? b.view(dtype, {cfg.E, cfg.n, cfg.d}) : b.view(dtype, {cfg.E, cfg.d, cfg.n});
+  }
 };
 
 }  // namespace
@@ -177,11 +186,11 @@ MoEStack::MoEStack(std::vector<MoEConfig> cfgs, int64_t T, DType dtype, Device d
     const MoEConfig& c = l.cfg = cfgs[i];
     l.name = "layers." + std::to_string(i);
     upload(l.router, c.E * d, d);
-    upload(l.gate_up, c.E * 2 * c.n * d, d);
+    upload(l.gate_up, c.E * up_width(c) * d, d);
     upload(l.down, c.E * d * c.n, c.n);
     l.w.router = l.router.view(dtype, {c.E, d});
-    l.w.gate_up_proj = l.gate_up.view(dtype, {c.E, 2 * c.n, d});
-    l.w.down_proj = l.down.view(dtype, {c.E, d, c.n});
+    l.w.gate_up_proj = l.gate_up_view(l.gate_up, dtype);
+    l.w.down_proj = l.down_view(l.down, dtype);
     l.mem = std::make_unique<LayerMemory>(c, T, dtype, device);
     l.out = Buffer(device, size_t(T * d) * es);
     l.d_router = Buffer(device, size_t(c.E * d) * es);
@@ -194,7 +203,8 @@ MoEStack::MoEStack(std::vector<MoEConfig> cfgs, int64_t T, DType dtype, Device d
       l.d_down = m.grad_buffer(l.down.bytes());
     }
   }
-  // gate_up_proj's gradient (E*2n*d) is the larger of a layer's two; dW2 (E*d*n) reuses its front.
+  // gate_up_proj's gradient (E*W*d, W = 2n or n) is the larger of a layer's two, or equal; dW2
+  // (E*d*n) reuses its front.
   if (opt.mode == ExpertUpdateMode::in_backward) m.grad_workspace = m.grad_buffer(largest_grad);
   for (Buffer& b : m.dx) b = Buffer(device, size_t(T * d) * es);
 }
@@ -252,8 +262,8 @@ void MoEStack::backward(const Tensor& d_out) {
     g.d_router = l.d_router.view(m.dtype, {c.E, c.d});
     const Buffer& gu = in_backward ? m.grad_workspace : l.d_gate_up;
     const Buffer& dn = in_backward ? m.grad_workspace : l.d_down;
-    g.d_gate_up_proj = gu.view(m.dtype, {c.E, 2 * c.n, c.d});
-    g.d_down_proj = dn.view(m.dtype, {c.E, c.d, c.n});
+    g.d_gate_up_proj = l.gate_up_view(gu, m.dtype);
+    g.d_down_proj = l.down_view(dn, m.dtype);
     ExpertGradCallback cb;
     if (in_backward)
       cb = [&m, &l](ExpertWeight which, const Tensor& grad) { m.on_expert_grad(l, which, grad); };
@@ -272,9 +282,8 @@ void MoEStack::step() {
   if (m.opt.mode == ExpertUpdateMode::standard) {
     for (size_t i = m.layers.size(); i-- > 0;) {
       Layer& l = m.layers[i];
-      const MoEConfig& c = l.cfg;
-      m.experts.step(l.tensor(ExpertWeight::down_proj), l.d_down.view(m.dtype, {c.E, c.d, c.n}));
-      m.experts.step(l.tensor(ExpertWeight::gate_up_proj), l.d_gate_up.view(m.dtype, {c.E, 2 * c.n, c.d}));
+      m.experts.step(l.tensor(ExpertWeight::down_proj), l.down_view(l.d_down, m.dtype));
+      m.experts.step(l.tensor(ExpertWeight::gate_up_proj), l.gate_up_view(l.d_gate_up, m.dtype));
     }
   }
   // Dense parameters: global-norm clipping over the router gradients only (the expert gradients

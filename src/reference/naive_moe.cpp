@@ -1,8 +1,9 @@
 // The naive reference layer: textbook loops, everything cached per (token, expert) row, and the
 // score gradient taken as dS = <dO, y> from the cached Y. It shares no code with src/cpu/ but the
-// activations (src/activation.h, one definition each): its routing, token rounding, router
-// backward and weight layouts (converted to [E, 2n, d] / [E, d, n] on entry, back on exit, where
-// the backends index the layout in place) are written again from docs/DESIGN.md.
+// activations and the FP8 quantization (src/activation.h, src/fp8.h, one definition each): its
+// routing, token rounding, router backward, weight layouts (converted to [E, 2n, d] / [E, d, n] on
+// entry, back on exit, where the backends index the layout in place) and which operand is quantized
+// where are written again from docs/DESIGN.md.
 #include "naive_moe.h"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <numeric>
 
 #include "activation.h"
+#include "fp8.h"
 
 namespace leanmoe::reference {
 namespace {
@@ -69,6 +71,7 @@ struct Layer {
   bool given = false;  // routing given by the caller
   bool bias1 = false, bias2 = false;
   bool weights_bf16 = false;  // the given routing weights (and their gradient) are bf16
+  bool fp8 = false;           // DESIGN.md "FP8" (w1 and w2 then hold their quantized values)
   std::vector<Real> x, wr, w1, w2, b1, b2, d_out;  // w1 [E, W, d], w2 [E, d, n], b1 [E, W], b2 [E, d]: canonical
   std::vector<int32_t> topk_given;
   std::vector<Real> weights_given;
@@ -83,12 +86,27 @@ std::vector<Real> to_real(const std::vector<float>& v) {
   return std::vector<Real>(v.begin(), v.end());
 }
 
+// FP8: a [count, rows, cols] stack of matrices quantized in tiles of tile_rows x 128 (src/fp8.h).
+template <class V>
+V fp8_round_trip(V v, int64_t rows, int64_t cols, int64_t tile_rows) {
+  for (size_t at = 0; at < v.size(); at += size_t(rows * cols)) fp8::round_trip(&v[at], rows, cols, tile_rows);
+  return v;
+}
+
 template <class Real>
 Layer<Real> make_layer(const HostLayerInputs& in) {
   const MoEConfig& c = in.cfg;
   const LayoutMap map(c);
   const int64_t E = c.E, d = c.d, n = c.n, W = map.W;
   Layer<Real> L;
+  L.fp8 = c.precision == Precision::fp8;
+  // Weights are quantized in 128x128 blocks of each expert's matrix as stored (either layout holds
+  // the same blocks), before the canonical copy.
+  const std::vector<float> gate_up = L.fp8 ? fp8_round_trip(in.gate_up, c.transposed ? d : W, c.transposed ? W : d,
+                                                            fp8::kTile)
+                                           : in.gate_up;
+  const std::vector<float> down =
+      L.fp8 ? fp8_round_trip(in.down, c.transposed ? n : d, c.transposed ? d : n, fp8::kTile) : in.down;
   L.cfg = c;
   L.T = in.T;
   L.bf16 = in.dtype == DType::bf16;
@@ -104,11 +122,11 @@ Layer<Real> make_layer(const HostLayerInputs& in) {
   L.b2.assign(E * d, Real(0));
   for (int64_t e = 0; e < E; ++e) {
     for (int64_t r = 0; r < W; ++r) {
-      for (int64_t k = 0; k < d; ++k) L.w1[(e * W + r) * d + k] = in.gate_up[map.w1(e, r, k)];
+      for (int64_t k = 0; k < d; ++k) L.w1[(e * W + r) * d + k] = gate_up[map.w1(e, r, k)];
       if (L.bias1) L.b1[e * W + r] = in.gate_up_bias[map.b1(e, r)];
     }
     for (int64_t i = 0; i < d; ++i) {
-      for (int64_t j = 0; j < n; ++j) L.w2[(e * d + i) * n + j] = in.down[map.w2(e, i, j)];
+      for (int64_t j = 0; j < n; ++j) L.w2[(e * d + i) * n + j] = down[map.w2(e, i, j)];
       if (L.bias2) L.b2[e * d + i] = in.down_bias[e * d + i];
     }
   }
@@ -260,6 +278,7 @@ Forward<Real> forward(const Layer<Real>& L) {
   const act::Params ap = act::params_of(c);
   Forward<Real> F;
   route(L, F);
+  const std::vector<Real> x_up = L.fp8 ? fp8_round_trip(L.x, 1, d, 1) : L.x;  // the up GEMM's X: 1x128 tiles
 
   const int64_t R = int64_t(F.rows.size());
 #pragma omp parallel for schedule(dynamic, 4)
@@ -268,10 +287,11 @@ Forward<Real> forward(const Layer<Real>& L) {
     const Real* w1 = &L.w1[row.expert * W * d];
     const Real* w2 = &L.w2[row.expert * d * n];
     row.x.assign(&L.x[row.token * d], &L.x[row.token * d] + d);
+    const Real* xq = &x_up[row.token * d];
     std::vector<Real> acc(W);
     for (int64_t j = 0; j < W; ++j) {
       Real s = L.b1[row.expert * W + j];
-      for (int64_t k = 0; k < d; ++k) s += w1[j * d + k] * row.x[k];
+      for (int64_t k = 0; k < d; ++k) s += w1[j * d + k] * xq[k];
       acc[j] = s;
     }
     row.h.resize(W);
@@ -279,10 +299,11 @@ Forward<Real> forward(const Layer<Real>& L) {
     for (int64_t j = 0; j < W; ++j) row.h[j] = L.store(acc[j]);
     for (int64_t j = 0; j < n; ++j)  // A from the unrounded accumulators
       row.a[j] = L.store(act::forward(ap, acc[j], gated ? acc[n + j] : Real(0)));
+    const std::vector<Real> a = L.fp8 ? fp8_round_trip(row.a, 1, n, 1) : row.a;
     row.y.resize(d);
     for (int64_t i = 0; i < d; ++i) {
       Real s = 0;
-      for (int64_t j = 0; j < n; ++j) s += w2[i * n + j] * row.a[j];
+      for (int64_t j = 0; j < n; ++j) s += w2[i * n + j] * a[j];
       row.y[i] = L.store(s + L.b2[row.expert * d + i]);
     }
   }
@@ -344,31 +365,40 @@ void backward(const Layer<Real>& L, const Forward<Real>& F, HostLayerOutputs& o)
   const int64_t R = int64_t(F.rows.size());
   const bool gated = activation_is_gated(c.activation);
   const act::Params ap = act::params_of(c);
+  const LayoutMap map(c);
 
-  // Per row: dS = <dO, Y>, dH and A' (DESIGN.md "Rounding points").
+  // Per row: dS = <dO, Y>, dH and A' (DESIGN.md "Rounding points"). FP8 defines dS as the
+  // memory-efficient <dA', a> (+ <dO, b2>), dA' from the quantized dO and W2 (DESIGN.md "FP8"):
+  // quantization makes the two differ by more than rounding.
   std::vector<Real> dS(R), dH(R * W), a_prime(R * n), dx_exp(R * d);
+  const std::vector<Real> d_out_dh = L.fp8 ? fp8_round_trip(L.d_out, 1, d, 1) : L.d_out;  // the dH GEMM's dO
 #pragma omp parallel for schedule(dynamic, 4)
   for (int64_t r = 0; r < R; ++r) {
     const Row<Real>& row = F.rows[r];
     const Real* dout = &L.d_out[row.token * d];
     const Real* w1 = &L.w1[row.expert * W * d];
     const Real* w2 = &L.w2[row.expert * d * n];
+    const Real* dq = &d_out_dh[row.token * d];
     Real s = 0;
-    for (int64_t i = 0; i < d; ++i) s += dout[i] * row.y[i];
-    dS[r] = s;
+    for (int64_t i = 0; i < d; ++i) s += dout[i] * (L.fp8 ? L.b2[row.expert * d + i] : row.y[i]);
     for (int64_t j = 0; j < n; ++j) {
       Real da = 0;  // dA' = W2^T dO
-      for (int64_t i = 0; i < d; ++i) da += w2[i * n + j] * dout[i];
+      for (int64_t i = 0; i < d; ++i) da += w2[i * n + j] * dq[i];
       const Real g = row.h[j], u = gated ? row.h[n + j] : Real(0);
       Real da_dg, da_du;
       act::backward(ap, g, u, da_dg, da_du);
       dH[r * W + j] = L.store(row.gate * da * da_dg);
       if (gated) dH[r * W + n + j] = L.store(row.gate * da * da_du);
       a_prime[r * n + j] = L.store(row.gate * act::forward(ap, g, u));
+      if (L.fp8) s += da * act::forward(ap, g, u);
     }
+    dS[r] = s;
+    std::vector<Real> dh(W);  // in W1's stored row order, where dH's scale tiles lie
+    for (int64_t j = 0; j < W; ++j) dh[map.row(j)] = dH[r * W + j];
+    if (L.fp8) dh = fp8_round_trip(dh, 1, W, 1);
     for (int64_t k = 0; k < d; ++k) {
       Real acc = 0;
-      for (int64_t j = 0; j < W; ++j) acc += dH[r * W + j] * w1[j * d + k];
+      for (int64_t j = 0; j < W; ++j) acc += dh[map.row(j)] * w1[j * d + k];
       dx_exp[r * d + k] = L.store(acc);
     }
   }
@@ -398,7 +428,7 @@ void backward(const Layer<Real>& L, const Forward<Real>& F, HostLayerOutputs& o)
     for (int64_t i = 0; i < W; ++i) db1[e * W + i] = L.store(db1[e * W + i]);
     for (int64_t i = 0; i < d; ++i) db2[e * d + i] = L.store(db2[e * d + i]);
   }
-  to_layout(LayoutMap(c), dw1, db1, dw2, o, L.bias1);
+  to_layout(map, dw1, db1, dw2, o, L.bias1);
   if (L.bias2) o.d_down_bias = to_float(db2);
 
   std::vector<std::vector<int64_t>> token_rows(T);

@@ -148,8 +148,9 @@ TEST(CudaBackend, EmptyExpertAndHotExpert) {
 
 // The fused router with every activation (gated and plain), with and without both expert biases
 // (b1 inside H, b2 in the aggregation, <dO, b2> in dS and so in d_router), both row orders of W1
-// for the gated ones: ragged top-K with T not a multiple of 128, a hot and an empty expert, one
-// expert taking every row, token rounding, and T = 0 (the bias gradients 0).
+// for the gated ones, both weight layouts (transposed: gpt-oss's [E, d, W] and [E, n, d], read in
+// place, gradients in that layout): ragged top-K with T not a multiple of 128, a hot and an empty
+// expert, one expert taking every row, token rounding, and T = 0 (the bias gradients 0).
 TEST(CudaBackend, EveryActivationBiasAndLayout) {
   REQUIRE_GPU();
   uint64_t seed = 1000;
@@ -157,38 +158,40 @@ TEST(CudaBackend, EveryActivationBiasAndLayout) {
                        Activation::swiglu_clamped, Activation::gelu, Activation::gelu_tanh, Activation::silu,
                        Activation::relu, Activation::relu2})
     for (bool interleaved : {false, true})
-      for (bool biased : {false, true}) {
-        if (interleaved && !activation_is_gated(a)) continue;
-        MoEConfig c = base_config();
-        c.activation = a;
-        c.interleaved = interleaved;
-        if (a == Activation::swiglu_clamped) c.act_limit = 1.5f;  // both clamps act on these pre-activations
-        c.aux_loss_coef = 0.01f;
-        c.z_loss_coef = 0.001f;
-        const std::string what = std::string(biased ? "biased" : "no bias");
-        auto make = [&](const MoEConfig& cfg, int64_t T) {
-          HostLayerInputs in = reference::random_inputs(cfg, T, DType::bf16, seed++);
-          if (biased) reference::add_random_biases(in, seed++);
-          return in;
-        };
-        expect_same(make(c, 300), what + ", ragged top-K");
-        HostLayerInputs steered = make(c, 257);
-        steer(steered, /*hot=*/2, /*cold=*/5);
-        expect_same(steered, what + ", hot expert 2, empty expert 5");
-        MoEConfig one = c;
-        one.K = 1;
-        one.router = RouterConvention::topk_then_softmax;
-        HostLayerInputs all = make(one, 200);
-        steer(all, /*hot=*/6, /*cold=*/-1);
-        expect_same(all, what + ", every token on expert 6");
-        MoEConfig rounded = c;
-        rounded.routing = Routing::token_rounding;
-        rounded.tile = 16;
-        expect_same(make(rounded, 301), what + ", token rounding");
-        const HostLayerOutputs none = reference::run_backend(make(c, 0), Device::cuda);
-        for (float v : none.d_gate_up_bias) ASSERT_EQ(v, 0.f);
-        for (float v : none.d_down_bias) ASSERT_EQ(v, 0.f);
-      }
+      for (bool biased : {false, true})
+        for (bool transposed : {false, true}) {
+          if (interleaved && !activation_is_gated(a)) continue;
+          MoEConfig c = base_config();
+          c.activation = a;
+          c.interleaved = interleaved;
+          c.transposed = transposed;
+          if (a == Activation::swiglu_clamped) c.act_limit = 1.5f;  // both clamps act on these pre-activations
+          c.aux_loss_coef = 0.01f;
+          c.z_loss_coef = 0.001f;
+          const std::string what = std::string(biased ? "biased" : "no bias");
+          auto make = [&](const MoEConfig& cfg, int64_t T) {
+            HostLayerInputs in = reference::random_inputs(cfg, T, DType::bf16, seed++);
+            if (biased) reference::add_random_biases(in, seed++);
+            return in;
+          };
+          expect_same(make(c, 300), what + ", ragged top-K");
+          HostLayerInputs steered = make(c, 257);
+          steer(steered, /*hot=*/2, /*cold=*/5);
+          expect_same(steered, what + ", hot expert 2, empty expert 5");
+          MoEConfig one = c;
+          one.K = 1;
+          one.router = RouterConvention::topk_then_softmax;
+          HostLayerInputs all = make(one, 200);
+          steer(all, /*hot=*/6, /*cold=*/-1);
+          expect_same(all, what + ", every token on expert 6");
+          MoEConfig rounded = c;
+          rounded.routing = Routing::token_rounding;
+          rounded.tile = 16;
+          expect_same(make(rounded, 301), what + ", token rounding");
+          const HostLayerOutputs none = reference::run_backend(make(c, 0), Device::cuda);
+          for (float v : none.d_gate_up_bias) ASSERT_EQ(v, 0.f);
+          for (float v : none.d_down_bias) ASSERT_EQ(v, 0.f);
+        }
 }
 
 TEST(CudaBackend, TokenRoundingAllModes) {

@@ -4,7 +4,9 @@
 // the 128-wide tile. Outputs are poisoned with 0xFF bytes (NaN in bf16 and fp32) before each launch
 // so an element the kernel forgot to write fails the comparison. Each case runs the heuristic's
 // kernels or explicitly requested ones (GemmConfig, src/cuda/gemm_config.h): every compiled
-// configuration, tile bands and capped CTA counts are swept below.
+// configuration, tile bands and capped CTA counts are swept below, in both weight layouts (the
+// transposed one gets the same weights transposed and must give the same results, its dW1 and dW2
+// transposed).
 #include <gtest/gtest.h>
 
 #include <cuda_runtime.h>
@@ -87,6 +89,17 @@ std::vector<float> to_float(const std::vector<bf16>& v) {
   return f;
 }
 
+// E matrices [rows, cols] -> E matrices [cols, rows]: a weight tensor in the other layout (W1
+// [E, W, d] <-> [E, d, W], W2 [E, d, n] <-> [E, n, d]).
+template <class T>
+std::vector<T> transpose_experts(const std::vector<T>& v, int64_t E, int64_t rows, int64_t cols) {
+  std::vector<T> t(v.size());
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) t[(e * cols + c) * rows + r] = v[(e * rows + r) * cols + c];
+  return t;
+}
+
 // Device buffer of `count` elements of T, freed on scope exit.
 template <class T>
 struct DeviceBuffer {
@@ -167,10 +180,12 @@ struct Kernels {
   }
 };
 
-void run_case(const Case& c, const Kernels& k = {}) {
+// transposed: the weights go to the device as W1 [E, d, 2n] and W2 [E, n, d], and dW1, dW2 come back
+// in that layout (compared transposed back against the same references).
+void run_case(const Case& c, const Kernels& k = {}, bool transposed = false) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  SCOPED_TRACE("kernels:" + k.describe());
-  const lc::ExpertShape s{c.T, c.d, c.n};
+  SCOPED_TRACE("kernels:" + k.describe() + (transposed ? ", transposed weights" : ""));
+  const lc::ExpertShape s{c.T, c.d, c.n, true, transposed};
   ASSERT_STREQ(lc::expert_gemms_unsupported(s), "");
   const Routing rt = make_routing(c.T, c.E, c.K, c.empty_expert, c.all_to_one, 1234u + uint32_t(c.T));
   const int64_t T = c.T, E = c.E, d = c.d, n = c.n, R = rt.R;
@@ -197,9 +212,14 @@ void run_case(const Case& c, const Kernels& k = {}) {
   const auto hf = to_float(h_in), af = to_float(a_in), dhf = to_float(dh_in), apf = to_float(ap_in);
 
   const DeviceRouting routed(rt, R_max);
-  DeviceBuffer<bf16> x_d(x), dout_d(d_out), w1_d(w1), w2_d(w2), h_in_d(h_in), a_in_d(a_in), dh_in_d(dh_in),
+  DeviceBuffer<bf16> x_d(x), dout_d(d_out), w1_d(transposed ? transpose_experts(w1, E, 2 * n, d) : w1),
+      w2_d(transposed ? transpose_experts(w2, E, d, n) : w2), h_in_d(h_in), a_in_d(a_in), dh_in_d(dh_in),
       ap_in_d(ap_in);
   const lc::RoutedRows rows = routed.rows();
+  // A dW as computed, back in the HF layout the references use.
+  auto hf_layout = [&](const std::vector<bf16>& dw, int64_t rows_hf, int64_t cols_hf) {
+    return transposed ? transpose_experts(dw, E, cols_hf, rows_hf) : dw;
+  };
   DeviceBuffer<char> gemm_ws(c.caller_workspace ? lc::expert_gemm_workspace_bytes(E) : 0);
   gemm_ws.poison();
   void* const gemm_ws_ptr = c.caller_workspace ? gemm_ws.ptr : nullptr;
@@ -304,7 +324,7 @@ void run_case(const Case& c, const Kernels& k = {}) {
       for (int64_t i = 0; i < d; ++i)
         for (int64_t j = 0; j < n; ++j) out[i * n + j] += dor[i] * apf[r * n + j];
     }
-    expect_close(dw.download(E * d * n), ref, "dw2");
+    expect_close(hf_layout(dw.download(E * d * n), d, n), ref, "dw2");
   }
   {  // dx_expert: dX_exp = dH W1_e
     DeviceBuffer<bf16> dx(R_max * d);
@@ -335,23 +355,24 @@ void run_case(const Case& c, const Kernels& k = {}) {
         for (int64_t i = 0; i < d; ++i) out[k * d + i] += v * xr[i];
       }
     }
-    expect_close(dw.download(E * 2 * n * d), ref, "dw1");
+    expect_close(hf_layout(dw.download(E * 2 * n * d), 2 * n, d), ref, "dw1");
   }
 }
 
-// up_proj_act and dh_act_bwd for every activation, W1 row order and b1 on/off against loops over
-// src/activation.h's functions (the CPU backend's): H = X[tok]·W1_eᵀ + b1_e in W1's row order,
-// A = f(H) from fp32; dH, A' and the ds partials from a given H. Then dx_expert and dw1 at the
-// plain width W = n. Ragged rows with an empty expert, d = n = 192 (a partial last column tile
-// for both tile pairings), rows past the routed ones poisoned.
-void run_expert_function_case(leanmoe::Activation activation, bool interleaved, bool biased) {
+// up_proj_act and dh_act_bwd for every activation, W1 row order, weight layout and b1 on/off
+// against loops over src/activation.h's functions (the CPU backend's): H = X[tok]·W1_eᵀ + b1_e in
+// W1's row order, A = f(H) from fp32; dH, A' and the ds partials from a given H. Then dx_expert
+// and dw1 at the plain width W = n. Ragged rows with an empty expert, d = n = 192 (a partial last
+// column tile for both tile pairings), rows past the routed ones poisoned. transposed: the same
+// weights as W1 [E, d, W], W2 [E, n, d] (interleaved: W1's columns g0, u0, ..., gpt-oss's).
+void run_expert_function_case(leanmoe::Activation activation, bool interleaved, bool biased, bool transposed) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   using leanmoe::act::Params;
   const bool gated = leanmoe::activation_is_gated(activation);
   SCOPED_TRACE(std::string(leanmoe::activation_name(activation)) + (interleaved ? " interleaved" : "") +
-               (biased ? " biased" : ""));
+               (biased ? " biased" : "") + (transposed ? " transposed" : ""));
   const int64_t T = 150, E = 6, K = 2, d = 192, n = 192, W = gated ? 2 * n : n;
-  const lc::ExpertShape s{T, d, n, gated};
+  const lc::ExpertShape s{T, d, n, gated, transposed};
   const lc::ExpertFunction fn{activation, 1.702f, 1.5f, interleaved};
   const Params p{activation, fn.alpha, fn.limit};
   const Routing rt = make_routing(T, E, K, /*empty_expert=*/2, false, 77u);
@@ -365,7 +386,8 @@ void run_expert_function_case(leanmoe::Activation activation, bool interleaved, 
   const auto xf = to_float(x), dof = to_float(d_out), w1f = to_float(w1), w2f = to_float(w2), b1f = to_float(b1),
              hf = to_float(h_in);
   const DeviceRouting routed(rt, R_max);
-  DeviceBuffer<bf16> x_d(x), dout_d(d_out), w1_d(w1), w2_d(w2), b1_d(b1), h_in_d(h_in);
+  DeviceBuffer<bf16> x_d(x), dout_d(d_out), w1_d(transposed ? transpose_experts(w1, E, W, d) : w1),
+      w2_d(transposed ? transpose_experts(w2, E, d, n) : w2), b1_d(b1), h_in_d(h_in);
   const lc::RoutedRows rows = routed.rows();
   auto expert_of_row = [&](int64_t r) {
     return int64_t(std::upper_bound(rt.expert_offsets.begin(), rt.expert_offsets.end(), int32_t(r)) -
@@ -459,7 +481,8 @@ void run_expert_function_case(leanmoe::Activation activation, bool interleaved, 
       for (int64_t k = 0; k < W; ++k)
         for (int64_t i = 0; i < d; ++i)
           ref[(expert_of_row(r) * W + k) * d + i] += dhf[r * W + k] * xf[rt.row_token[r] * d + i];
-    expect_close(dw.download(E * W * d), ref, "dw1, plain");
+    const std::vector<bf16> got = dw.download(E * W * d);
+    expect_close(transposed ? transpose_experts(got, E, d, W) : got, ref, "dw1, plain");
   }
 }
 
@@ -470,7 +493,16 @@ TEST(ExpertGemms, EveryActivationLayoutAndBias) {
                        Activation::relu, Activation::relu2})
     for (bool interleaved : {false, true})
       for (bool biased : {false, true})
-        if (!interleaved || leanmoe::activation_is_gated(a)) run_expert_function_case(a, interleaved, biased);
+        for (bool transposed : {false, true})
+          if (!interleaved || leanmoe::activation_is_gated(a))
+            run_expert_function_case(a, interleaved, biased, transposed);
+}
+
+// gpt-oss's expert function on its layout (the transposed interleaved pairs epilogue, with b1) and a
+// plain one transposed: two cases of the sweep above, small enough for compute-sanitizer.
+TEST(ExpertGemms, GptOssExpertFunction) {
+  run_expert_function_case(leanmoe::Activation::swiglu_clamped, true, true, true);
+  run_expert_function_case(leanmoe::Activation::relu2, false, true, true);
 }
 
 // A shape and function that disagree (a plain activation on a gated shape) are refused by name.
@@ -500,11 +532,24 @@ TEST(ExpertGemms, ManyExperts) { run_case({512, 16, 4, 256, 320, -1, false}); }
 // for down and dx, two n-tiles: 1x2 clusters).
 TEST(ExpertGemms, WideExperts) { run_case({64, 4, 2, 320, 576, -1, false}); }
 
-// Configuration i of every kind (its last where a kind has fewer), run-time fields unset.
-Kernels compiled_configs(size_t i) {
+// The cases above with the weights transposed (gpt-oss's layout): up reads W1 MN-major, dH reads W2
+// K-major, down and dx run the other CUTLASS B layout, dW1 and dW2 each other's kernel (transposed
+// outputs); d = 320 and n = 320, 576 end in partial tiles of each.
+TEST(ExpertGemms, TransposedWeights) {
+  run_case({100, 8, 2, 192, 192, 3, false}, {}, true);
+  run_case({1, 4, 2, 128, 64, -1, false}, {}, true);
+  run_case({300, 4, 1, 64, 128, -1, true}, {}, true);
+  run_case({512, 16, 4, 256, 320, -1, false}, {}, true);
+  run_case({64, 4, 2, 320, 576, -1, false}, {}, true);
+}
+
+// Configuration i of every kind (its last where a kind has fewer), run-time fields unset; with
+// transposed weights dw1's and dw2's are each other's (gemm_kernel_kind).
+Kernels compiled_configs(size_t i, bool transposed = false) {
   Kernels k;
+  const lc::ExpertShape layout{1, 64, 64, true, transposed};
   for (lc::GemmKind kind : lc::kGemmKinds) {
-    const auto& compiled = lc::compiled_gemm_configs(kind);
+    const auto& compiled = lc::compiled_gemm_configs(lc::gemm_kernel_kind(kind, layout));
     k.config[static_cast<size_t>(kind)] = compiled[std::min(i, compiled.size() - 1)];
   }
   return k;
@@ -524,7 +569,8 @@ Kernels with_max_ctas(Kernels k, int ctas) {
 // boundaries); 5 CTAs (2 clusters of 2 where the kernel runs in clusters) make every CTA walk many
 // tiles of several experts on a small case.
 TEST(ExpertGemms, FewPersistentCtas) {
-  run_case({512, 16, 4, 256, 320, 5, false}, with_max_ctas(compiled_configs(0), 5));
+  for (bool transposed : {false, true})
+    run_case({512, 16, 4, 256, 320, 5, false}, with_max_ctas(compiled_configs(0, transposed), 5), transposed);
 }
 
 // Every compiled configuration of every kind (down, dx: CUTLASS ping-pong 128x192 in 1x2 and 2x1
@@ -538,21 +584,24 @@ TEST(ExpertGemms, FewPersistentCtas) {
 // m-tile counts leaving rank 1 a tile past the edge (d = 320: 3 n-tiles of dW1 at 256x128, 3 m-tiles of
 // dW2 at 128x256; d <= 192: one 192-wide n-tile, so rank 1 of a CUTLASS 1x2 cluster lies wholly past
 // d); partial last k-tiles loaded by each CTA alone; empty experts storing zeros in both CTAs (dW).
+// Both weight layouts (the transposed one: dH's K-major W2 halves multicast per CTA rank; dW1 on dW2's
+// kernel with N = 2n, dW2 on dW1's with M = n; down and dx with the other B major-ness).
 TEST(ExpertGemms, EveryCompiledConfig) {
-  for (size_t i = 0; i < max_compiled_configs(); ++i) {
-    const Kernels k = compiled_configs(i);
-    run_case({100, 8, 2, 192, 192, 3, false}, k);
-    run_case({1, 4, 2, 128, 64, -1, false, false}, k);
-    run_case({300, 4, 1, 64, 128, -1, true}, k);
-    run_case({512, 16, 4, 256, 320, -1, false}, k);
-    run_case({64, 4, 2, 320, 576, -1, false}, k);
-    for (int ctas : {5, 2, 1}) {
-      const Kernels capped = with_max_ctas(k, ctas);
-      run_case({512, 16, 4, 256, 320, 5, false}, capped);
-      run_case({300, 4, 1, 64, 128, -1, true}, capped);
-      run_case({64, 4, 2, 320, 576, -1, false}, capped);
+  for (bool transposed : {false, true})
+    for (size_t i = 0; i < max_compiled_configs(); ++i) {
+      const Kernels k = compiled_configs(i, transposed);
+      run_case({100, 8, 2, 192, 192, 3, false}, k, transposed);
+      run_case({1, 4, 2, 128, 64, -1, false, false}, k, transposed);
+      run_case({300, 4, 1, 64, 128, -1, true}, k, transposed);
+      run_case({512, 16, 4, 256, 320, -1, false}, k, transposed);
+      run_case({64, 4, 2, 320, 576, -1, false}, k, transposed);
+      for (int ctas : {5, 2, 1}) {
+        const Kernels capped = with_max_ctas(k, ctas);
+        run_case({512, 16, 4, 256, 320, 5, false}, capped, transposed);
+        run_case({300, 4, 1, 64, 128, -1, true}, capped, transposed);
+        run_case({64, 4, 2, 320, 576, -1, false}, capped, transposed);
+      }
     }
-  }
 }
 
 // The varlen-M tile order (up, dH) walks bands of `band` column tiles (the heuristic's min(n_tiles, 8)
@@ -561,14 +610,15 @@ TEST(ExpertGemms, EveryCompiledConfig) {
 // n = 576: up 5, dH 3), with dH's cluster pairs (both CTAs must map one tile index to the same band
 // and column tile) and with 5 CTAs.
 TEST(ExpertGemms, TileBands) {
-  for (int band : {1, 2}) {
-    Kernels k = compiled_configs(0);
-    for (lc::GemmKind kind : {lc::GemmKind::Up, lc::GemmKind::Dh}) k.config[static_cast<size_t>(kind)]->band = band;
-    run_case({100, 8, 2, 192, 192, 3, false}, k);
-    run_case({512, 16, 4, 256, 320, -1, false}, k);
-    run_case({64, 4, 2, 320, 576, -1, false}, k);
-    run_case({512, 16, 4, 256, 320, 5, false}, with_max_ctas(k, 5));
-  }
+  for (bool transposed : {false, true})
+    for (int band : {1, 2}) {
+      Kernels k = compiled_configs(0, transposed);
+      for (lc::GemmKind kind : {lc::GemmKind::Up, lc::GemmKind::Dh}) k.config[static_cast<size_t>(kind)]->band = band;
+      run_case({100, 8, 2, 192, 192, 3, false}, k, transposed);
+      run_case({512, 16, 4, 256, 320, -1, false}, k, transposed);
+      run_case({64, 4, 2, 320, 576, -1, false}, k, transposed);
+      run_case({512, 16, 4, 256, 320, 5, false}, with_max_ctas(k, 5), transposed);
+    }
 }
 
 // A configuration that is not compiled, or not valid for the kind, is refused by name before any
@@ -609,6 +659,11 @@ TEST(ExpertGemms, LaunchersRefuseConfigsByName) {
                  [&](const lc::GemmConfig* c) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, c); });
   expect_refused("dx", "cutlass:pingpong:128x128:auto:tma:c2", "compiled for dx: cutlass:pingpong:128x192:auto:tma:c1x2",
                  [&](const lc::GemmConfig* c) { lc::dx_expert(rows, s, h.ptr, w1.ptr, y.ptr, nullptr, nullptr, c); });
+  // Transposed weights: dW1 runs dW2's kernel, so dw1's own HF-layout configuration is not one of its.
+  const lc::ExpertShape st{4, 64, 64, true, true};
+  expect_refused("dw1, transposed", "gather:coop:256x128:s4:warp:c2",
+                 "(transposed weights: dw2's kernel): not compiled; compiled for dw2: gather:coop:128x256:s4:warp:c2",
+                 [&](const lc::GemmConfig* c) { lc::dw1(rows, st, h.ptr, x.ptr, w1.ptr, nullptr, c); });
   CUDA_OK(cudaDeviceSynchronize());
 }
 

@@ -150,6 +150,20 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
   }
 }
 
+// Transposed weights run the same kernels; dW1 and dW2 exchange theirs (dW1ᵀ = X[tok]ᵀ·dH is dW2's
+// GEMM, dW2ᵀ = A'ᵀ·dO[tok] dW1's), so their configurations are each other's.
+TEST(GemmHeuristics, TransposedWeightsExchangeTheDwKernels) {
+  const lc::ExpertShape hf{32768, 2880, 2880}, t{32768, 2880, 2880, true, true};
+  for (GemmKind kind : lc::kGemmKinds) {
+    SCOPED_TRACE(lc::gemm_kind_name(kind));
+    EXPECT_EQ(lc::gemm_kernel_kind(kind, hf), kind);
+    const GemmKind other = kind == GemmKind::Dw1 ? GemmKind::Dw2 : kind == GemmKind::Dw2 ? GemmKind::Dw1 : kind;
+    EXPECT_EQ(lc::gemm_kernel_kind(kind, t), other);
+    EXPECT_EQ(lc::resolve_gemm_config(kind, t, 32, kH200Sms, nullptr),
+              lc::resolve_gemm_config(other, hf, 32, kH200Sms, nullptr));
+  }
+}
+
 // An explicit configuration keeps its kernel and run-time fields; those it leaves at 0 come from
 // the heuristic; a band past the column tiles is clamped to them.
 TEST(GemmHeuristics, ResolveFillsAndClampsRunTimeFields) {
@@ -181,6 +195,11 @@ TEST(GemmHeuristics, ResolveRefusesByName) {
   expect_error(resolve(GemmKind::Up, "gather:coop:128x256:s4:warp:c2"), {"not compiled"});
   expect_error(resolve(GemmKind::Dw1, "gather:coop:128x256:s4:warp:c2"),
                {"compiled for dw1: gather:coop:256x128:s4:warp:c2"});
+  const lc::ExpertShape transposed{64, 128, 128, true, true};
+  const lc::GemmConfig dw1_hf = lc::parse_gemm_config("gather:coop:256x128:s4:warp:c2");
+  expect_error([&] { lc::resolve_gemm_config(GemmKind::Dw1, transposed, 8, kH200Sms, &dw1_hf); },
+               {"dw1 GEMM config 'gather:coop:256x128:s4:warp:c2' (transposed weights: dw2's kernel): not compiled",
+                "compiled for dw2: gather:coop:128x256:s4:warp:c2"});
   expect_error(resolve(GemmKind::Down, "gather:coop:128x256:s4:warp:c1"),
                {"compiled for down: cutlass:pingpong:128x192:auto:tma:c1x2, cutlass:pingpong:128x192:auto:tma:c2"});
   expect_error(resolve(GemmKind::Dx, "cutlass:coop:128x256:auto:tma:c2"),

@@ -157,15 +157,20 @@ namespace {
 
 constexpr int64_t kT = 256;
 
-// Three layers of different sizes (the CUDA expert GEMMs take d and n in multiples of 64), so the
-// shared in-backward gradient workspace must be sized for the largest: layer 1, E*2n*d = 8*256*128.
+// Layers of different sizes (the CUDA expert GEMMs take d and n in multiples of 64), so the shared
+// in-backward gradient workspace must be sized for the largest: layer 1, E*2n*d = 8*256*128. Layer 3
+// is gpt-oss's experts (clamped SwiGLU, interleaved, transposed): in-backward updates of weights
+// read in place in the transposed layout, their gradients written in it.
 std::vector<MoEConfig> gpu_layer_configs() {
   MoEConfig a{.d = 128, .n = 64, .E = 4, .K = 2};
   MoEConfig b{.d = 128, .n = 128, .E = 8, .K = 2};
   b.router = RouterConvention::topk_then_softmax;
   MoEConfig c{.d = 128, .n = 64, .E = 8, .K = 3};
   c.aux_loss_coef = 0.01f;
-  return {a, b, c};
+  MoEConfig g{.d = 128, .n = 64, .E = 4, .K = 2};
+  g.activation = Activation::swiglu_clamped;
+  g.interleaved = g.transposed = true;
+  return {a, b, c, g};
 }
 
 struct DeviceActivation {

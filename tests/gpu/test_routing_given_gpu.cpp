@@ -4,8 +4,8 @@
 // expert weight gradients and d_topk_weights (the dS scatter), on random routings, sentinel ids,
 // a token without experts, an expert listed twice, one expert taking every row, empty experts,
 // T = 0, 1 and many tiles, bf16 and f32 routing weights; a CUDA graph capture; every activation x
-// expert biases on/off x W1 row order; and the clear refusal of the transposed layout, which the
-// GPU does not run yet. Skipped when no GPU is visible.
+// expert biases on/off x W1 row order x weight layout; and gpt-oss's experts (clamped SwiGLU,
+// interleaved, transposed, biases) at a width with partial tiles. Skipped when no GPU is visible.
 //
 // Tolerance: as tests/gpu/test_cuda_backend.cpp (kBf16Tol = 2e-2; both backends round at the same
 // points and differ by fp32 summation order). d_topk_weights is dS itself: the GPU sums it from
@@ -139,23 +139,25 @@ TEST(CudaRoutingGiven, CaptureIntoOneGraph) {
 }
 
 // Every activation (gated and plain), with and without both expert biases, both row orders of
-// W1 for the gated ones: ragged routing with T not a multiple of 128, an empty expert (expert 3
-// listed by no token), one expert taking every row, and T = 0. H, dH, the bias gradients and dS's
-// <dO, b2> term all come through the outputs compared (out, dx, both weight and bias gradients,
-// d_topk_weights).
+// W1 for the gated ones, both weight layouts (HF [E, W, d] / [E, d, n], transposed [E, d, W] /
+// [E, n, d]): ragged routing with T not a multiple of 128, an empty expert (expert 3 listed by no
+// token), one expert taking every row, and T = 0. H, dH, the bias gradients and dS's <dO, b2> term
+// all come through the outputs compared (out, dx, both weight and bias gradients, d_topk_weights).
 std::vector<MoEConfig> every_expert_function(int64_t E = 8, int64_t K = 2) {
   std::vector<MoEConfig> configs;
   for (Activation a : {Activation::swiglu, Activation::geglu, Activation::geglu_tanh, Activation::reglu,
                        Activation::swiglu_clamped, Activation::gelu, Activation::gelu_tanh, Activation::silu,
                        Activation::relu, Activation::relu2})
-    for (bool interleaved : {false, true}) {
-      if (interleaved && !activation_is_gated(a)) continue;
-      MoEConfig c = given_config(E, K);
-      c.activation = a;
-      c.interleaved = interleaved;
-      if (a == Activation::swiglu_clamped) c.act_limit = 1.5f;  // inside the pre-activations' range: both clamps act
-      configs.push_back(c);
-    }
+    for (bool interleaved : {false, true})
+      for (bool transposed : {false, true}) {
+        if (interleaved && !activation_is_gated(a)) continue;
+        MoEConfig c = given_config(E, K);
+        c.activation = a;
+        c.interleaved = interleaved;
+        c.transposed = transposed;
+        if (a == Activation::swiglu_clamped) c.act_limit = 1.5f;  // inside the pre-activations' range: both clamps act
+        configs.push_back(c);
+      }
   return configs;
 }
 
@@ -198,17 +200,25 @@ TEST(CudaRoutingGiven, EveryActivationWideN) {
   }
 }
 
-// What the GPU does not run yet is refused by name (the CPU backend runs it).
-TEST(CudaRoutingGiven, RefusesTheTransposedLayout) {
+// gpt-oss's experts as its checkpoints store them (clamped SwiGLU over interleaved gate/up columns,
+// both biases, the transposed layout), read in place, at d = n = 320: like gpt-oss's 2880, not a
+// multiple of 128, so every GEMM ends in a partial tile; sentinel ids and an empty expert.
+TEST(CudaRoutingGiven, GptOssExperts) {
   REQUIRE_GPU();
-  MoEConfig c = given_config();
-  c.transposed = true;
-  try {
-    reference::run_backend(inputs(c, 16, 15), Device::cuda);
-    ADD_FAILURE() << "accepted on cuda: " << c.describe();
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cfg.transposed"), std::string::npos) << e.what();
+  MoEConfig c = given_config(16, 4);
+  c.d = c.n = 320;
+  c.activation = Activation::swiglu_clamped;
+  c.act_limit = 1.5f;
+  c.interleaved = c.transposed = true;
+  ASSERT_EQ(unsupported_reason(c, DType::bf16, Device::cuda, true), "");
+  HostLayerInputs in = inputs(c, 700, 15);
+  reference::add_random_biases(in, 16);
+  for (int64_t t = 0; t < in.T; ++t) {
+    if (t % 7 == 0) in.topk_experts[t * 4 + 1] = -1;
+    for (int64_t k = 0; k < 4; ++k)
+      if (in.topk_experts[t * 4 + k] == 9) in.topk_experts[t * 4 + k] = 10;  // expert 9 empty
   }
+  expect_same(in, "gpt-oss experts, d = n = 320");
 }
 
 }  // namespace

@@ -22,8 +22,11 @@ constexpr bool is_varlen_k(GemmKind k) { return k == GemmKind::Dw2 || k == GemmK
 // Operand A is a token-indexed tensor (X or dO) read through row_token.
 constexpr bool gathers_a(GemmKind k) { return k == GemmKind::Up || k == GemmKind::Dh || k == GemmKind::Dw2; }
 constexpr bool gathers_b(GemmKind k) { return k == GemmKind::Dw1; }
-// B stored [N, K] (K contiguous): the up-projection's weights; every other B is [K, N].
-constexpr bool b_is_k_major(GemmKind k) { return k == GemmKind::Up; }
+// Whether B is stored [N, K] (K contiguous) rather than [K, N]: a property of the kind and the
+// weights' layout. The HF layout's W1 [W, d] is up's B in K-major order and W2 [d, n] dH's in
+// MN-major order; the transposed layout (W1 [d, W], W2 [n, d]) flips both. The varlen-K kinds'
+// operands are activations and do not depend on it (expert_gemms.cu swaps their roles instead).
+constexpr bool b_is_k_major(GemmKind k, bool transposed) { return (k == GemmKind::Up) != transposed; }
 
 struct GemmArgs {
   const int32_t* expert_offsets;  // [E+1]
@@ -52,11 +55,12 @@ static_assert(sizeof(GemmArgs) == 128, "GemmArgs grew: the default kernels' SASS
 
 // Per-expert problem: C[M, N] = sum_k A[m, k] B[k, n].
 // W = 2n for a gated activation, n for a plain one (H's, dH's and W1's width).
-//   kind     M     N    K     A (layout, row stride)        B (layout, row stride)
-//   up       rows  W    d     X[tok]   [M,K] ld d           W1_e [N,K] ld d
-//   dh       rows  n    d     dO[tok]  [M,K] ld d           W2_e [K,N] ld n
+//   kind     M     N    K     A (layout, row stride)        B (layout, row stride; transposed weights)
+//   up       rows  W    d     X[tok]   [M,K] ld d           W1_e [N,K] ld d   (W1t_e [K,N] ld W)
+//   dh       rows  n    d     dO[tok]  [M,K] ld d           W2_e [K,N] ld n   (W2t_e [N,K] ld d)
 //   dw2      d     n    rows  dO[tok]  [K,M] ld d           A'   [K,N] ld n
 //   dw1      W     d    rows  dH       [K,M] ld W           X[tok] [K,N] ld d
+// (up's and dH's B comes by TMA, so only its major-ness, b_is_k_major, enters the kernel.)
 struct ProblemDims {
   int64_t M, N, K;  // the varlen one is 0
   int64_t lda, ldb;

@@ -2,6 +2,7 @@
 // persistent consumers, device-side group scheduler) for the two expert GEMMs without a gather:
 //   down: Y[r]      = A[r]  · W2_e^T   A [R, n], B = W2_e [N=d, K=n] (K contiguous)
 //   dx:   dX_exp[r] = dH[r] · W1_e     A [R, 2n], B = W1_e [K=2n, N=d] (N contiguous)
+// (transposed weights, W1_e [d, 2n] and W2_e [n, d], swap B's major-ness in both.)
 // Expert e is group e with M_e = expert_offsets[e+1] - expert_offsets[e] rows; the problem shapes,
 // pointers and strides are written on the device by fill_group_args (rows per expert never reach
 // the host), and CUTLASS's group scheduler walks the groups from those device arrays
@@ -24,7 +25,7 @@ namespace leanmoe::cuda::kernels::cutlass_sm90 {
 
 using namespace cute;
 
-// Ping-pong 128x192x64 in clusters of two, instantiated for down and dx with either cluster shape
+// Ping-pong 128x192x64 in clusters of two, instantiated with either cluster shape for each B layout
 // (each costs minutes of nvcc; which runs where: gemm_heuristics.cpp). Ping-pong: two consumer
 // warpgroups on alternate tiles, so one's epilogue (a 48 KB bf16 store) runs under the other's MMAs.
 // The two CTAs of a cluster take adjacent tiles of one expert and load their shared operand tile once
@@ -40,8 +41,9 @@ struct Pingpong128x192Config {
   using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;  // 64x32 subtiles
 };
 
-// B layout in CUTLASS terms (B is K x N): ColumnMajor = K contiguous (down: W2_e [d, n]),
-// RowMajor = N contiguous (dx: W1_e [2n, d]). A and D are row-major (K resp. N contiguous).
+// B layout in CUTLASS terms (B is K x N): ColumnMajor = K contiguous (down: W2_e [d, n]; dx with
+// transposed weights: W1_e [d, 2n]), RowMajor = N contiguous (dx: W1_e [2n, d]; down with transposed
+// weights: W2_e [n, d]). A and D are row-major (K resp. N contiguous).
 template <class LayoutB, class Config>
 struct GroupedGemm {
   using TileConfig = Config;

@@ -148,11 +148,15 @@ struct OutputTile {
 // K-major; both layouts land the same) and rows past n zero-filled; on the default path
 // (Act::kNoBiasGateUp) as [E·2n rows, d cols], box {64, kTileN/2};
 // dH: W2 as [E·d rows, n cols], box {64, 64} (one 64-wide N block of a 64-deep k-tile, MN-major).
+// kTransposed (the weights stored W1 [E, d, W], W2 [E, n, d]; varlen-M only): up: W1 as [E·d rows,
+// W cols], box {64, 64}, MN-major like dH's W2 above; dH: W2 as [E·n rows, d cols], box
+// {64, kTileN/2}, K-major like up's W1. (Columns of a tile past the expert's n read other
+// weights or TMA's zeros, into accumulator columns the epilogue neither stores nor sums.)
 // Varlen-K, the operand that is a plain row range (not gathered): dW1: dH as [R rows, 2n cols],
 // dW2: A' as [R rows, n cols], box {64, 64} (MN-major as dH's W2). Encoded on the host per launch
 // (expert_gemms.cu). kCluster: launched with 2x1 clusters (see the top). Act: the activation of
-// up's and dH's epilogues (activation.cuh); void for dW1, dW2.
-template <GemmKind kKind, class Tile, bool kCluster, class Act>
+// up's and dH's epilogues (activation.cuh); void for dW1, dW2. kTransposed: the weights' layout.
+template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     gather_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap tma_operand) {
   static_assert(kKind == GemmKind::Up || kKind == GemmKind::Dh || is_varlen_k(kKind));
@@ -161,9 +165,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // branch of each is not written.
   static_assert(kCluster == (kKind != GemmKind::Up), "up runs without clusters, dH, dW2, dW1 in 2x1 clusters");
   static_assert(std::is_void_v<Act> == is_varlen_k(kKind), "up and dH apply an activation, dW1 and dW2 none");
+  static_assert(!(kTransposed && is_varlen_k(kKind)), "transposed weights change dW1's and dW2's roles, not kernel");
   constexpr int kTileM = Tile::kTileM, kTileN = Tile::kTileN, kTileK = Tile::kTileK, kStages = Tile::kStages;
   constexpr bool kVarlenK = is_varlen_k(kKind);
-  constexpr bool kBKMajor = b_is_k_major(kKind);
+  constexpr bool kBKMajor = b_is_k_major(kKind, kTransposed);
   constexpr int kProducerThreads = 128;
   // Releases per stage: lane 0 of each consumer warp, of both CTAs in cluster mode.
   constexpr int kReleases = 8 * (kCluster ? 2 : 1);
@@ -285,7 +290,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           const int k0 = kt * kTileK;
           if (tid == 0) {
             TxBarrier::arrive_and_expect_tx(&full_bar[stage], Tile::kBBytes);
-            if constexpr (kCluster) {
+            if constexpr (kCluster && kTransposed) {
+              // dH, transposed W2: n-rows e·n + n_tile·kTileN.. (K-major), two boxes of kTileN/2 rows;
+              // CTA rank r loads box r into both CTAs.
+              constexpr int kHalf = kTileN / 2;
+              tma_load_2d_multicast(b_smem + cta_rank() * kHalf * 128, &tma_operand, &full_bar[stage], k0,
+                                    tile.expert * int(args.n) + tile.n_tile * kTileN + cta_rank() * kHalf, 0b11);
+            } else if constexpr (kCluster) {
               // dH: k-rows e·d + k0.. of W2, kBoxes 64-column blocks; CTA rank r loads boxes
               // [r·kBoxes/2, (r+1)·kBoxes/2) into both CTAs.
               constexpr int kBoxes = kTileN / 64, kMyBoxes = kBoxes / 2;
@@ -294,6 +305,21 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                 const int box = cta_rank() * kMyBoxes + j;
                 tma_load_2d_multicast(b_smem + box * kMNBlockBytes, &tma_operand, &full_bar[stage],
                                       tile.n_tile * kTileN + 64 * box, tile.expert * int(args.d) + k0, 0b11);
+              }
+            } else if constexpr (kTransposed) {
+              // up, transposed W1: k-rows e·d + k0.., the tile's W1 columns in 64-wide MN blocks. [gate;
+              // up]: gate columns j0.. into the first half of the blocks, up columns n + j0.. into the
+              // second, as the K-major tile's rows. Interleaved (TMA cannot split pairs: a box is at
+              // least 16 bytes wide) and plain: kTileN contiguous columns; the epilogue takes
+              // interleaved (g_j, u_j) from adjacent accumulator columns (store_up_pairs).
+              constexpr int kBoxes = kTileN / 64;
+              const bool split = Act::kGated && !args.interleaved;
+              const int col0 = split ? tile.n_tile * (kTileN / 2) : tile.n_tile * kTileN;
+#pragma unroll
+              for (int j = 0; j < kBoxes; ++j) {
+                const int col = col0 + (split && j >= kBoxes / 2 ? int(args.n) + 64 * (j - kBoxes / 2) : 64 * j);
+                tma_load_2d(b_smem + j * kMNBlockBytes, &tma_operand, &full_bar[stage], col,
+                            tile.expert * int(args.d) + k0);
               }
             } else if constexpr (Act::kNoBiasGateUp) {  // up: rows e·2n + j0.. (gate), e·2n + n + j0.. (up) of W1
               const int row0 = tile.expert * int(2 * args.n) + tile.n_tile * (kTileN / 2);
@@ -451,7 +477,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         if constexpr (kVarlenK)
           store_dw_rows_warp_staged<kTileN>(args, dims, acc[s], m0, tile.n_tile, tile.expert, staging);
         else if constexpr (kKind == GemmKind::Up)
-          store_up_rows_warp_staged<Act, kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile, tile.expert, staging);
+          store_up_rows_warp_staged<Act, kTileN, kTransposed>(args, acc[s], m0, tile.row_end, tile.n_tile, tile.expert,
+                                                              staging);
         else
           store_dh_rows_warp_staged<Act, kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile, staging);
       }

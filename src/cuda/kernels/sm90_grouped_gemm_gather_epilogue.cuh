@@ -220,14 +220,77 @@ __device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float
   }
 }
 
+// ---- up, gated, W1 transposed and interleaved (gpt-oss: [d, 2n], columns g0, u0, g1, u1, ...):
+//      the tile holds kTileN contiguous H columns 2·j0 .., j0 = n_tile·kTileN/2 (the producer's
+//      loads), so a lane's fragment pair (8b + 2q, 8b + 2q + 1) is (g_j, u_j), j = j0 + 4b + q. Per
+//      64 H columns (acc blocks 8c .. 8c + 7): H's two 32-column halves through the first two tiles
+//      in the fragment layout, A's 32 columns j0 + 32c .. through the third, one bf16 per lane and
+//      block (column 4b + q of the chunk). ----
+template <class Act, int kTileN, bool kBias>
+__device__ __forceinline__ void store_up_pairs(const GemmArgs& args, const float (&acc)[kTileN / 2], int64_t m0,
+                                               int row_end, int n_tile, int expert, uint32_t staging) {
+  const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3, q = lane % 4;
+  const int64_t n = args.n, j0 = int64_t(n_tile) * (kTileN / 2), row0 = m0 + warp_in_wg * 16;
+  const uint32_t h_tile = staging + warp_in_wg * kWarpStagingBytes, a_tile = h_tile + 2 * kWarpTileBytes;
+  const bf16* const b1 = kBias ? args.b1 + int64_t(expert) * 2 * n + 2 * j0 : nullptr;
+#pragma unroll
+  for (int c = 0; c < kTileN / 64; ++c) {
+    // n and j0 are multiples of 64 resp. 128: the 32 pairs of a chunk are all in or all past n.
+    if (j0 + 32 * c >= n) break;
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int bl = 0; bl < 4; ++bl) {
+        const int b = 8 * c + 4 * half + bl;
+        float2 bias = {0.f, 0.f};  // (b1 of g_j, of u_j)
+        if constexpr (kBias) bias = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + 8 * b + 2 * q));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = lane / 4 + 8 * h;
+          const float g = acc[4 * b + 2 * h] + bias.x, u = acc[4 * b + 2 * h + 1] + bias.y;
+          st_shared_b32(h_tile + half * kWarpTileBytes + warp_tile_offset(row, bl) + 4 * q, pack_bf16x2(g, u));
+          st_shared_b16(a_tile + warp_tile_offset(row, 2 * half + bl / 2) + 2 * (4 * (bl & 1) + q),
+                        Act::forward(args.act, g, u));
+        }
+      }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = lane / 4 + 8 * j;
+      const int64_t r = row0 + row;
+      const uint32_t at = warp_tile_offset(row, q);
+      const uint4 h0 = ld_shared_v4(h_tile + at), h1 = ld_shared_v4(h_tile + kWarpTileBytes + at),
+                  a = ld_shared_v4(a_tile + at);
+      if (r < row_end) {
+        bf16* const h_row = args.out + r * 2 * n + 2 * (j0 + 32 * c) + 8 * q;
+        *reinterpret_cast<uint4*>(h_row) = h0;
+        *reinterpret_cast<uint4*>(h_row + 32) = h1;
+        *reinterpret_cast<uint4*>(args.out2 + r * n + j0 + 32 * c + 8 * q) = a;
+      }
+    }
+    __syncwarp();  // the next chunk overwrites the tiles
+  }
+}
+
 // up's epilogue: the variant for the activation's kind (compile time) and for the bias and W1's
 // row order (compile time on the default path, Act::kNoBiasGateUp; else run time, uniform per launch).
-template <class Act, int kTileN>
+// Transposed weights change only interleaved H's columns in the tile (store_up_pairs).
+template <class Act, int kTileN, bool kTransposed>
 __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, const float (&acc)[kTileN / 2],
                                                           int64_t m0, int row_end, int n_tile, int expert,
                                                           uint32_t staging) {
   if constexpr (Act::kNoBiasGateUp) {
+    static_assert(!kTransposed, "the default path is the HF layout");
     store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
+  } else if constexpr (Act::kGated && kTransposed) {  // [gate; up] lands as in the HF layout
+    if (args.b1 == nullptr && !args.interleaved)
+      store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
+    else if (!args.interleaved)
+      store_up_gated<Act, kTileN, true, false>(args, acc, m0, row_end, n_tile, expert, staging);
+    else if (args.b1 == nullptr)
+      store_up_pairs<Act, kTileN, false>(args, acc, m0, row_end, n_tile, expert, staging);
+    else
+      store_up_pairs<Act, kTileN, true>(args, acc, m0, row_end, n_tile, expert, staging);
   } else if constexpr (Act::kGated) {
     if (args.b1 == nullptr && !args.interleaved)
       store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
