@@ -29,7 +29,7 @@ GemmConfig gather(int tile_m, int tile_n, int cluster) {
 // CUTLASS pads the n-tiles to whole clusters, so there 1x2 runs an empty half-cluster per column
 // (d = 2048: 11 n-tiles run as 12) and 2x1 (pairs of m-tiles sharing the weight tile) wins: olmoe
 // (d = 2048) down 598 vs 577 TFLOP/s, dx 627 vs 564.
-GemmConfig cutlass_pingpong(const ExpertShape& s) {
+GemmConfig cutlass_pingpong(GemmKind kind, const ExpertShape& s) {
   GemmConfig c;
   c.family = GemmFamily::Cutlass;
   c.schedule = GemmSchedule::Pingpong;
@@ -37,7 +37,7 @@ GemmConfig cutlass_pingpong(const ExpertShape& s) {
   c.tile_n = 192;
   c.stages = 0;
   c.epilogue = GemmEpilogue::Tma;
-  const bool even_n_tiles = (s.d + c.tile_n - 1) / c.tile_n % 2 == 0;
+  const bool even_n_tiles = gemm_column_tiles(kind, s, c) % 2 == 0;  // ceil(d / 192)
   c.cluster = even_n_tiles ? 1 : 2;
   c.cluster_n = even_n_tiles ? 2 : 1;
   return c;
@@ -79,7 +79,7 @@ GemmConfig choose_gemm_config(GemmKind kind, const ExpertShape& s, int sm_count)
       // Summed over the 20 grid shapes: down 35.02 -> 33.20 ms, dx 66.65 -> 62.43 ms against the former
       // cooperative 128x256 / ping-pong 128x128 (per-shape best of 9 resp. 6 candidates: 32.28, 62.00;
       // 1x2 everywhere: 33.49, 63.44). Worst row: down at 30B-n256, 362 vs 403 for cooperative 128x256.
-      c = cutlass_pingpong(s);
+      c = cutlass_pingpong(kind, s);
       break;
   }
   // Persistent kernels: at most one CTA per SM (fewer when there are fewer tiles or clusters fit).
