@@ -150,13 +150,13 @@ void round_trip_fp8(float* v, int64_t rows, int64_t cols, int64_t tile_rows) {
   for (int64_t r = 0; r < rows; r += tile_rows) fp8::round_trip(v + r * cols, tile_rows, cols, tile_rows);
 }
 
-// Expert e's weight as its GEMMs read it, stored [rows, cols]: fp32 (see weight_f32), with fp8
-// quantized in 128x128 blocks of the stored matrix (the same blocks in either layout). fp8 storage
-// is bf16, so the quantized copy is the scratch one.
+// Expert e's weight as its GEMMs read it, [rows, cols] in the HF layout ([cols, rows] stored when
+// P.transposed): fp32 (see weight_f32), with fp8 quantized in 128x128 blocks of the stored matrix
+// (the same blocks in either layout). fp8 storage is bf16, so the quantized copy is the scratch one.
 const float* expert_weight(const ExpertsProblem& P, const void* w, int64_t expert, int64_t rows, int64_t cols,
                            float* scratch) {
   const float* f = weight_f32(w, P.dtype, expert, rows * cols, scratch);
-  if (P.fp8) round_trip_fp8(scratch, rows, cols, fp8::kTile);
+  if (P.fp8) round_trip_fp8(scratch, P.transposed ? cols : rows, P.transposed ? rows : cols, fp8::kTile);
   return f;
 }
 
@@ -198,7 +198,7 @@ void experts_forward(const ExpertsProblem& P, const float* x, void* h, float* y,
     if (m == 0) continue;
     gather_rows(x, DType::f32, d, P.row_token + first, m, s.rows);
     const float* x_e = operand_rows(P, s.rows, m, d, s.rows);
-    const float* w1 = expert_weight(P, P.gate_up, e, P.transposed ? d : W, P.transposed ? W : d, s.w1);
+    const float* w1 = expert_weight(P, P.gate_up, e, W, d, s.w1);
     gemm(false, !P.transposed, m, W, d, x_e, w1, s.h_acc);  // [m, W] = X_e · W1_eᵀ
     if (P.gate_up_bias) {
       const void* b1 = advance(P.gate_up_bias, P.dtype, e * W);
@@ -215,7 +215,7 @@ void experts_forward(const ExpertsProblem& P, const float* x, void* h, float* y,
         a[j] = round_to(P.dtype, act::forward(P.act, hr[P.gate_col(j)], gated ? hr[P.up_col(j)] : 0.f));
     }
     const float* a_e = operand_rows(P, s.act, m, n, s.act);
-    const float* w2 = expert_weight(P, P.down, e, P.transposed ? n : d, P.transposed ? d : n, s.w2);
+    const float* w2 = expert_weight(P, P.down, e, d, n, s.w2);
     float* y_e = y + first * d;
     gemm(false, !P.transposed, m, d, n, a_e, w2, y_e);  // [m, d] = A · W2_eᵀ
     if (P.down_bias) {
@@ -236,7 +236,7 @@ void experts_backward_down(const ExpertsProblem& P, const void* d_out, const voi
     const int64_t first = P.expert_offsets[e], m = P.expert_offsets[e + 1] - first;
     if (m > 0) {
       gather_rows(d_out, P.dtype, d, P.row_token + first, m, s.rows);
-      const float* w2 = expert_weight(P, P.down, e, P.transposed ? n : d, P.transposed ? d : n, s.w2);
+      const float* w2 = expert_weight(P, P.down, e, d, n, s.w2);
       const float* dout_e = operand_rows(P, s.rows, m, d, s.quantized);  // s.rows stays dO for dS, dW2
       gemm(false, P.transposed, m, n, d, dout_e, w2, s.d_act);          // dA' [m, n] = dO_e · W2_e
       const void* b2 = P.down_bias ? advance(P.down_bias, P.dtype, e * d) : nullptr;
@@ -287,7 +287,7 @@ void experts_backward_up(const ExpertsProblem& P, const float* x, const float* d
     const int64_t first = P.expert_offsets[e], m = P.expert_offsets[e + 1] - first;
     const float* dH_e = dH + first * W;
     if (m > 0 && dx_rows) {
-      const float* w1 = expert_weight(P, P.gate_up, e, P.transposed ? d : W, P.transposed ? W : d, s.w1);
+      const float* w1 = expert_weight(P, P.gate_up, e, W, d, s.w1);
       const float* dh_e = operand_rows(P, dH_e, m, W, s.quantized);  // dH_e stays for dW1, db1
       float* dx_e = dx_rows + first * d;
       gemm(false, P.transposed, m, d, W, dh_e, w1, dx_e);  // dX_exp [m, d] = dH_e · W1_e
