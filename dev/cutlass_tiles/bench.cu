@@ -177,6 +177,8 @@ int main(int argc, char** argv) {
     tiles::add_down_c(all);
     tiles::add_dx_a(all);
     tiles::add_dx_b(all);
+    tiles::add_dx_c(all);
+    tiles::add_down_d(all);
     std::vector<Candidate> cands;
     const auto kind_list = split(kinds);
     for (const auto& c : all) {

@@ -41,5 +41,7 @@ void add_down_b(std::vector<Candidate>& out);
 void add_down_c(std::vector<Candidate>& out);
 void add_dx_a(std::vector<Candidate>& out);
 void add_dx_b(std::vector<Candidate>& out);
+void add_dx_c(std::vector<Candidate>& out);
+void add_down_d(std::vector<Candidate>& out);
 
 }  // namespace tiles
