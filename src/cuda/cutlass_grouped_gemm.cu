@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <tuple>
 #include <string>
 #include <unordered_map>
 
@@ -20,14 +21,16 @@ namespace leanmoe::cuda {
 namespace {
 
 namespace k = kernels::cutlass_sm90;
-// The compiled instantiations, by B's major-ness: ping-pong 128x192 in 1x2 and 2x1 clusters (down
-// and dx share them; the heuristic picks the cluster shape by d), in either weight layout. B is
-// K-major for down (W2 [d, n]) and for dx on transposed weights (W1 [d, W]), N-major for dx
-// (W1 [W, d]) and for down on transposed weights (W2 [n, d]).
-using KMajor1x2 = k::GroupedGemm<cutlass::layout::ColumnMajor, k::Pingpong128x192Config<1, 2>>;
-using KMajor2x1 = k::GroupedGemm<cutlass::layout::ColumnMajor, k::Pingpong128x192Config<2, 1>>;
-using NMajor1x2 = k::GroupedGemm<cutlass::layout::RowMajor, k::Pingpong128x192Config<1, 2>>;
-using NMajor2x1 = k::GroupedGemm<cutlass::layout::RowMajor, k::Pingpong128x192Config<2, 1>>;
+// The compiled instantiations, by B's major-ness: ping-pong 128x192 in 1x2 and 2x1 clusters and
+// 192x128 in 1x2 (down and dx share them; the heuristic picks tile and cluster by shape), in either
+// weight layout. B is K-major for down (W2 [d, n]) and for dx on transposed weights (W1 [d, W]),
+// N-major for dx (W1 [W, d]) and for down on transposed weights (W2 [n, d]).
+template <class LayoutB>
+using Compiled = std::tuple<k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 1, 2>>,
+                            k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 2, 1>>,
+                            k::GroupedGemm<LayoutB, k::PingpongConfig<192, 128, 1, 2>>>;
+using KMajor = Compiled<cutlass::layout::ColumnMajor>;
+using NMajor = Compiled<cutlass::layout::RowMajor>;
 
 // The GemmConfig G runs (run-time fields 0).
 template <class G>
@@ -216,25 +219,24 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
 
 size_t expert_gemm_workspace_bytes(int64_t E) {
   const int sms = sm_count(current_device());
-  const size_t need = std::max({total_bytes<KMajor1x2>(E, sms), total_bytes<KMajor2x1>(E, sms),
-                                total_bytes<NMajor1x2>(E, sms), total_bytes<NMajor2x1>(E, sms)});
+  auto most = [&]<class... G>(std::tuple<G...>*) { return std::max({total_bytes<G>(E, sms)...}); };
+  const size_t need = std::max(most(static_cast<KMajor*>(nullptr)), most(static_cast<NMajor*>(nullptr)));
   return kAlign + need;  // kAlign: slack to align the base
 }
 
 std::vector<GemmConfig> cutlass_gemm_configs(GemmKind kind) {
-  if (kind == GemmKind::Down || kind == GemmKind::Dx) return {config_of<KMajor1x2>(), config_of<KMajor2x1>()};
-  return {};
+  if (kind != GemmKind::Down && kind != GemmKind::Dx) return {};
+  return []<class... G>(std::tuple<G...>*) { return std::vector<GemmConfig>{config_of<G>()...}; }(
+      static_cast<KMajor*>(nullptr));
 }
 
-// The instantiation of `config`'s cluster shape with B K-major or N-major (resolve_gemm_config has
-// checked that the kind compiles `config`).
-template <class Cluster1x2, class Cluster2x1>
-void run_cluster(const GemmConfig& config, const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void* b,
-                 void* d, void* workspace, cudaStream_t stream, const char* what) {
-  if (config.same_kernel(config_of<Cluster1x2>()))
-    run<Cluster1x2>(rows, N, K, a, b, d, N * K, workspace, config, stream, what);
-  else
-    run<Cluster2x1>(rows, N, K, a, b, d, N * K, workspace, config, stream, what);
+// Runs the instantiation of Gs that compiles `config` (resolve_gemm_config has checked that one does).
+template <class... G>
+void run_compiled(std::tuple<G...>*, const GemmConfig& config, const RoutedRows& rows, int64_t N, int64_t K,
+                  const void* a, const void* b, void* d, void* workspace, cudaStream_t stream, const char* what) {
+  const bool ran = ((config.same_kernel(config_of<G>()) &&
+                     (run<G>(rows, N, K, a, b, d, N * K, workspace, config, stream, what), true)) || ...);
+  if (!ran) throw leanmoe::Error(std::string(what) + ": no CUTLASS instantiation runs " + to_string(config));
 }
 
 void cutlass_down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
@@ -242,9 +244,9 @@ void cutlass_down_proj(const RoutedRows& rows, const ExpertShape& s, const void*
   if (rows.E <= 0 || rows.rows_capacity <= 0) return;
   // Per expert: [M_e, K = n] · B [K = n, N = d], B = W2_eᵀ (W2_e [d, n]: K-major) or W2_e [n, d] (N-major).
   if (s.transposed)
-    run_cluster<NMajor1x2, NMajor2x1>(config, rows, s.d, s.n, a, w2, y, workspace, stream, "down_proj");
+    run_compiled(static_cast<NMajor*>(nullptr), config, rows, s.d, s.n, a, w2, y, workspace, stream, "down_proj");
   else
-    run_cluster<KMajor1x2, KMajor2x1>(config, rows, s.d, s.n, a, w2, y, workspace, stream, "down_proj");
+    run_compiled(static_cast<KMajor*>(nullptr), config, rows, s.d, s.n, a, w2, y, workspace, stream, "down_proj");
 }
 
 void cutlass_dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
@@ -252,9 +254,11 @@ void cutlass_dx_expert(const RoutedRows& rows, const ExpertShape& s, const void*
   if (rows.E <= 0 || rows.rows_capacity <= 0) return;
   // Per expert: [M_e, K = W] · B [K = W, N = d], B = W1_e [W, d] (N-major) or W1_eᵀ (W1_e [d, W]: K-major).
   if (s.transposed)
-    run_cluster<KMajor1x2, KMajor2x1>(config, rows, s.d, s.width(), dh, w1, dx_exp, workspace, stream, "dx_expert");
+    run_compiled(static_cast<KMajor*>(nullptr), config, rows, s.d, s.width(), dh, w1, dx_exp, workspace, stream,
+                 "dx_expert");
   else
-    run_cluster<NMajor1x2, NMajor2x1>(config, rows, s.d, s.width(), dh, w1, dx_exp, workspace, stream, "dx_expert");
+    run_compiled(static_cast<NMajor*>(nullptr), config, rows, s.d, s.width(), dh, w1, dx_exp, workspace, stream,
+                 "dx_expert");
 }
 
 }  // namespace leanmoe::cuda

@@ -25,16 +25,16 @@ namespace leanmoe::cuda::kernels::cutlass_sm90 {
 
 using namespace cute;
 
-// Ping-pong 128x192x64 in clusters of two, instantiated with either cluster shape for each B layout
-// (each costs minutes of nvcc; which runs where: gemm_heuristics.cpp). Ping-pong: two consumer
-// warpgroups on alternate tiles, so one's epilogue (a 48 KB bf16 store) runs under the other's MMAs.
-// The two CTAs of a cluster take adjacent tiles of one expert and load their shared operand tile once
-// from L2, multicast to both: ClusterM x ClusterN = 2x1 adjacent m-tiles sharing the weight tile,
-// 1x2 adjacent n-tiles sharing the A tile.
-template <int ClusterM, int ClusterN>
-struct Pingpong128x192Config {
+// Ping-pong tiles in clusters of two (each instantiation costs minutes of nvcc; which runs where:
+// gemm_heuristics.cpp). Ping-pong: two consumer warpgroups on alternate tiles, so one's epilogue
+// (a 48 KB bf16 store at 128x192 or 192x128) runs under the other's MMAs. The two CTAs of a cluster
+// take adjacent tiles of one expert and load their shared operand tile once from L2, multicast to
+// both: ClusterM x ClusterN = 2x1 adjacent m-tiles sharing the weight tile, 1x2 adjacent n-tiles
+// sharing the A tile.
+template <int TileM, int TileN, int ClusterM, int ClusterN>
+struct PingpongConfig {
   static constexpr bool kPingpong = true;
-  using Tile = Shape<_128, _192, _64>;
+  using Tile = Shape<Int<TileM>, Int<TileN>, _64>;
   using Cluster = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
   using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
