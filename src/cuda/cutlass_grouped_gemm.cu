@@ -21,14 +21,14 @@ namespace leanmoe::cuda {
 namespace {
 
 namespace k = kernels::cutlass_sm90;
-// The compiled instantiations, by B's major-ness: ping-pong 128x192 in 1x2 and 2x1 clusters and
-// 192x128 in 1x2 (down and dx share them; the heuristic picks tile and cluster by shape), in either
-// weight layout. B is K-major for down (W2 [d, n]) and for dx on transposed weights (W1 [d, W]),
-// N-major for dx (W1 [W, d]) and for down on transposed weights (W2 [n, d]).
+// The compiled instantiations, by B's major-ness: ping-pong 128x192 in 1x2 and 2x1 clusters, and in
+// 1x2 with 64-wide epilogue subtiles (down at n <= 256); down and dx share them, the heuristic picks
+// by shape, in either weight layout. B is K-major for down (W2 [d, n]) and for dx on transposed
+// weights (W1 [d, W]), N-major for dx (W1 [W, d]) and for down on transposed weights (W2 [n, d]).
 template <class LayoutB>
 using Compiled = std::tuple<k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 1, 2>>,
                             k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 2, 1>>,
-                            k::GroupedGemm<LayoutB, k::PingpongConfig<192, 128, 1, 2>>>;
+                            k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 1, 2, 64>>>;
 using KMajor = Compiled<cutlass::layout::ColumnMajor>;
 using NMajor = Compiled<cutlass::layout::RowMajor>;
 
@@ -43,6 +43,7 @@ GemmConfig config_of() {
   c.tile_n = cute::size<1>(typename Config::Tile{});
   c.stages = 0;  // StageCountAutoCarveout
   c.epilogue = GemmEpilogue::Tma;
+  c.epilogue_n = Config::kEpilogueN;
   c.cluster = cute::size<0>(typename Config::Cluster{});
   c.cluster_n = cute::size<1>(typename Config::Cluster{});
   return c;

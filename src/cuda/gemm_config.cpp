@@ -13,7 +13,7 @@ namespace {
 
 constexpr const char* kGrammar =
     "family:schedule:MxN:stages:epilogue:cluster[:band][:max_ctas], e.g. gather:coop:128x256:s4:warp:c2:b8:m132 "
-    "(family gather|cutlass, schedule coop|pingpong, stages sK|auto, epilogue warp|tma, cluster cM (Mx1) or cMxN, "
+    "(family gather|cutlass, schedule coop|pingpong, stages sK|auto, epilogue warp|tma|tmaN (N: subtile width), cluster cM (Mx1) or cMxN, "
     "band bK, max_ctas mK)";
 
 [[noreturn]] void bad(std::string_view text, const std::string& rule) {
@@ -66,7 +66,7 @@ GemmKind parse_gemm_kind(std::string_view name) {
 
 bool GemmConfig::same_kernel(const GemmConfig& o) const {
   return family == o.family && schedule == o.schedule && tile_m == o.tile_m && tile_n == o.tile_n &&
-         stages == o.stages && epilogue == o.epilogue && cluster == o.cluster && cluster_n == o.cluster_n;
+         stages == o.stages && epilogue == o.epilogue && epilogue_n == o.epilogue_n && cluster == o.cluster && cluster_n == o.cluster_n;
 }
 
 std::string to_string(const GemmConfig& c) {
@@ -82,6 +82,7 @@ std::string to_string(const GemmConfig& c) {
   if (c.stages > 0) field(":s", c.stages);
   else s += ":auto";
   s += c.epilogue == GemmEpilogue::Warp ? ":warp" : ":tma";
+  if (c.epilogue_n > 0) s += std::to_string(c.epilogue_n);
   field(":c", c.cluster);
   if (c.cluster_n != 1) field("x", c.cluster_n);
   if (c.band > 0) field(":b", c.band);
@@ -108,7 +109,8 @@ GemmConfig parse_gemm_config(std::string_view text) {
   if (f[3] != "auto" && (c.stages = prefixed(f[3], 's')) < 0) bad(text, "stages '" + std::string(f[3]) + "'");
   if (f[3] == "auto") c.stages = 0;
   if (f[4] == "warp") c.epilogue = GemmEpilogue::Warp;
-  else if (f[4] == "tma") c.epilogue = GemmEpilogue::Tma;
+  else if (f[4].substr(0, 3) == "tma" && (f[4].size() == 3 || (c.epilogue_n = positive(f[4].substr(3))) > 0))
+    c.epilogue = GemmEpilogue::Tma;
   else bad(text, "epilogue '" + std::string(f[4]) + "'");
   const std::string_view cl = f[5].substr(f[5].empty() || f[5][0] != 'c' ? f[5].size() : 1);  // "M" or "MxN"
   const bool one_dim = cl.find('x') == std::string_view::npos;

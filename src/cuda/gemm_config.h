@@ -32,7 +32,7 @@ enum class GemmFamily { Gather, Cutlass };
 // one's epilogue runs under the other's MMAs.
 enum class GemmSchedule { Cooperative, Pingpong };
 // warp: each warp stages its rows of the tile through shared memory and stores 16-byte row pieces
-// (the gather kernel); tma: CUTLASS's TMA-store epilogue.
+// (the gather kernel); tma: CUTLASS's TMA-store epilogue (its subtile width: epilogue_n).
 enum class GemmEpilogue { Warp, Tma };
 
 struct GemmConfig {
@@ -42,6 +42,7 @@ struct GemmConfig {
   int tile_m = 0, tile_n = 0;  // CTA tile of the per-expert C[M, N] (problem table: grouped_gemm_problem.cuh)
   int stages = 0;              // pipeline stages; 0 = as many as fit (CUTLASS's StageCountAutoCarveout)
   GemmEpilogue epilogue = GemmEpilogue::Warp;
+  int epilogue_n = 0;          // tma: subtile width along N, 0 = CUTLASS's choice (64x32 subtiles); text tmaN
   // CTAs per cluster along M and along N; the pair's shared operand tile is loaded once and
   // multicast to both. Gather kernel: cluster 2 shares its TMA-loaded operand, cluster_n is 1.
   // CUTLASS: 2x1 pairs adjacent m-tiles (shared B tile), 1x2 adjacent n-tiles (shared A tile).
@@ -58,8 +59,8 @@ struct GemmConfig {
 };
 
 // "gather:coop:128x256:s4:warp:c2:b8:m132" (family : schedule : tile : stages : epilogue : cluster
-// [: band] [: max_ctas]; stages "auto" for 0; cluster cM for Mx1, cMxN otherwise; band and max_ctas
-// left out when 0).
+// [: band] [: max_ctas]; stages "auto" for 0; epilogue warp, tma or tmaN (N = epilogue_n); cluster cM
+// for Mx1, cMxN otherwise; band and max_ctas left out when 0).
 std::string to_string(const GemmConfig& config);
 // The inverse of to_string; throws leanmoe::Error quoting the text and the rule it broke.
 GemmConfig parse_gemm_config(std::string_view text);

@@ -72,6 +72,13 @@ TEST(GemmConfig, TextRoundTrip) {
   EXPECT_EQ(m2, lc::parse_gemm_config("cutlass:pingpong:128x192:auto:tma:c2"));
   EXPECT_EQ(lc::to_string(m2), "cutlass:pingpong:128x192:auto:tma:c2");
   EXPECT_FALSE(n2.same_kernel(m2));
+  // CUTLASS epilogue subtile width: tmaN, a different kernel from CUTLASS's own choice ("tma").
+  const lc::GemmConfig e64 = lc::parse_gemm_config("cutlass:pingpong:128x192:auto:tma64:c1x2");
+  EXPECT_EQ(e64.epilogue, lc::GemmEpilogue::Tma);
+  EXPECT_EQ(e64.epilogue_n, 64);
+  EXPECT_EQ(lc::to_string(e64), "cutlass:pingpong:128x192:auto:tma64:c1x2");
+  EXPECT_FALSE(e64.same_kernel(n2));
+  EXPECT_EQ(n2.epilogue_n, 0);
 }
 
 TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
@@ -85,6 +92,9 @@ TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
       {"gather:coop:128x256:4:warp:c1", "stages '4'"},
       {"gather:coop:128x256:s0:warp:c1", "stages 's0'"},
       {"gather:coop:128x256:s4:reg:c1", "epilogue 'reg'"},
+      {"cutlass:pingpong:128x192:auto:tma0:c1x2", "epilogue 'tma0'"},
+      {"cutlass:pingpong:128x192:auto:tmax:c1x2", "epilogue 'tmax'"},
+      {"gather:coop:128x256:s4:warp64:c1", "epilogue 'warp64'"},
       {"gather:coop:128x256:s4:warp:2", "cluster '2'"},
       {"gather:coop:128x256:s4:warp:c", "cluster 'c'"},
       {"gather:coop:128x256:s4:warp:c1x0", "cluster 'c1x0'"},
@@ -116,8 +126,10 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
   // 2x1 where odd (2048: 11, 2880: 15).
   const char* const k1x2 = "cutlass:pingpong:128x192:auto:tma:c1x2:m132";
   const char* const k2x1 = "cutlass:pingpong:128x192:auto:tma:c2:m132";
+  // down at n <= 256 (in 1x2 clusters): 64-wide epilogue subtiles.
+  const char* const k1x2e64 = "cutlass:pingpong:128x192:auto:tma64:c1x2:m132";
   const Row rows[] = {
-      {"7B-n256", 1536, 256, "gather:coop:128x256:s4:warp:c1:b2:m132", k1x2, "gather:coop:128x256:s4:warp:c2:b1:m132",
+      {"7B-n256", 1536, 256, "gather:coop:128x256:s4:warp:c1:b2:m132", k1x2e64, "gather:coop:128x256:s4:warp:c2:b1:m132",
        kDw2, k1x2, kDw1},
       {"olmoe-1b-7b", 2048, 1024, "gather:coop:128x256:s4:warp:c1:b8:m132", k2x1,
        "gather:coop:128x256:s4:warp:c2:b4:m132", kDw2, k2x1, kDw1},
@@ -137,15 +149,18 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
       EXPECT_EQ(lc::resolve_gemm_config(kind, s, 64, kH200Sms, nullptr), chosen);
     }
   }
-  // down and dx cluster by the parity of ceil(d / 192), whatever n.
+  // down and dx cluster by the parity of ceil(d / 192), whatever n; down at n <= 256 in 1x2 clusters
+  // takes 64-wide epilogue subtiles.
   for (auto [d, cluster] : {std::pair<int64_t, const char*>{192, "c2"}, {384, "c1x2"}, {385, "c2"}, {768, "c1x2"},
                             {2048, "c2"}, {4096, "c1x2"}}) {
-    for (int64_t n : {256, 1024}) {
+    for (int64_t n : {128, 256, 320, 1024}) {
       const lc::ExpertShape s{4096, d, n};
-      for (GemmKind kind : {GemmKind::Down, GemmKind::Dx})
+      for (GemmKind kind : {GemmKind::Down, GemmKind::Dx}) {
+        const bool e64 = kind == GemmKind::Down && n <= 256 && std::string(cluster) == "c1x2";
         EXPECT_EQ(lc::to_string(lc::choose_gemm_config(kind, s, kH200Sms)),
-                  std::string("cutlass:pingpong:128x192:auto:tma:") + cluster + ":m132")
+                  std::string("cutlass:pingpong:128x192:auto:tma") + (e64 ? "64:" : ":") + cluster + ":m132")
             << lc::gemm_kind_name(kind) << " d " << d << " n " << n;
+      }
     }
   }
 }

@@ -11,6 +11,7 @@
 // Device-only header: included by cutlass_grouped_gemm.cu alone.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -27,18 +28,21 @@ using namespace cute;
 
 // Ping-pong tiles in clusters of two (each instantiation costs minutes of nvcc; which runs where:
 // gemm_heuristics.cpp). Ping-pong: two consumer warpgroups on alternate tiles, so one's epilogue
-// (a 48 KB bf16 store at 128x192 or 192x128) runs under the other's MMAs. The two CTAs of a cluster
-// take adjacent tiles of one expert and load their shared operand tile once from L2, multicast to
-// both: ClusterM x ClusterN = 2x1 adjacent m-tiles sharing the weight tile, 1x2 adjacent n-tiles
-// sharing the A tile.
-template <int TileM, int TileN, int ClusterM, int ClusterN>
+// (a 48 KB bf16 store at 128x192) runs under the other's MMAs. The two CTAs of a cluster take
+// adjacent tiles of one expert and load their shared operand tile once from L2, multicast to both:
+// ClusterM x ClusterN = 2x1 adjacent m-tiles sharing the weight tile, 1x2 adjacent n-tiles sharing
+// the A tile. EpiN: the epilogue's subtile width along N (0: CUTLASS's choice, 64x32); at K = 256 a
+// tile's mainloop is 4 k-steps, too short to hide an epilogue of twelve 64x32 subtile stores.
+template <int TileM, int TileN, int ClusterM, int ClusterN, int EpiN = 0>
 struct PingpongConfig {
   static constexpr bool kPingpong = true;
+  static constexpr int kEpilogueN = EpiN;
   using Tile = Shape<Int<TileM>, Int<TileN>, _64>;
   using Cluster = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
   using Mainloop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-  using EpilogueTile = cutlass::epilogue::collective::EpilogueTileAuto;  // 64x32 subtiles
+  using EpilogueTile = std::conditional_t<EpiN == 0, cutlass::epilogue::collective::EpilogueTileAuto,
+                                          Shape<_64, Int<EpiN>>>;
 };
 
 // B layout in CUTLASS terms (B is K x N): ColumnMajor = K contiguous (down: W2_e [d, n]; dx with
