@@ -30,8 +30,8 @@ __device__ __forceinline__ float topk_key_value(uint32_t key) {
   return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
-// Max / min over the kLanes lanes of this thread's group (lanes aligned to kLanes, `mask` = the group):
-// butterflies within the group, so groups whose token is past T may have exited.
+// Max / min over the kLanes lanes of this thread's group (lanes aligned to kLanes): butterflies
+// within the group; `mask` = the lanes taking part (the whole warp, or the group in a branch of its own).
 template <int kLanes>
 __device__ __forceinline__ uint32_t group_max(uint32_t v, unsigned mask) {
   for (int o = kLanes / 2; o > 0; o /= 2) v = max(v, __shfl_xor_sync(mask, v, o));
@@ -101,9 +101,14 @@ __global__ void __launch_bounds__(kRouterThreads, kWidth == 8 ? 6 : 4)
   extern __shared__ float router_smem[];
   const int lane = threadIdx.x % 32, q = lane % kGroup, group = threadIdx.x / kGroup;
   const int t = blockIdx.x * kGroups + group;
-  if (t >= T) return;
+  if (t - group % kWidth >= T) return;  // the whole warp is past T
+  // A group past T (in the last warp) reads and writes nothing (Et = 0) but keeps the warp whole,
+  // so the shuffles outside the fallback run on the full mask (partial masks cost a convergence
+  // check per shuffle).
+  const bool live = t < T;
+  const int Et = live ? E : 0;
   const unsigned gmask = kGroup == 32 ? kFullMask : ((1u << kGroup) - 1u) << (lane - q);
-  float* zt = zp + int64_t(t) * E;
+  float* zt = zp + int64_t(live ? t : 0) * E;
   float* prow = router_smem + group * kPad;
   int* picks = reinterpret_cast<int*>(router_smem + kGroups * kPad) + group * K;
   auto expert = [&](int s) { return kWidth * q + s % kWidth + 32 * (s / kWidth); };
@@ -113,12 +118,12 @@ __global__ void __launch_bounds__(kRouterThreads, kWidth == 8 ? 6 : 4)
   {
     alignas(16) float z[kSlots];
 #pragma unroll
-    for (int s = 0; s < kSlots; s += kV) load_run<kV>(zt, expert(s), E, vec, z + s);
+    for (int s = 0; s < kSlots; s += kV) load_run<kV>(zt, expert(s), Et, vec, z + s);
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      const uint32_t k = expert(s) < E ? topk_key(z[s]) : 0u;
+      const uint32_t k = expert(s) < Et ? topk_key(z[s]) : 0u;
       kmax = max(kmax, k);
-      key[s] = expert(s) < E ? (k & ~kIdx) | (kIdx - uint32_t(expert(s))) : 0u;
+      key[s] = expert(s) < Et ? (k & ~kIdx) | (kIdx - uint32_t(expert(s))) : 0u;
     }
   }
 
@@ -129,16 +134,16 @@ __global__ void __launch_bounds__(kRouterThreads, kWidth == 8 ? 6 : 4)
   };
   bool near_tie = false;
   uint32_t below = 0;  // the previous pick's packed key; round 0 takes the max (every key >= 0)
-  for (int r = 0; r < (K < E ? K + 1 : K) && !near_tie; ++r) {
+  for (int r = 0; r < (K < E ? K + 1 : K); ++r) {  // the same trip count in every group
     uint32_t best0 = 0, best1 = 0;  // two chains for the scheduler
 #pragma unroll
     for (int s = 0; s < kSlots; s += 2) {
       best0 = __viaddmax_u32(key[s], 0u - below, best0);
       if (s + 1 < kSlots) best1 = __viaddmax_u32(key[s + 1], 0u - below, best1);
     }
-    const uint32_t top = group_max<kGroup>(max(best0, best1), gmask) + below;
-    near_tie = r > 0 && (top & ~kIdx) == (below & ~kIdx);
-    if (r < K) pick(r, int(kIdx - (top & kIdx)));
+    const uint32_t top = group_max<kGroup>(max(best0, best1), kFullMask) + below;
+    near_tie |= r > 0 && (top & ~kIdx) == (below & ~kIdx);
+    if (r < K && !near_tie) pick(r, int(kIdx - (top & kIdx)));
     below = top;
   }
   if (near_tie) {  // exact rounds: each lane's best untaken (key, lowest slot), the group's max key, lowest expert
@@ -146,9 +151,9 @@ __global__ void __launch_bounds__(kRouterThreads, kWidth == 8 ? 6 : 4)
     {
       alignas(16) float z[kSlots];
 #pragma unroll
-      for (int s = 0; s < kSlots; s += kV) load_run<kV>(zt, expert(s), E, vec, z + s);
+      for (int s = 0; s < kSlots; s += kV) load_run<kV>(zt, expert(s), Et, vec, z + s);
 #pragma unroll
-      for (int s = 0; s < kSlots; ++s) key[s] = expert(s) < E ? topk_key(z[s]) : 0u;
+      for (int s = 0; s < kSlots; ++s) key[s] = expert(s) < Et ? topk_key(z[s]) : 0u;
     }
     for (int r = 0; r < K; ++r) {
       uint32_t best = 0;
@@ -158,28 +163,28 @@ __global__ void __launch_bounds__(kRouterThreads, kWidth == 8 ? 6 : 4)
         if (!((mine >> s) & 1u) && key[s] > best) best = key[s], best_s = s;
       const uint32_t top = group_max<kGroup>(best, gmask);
       const unsigned winner = group_min<kGroup>(best == top && best != 0 ? unsigned(expert(best_s)) : ~0u, gmask);
-      pick(r, winner < unsigned(E) ? int(winner) : 0);  // else only with NaN logits (check_finite)
+      pick(r, winner < unsigned(Et) ? int(winner) : 0);  // else only with NaN logits (check_finite) or past T
     }
   }
 
   // Softmax: v = max z is the shift; leaf sums in j order, then the former butterfly's levels.
-  const float m = topk_key_value(group_max<kGroup>(kmax, gmask));
+  const float m = topk_key_value(group_max<kGroup>(kmax, kFullMask));
   alignas(16) float x[kSlots];
   float leaf[kWidth];
 #pragma unroll
-  for (int s = 0; s < kSlots; s += kV) load_run<kV>(zt, expert(s), E, vec, x + s);
+  for (int s = 0; s < kSlots; s += kV) load_run<kV>(zt, expert(s), Et, vec, x + s);
 #pragma unroll
   for (int c = 0; c < kWidth; ++c) leaf[c] = 0.f;
 #pragma unroll
   for (int s = 0; s < kSlots; ++s)
-    if (expert(s) < E) {
+    if (expert(s) < Et) {
       x[s] = expf(x[s] - m);
       leaf[s % kWidth] += x[s];
     }
 #pragma unroll
   for (int o = kGroup / 2; o > 0; o /= 2)
 #pragma unroll
-    for (int c = 0; c < kWidth; ++c) leaf[c] += __shfl_xor_sync(gmask, leaf[c], o);
+    for (int c = 0; c < kWidth; ++c) leaf[c] += __shfl_xor_sync(kFullMask, leaf[c], o);
 #pragma unroll
   for (int w = kWidth / 2; w > 0; w /= 2)
 #pragma unroll
@@ -189,19 +194,19 @@ __global__ void __launch_bounds__(kRouterThreads, kWidth == 8 ? 6 : 4)
   for (int s = 0; s < kSlots; ++s) x[s] = x[s] / sum;  // padding: 0 / sum, never stored
 #pragma unroll
   for (int s = 0; s < kSlots; s += kV) {
-    store_run<kV>(zt, expert(s), E, vec, x + s);
+    store_run<kV>(zt, expert(s), Et, vec, x + s);
     store_run<kV>(prow, expert(s), kPad, true, x + s);
   }
   if (code) {
 #pragma unroll
     for (int s = 0; s < kSlots; ++s)
-      if (expert(s) < E) code[int64_t(t) * E + expert(s)] = (mine >> s) & 1u ? kChosen : kNotRouted;
+      if (expert(s) < Et) code[int64_t(t) * E + expert(s)] = (mine >> s) & 1u ? kChosen : kNotRouted;
   }
-  __syncwarp(gmask);
+  __syncwarp();
 
   float chosen_sum = 0.f;  // p of the k-th choice, summed in k order as on the CPU
   for (int r = 0; r < K; ++r) chosen_sum += prow[picks[r]];
-  for (int r = q; r < K; r += kGroup) {
+  for (int r = q; r < K && live; r += kGroup) {
     const int e = picks[r];
     topk_experts[int64_t(t) * K + r] = e;
     if (pair_experts) {  // S_t in ascending expert order: the rank of e among the picks
@@ -211,7 +216,7 @@ __global__ void __launch_bounds__(kRouterThreads, kWidth == 8 ? 6 : 4)
       pair_gates[int64_t(t) * K + rank] = renormalised ? prow[e] / chosen_sum : prow[e];
     }
   }
-  if (q == 0) {
+  if (live && q == 0) {
     sum_chosen[t] = chosen_sum;
     lse[t] = m + logf(sum);
   }
