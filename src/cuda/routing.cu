@@ -1,5 +1,6 @@
 // Host launchers of the router and routing-metadata kernels (kernels/routing.cuh).
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "cuda/check.h"
@@ -16,13 +17,16 @@ constexpr int kTileWarpsPerBlock = 4;
 }  // namespace
 
 namespace {
-template <int kPerLane>
+template <int kWidth, int kChunks>
 void launch_router_topk(float* zp, int64_t T, int64_t E, int64_t K, bool renormalised, int32_t* topk_experts,
                         float* lse, float* sum_chosen, uint8_t* code, int32_t* pair_experts, float* pair_gates,
                         cudaStream_t stream) {
-  const int blocks = int((T + kernels::kRouterWarps - 1) / kernels::kRouterWarps);
-  kernels::router_topk_softmax_kernel<kPerLane><<<blocks, 32 * kernels::kRouterWarps, 0, stream>>>(
-      zp, int(T), int(E), int(K), renormalised, topk_experts, lse, sum_chosen, code, pair_experts, pair_gates);
+  constexpr int kGroups = kernels::kRouterThreads * kWidth / 32, kV = kWidth < 4 ? kWidth : 4;
+  const bool vec = E % kV == 0 && reinterpret_cast<uintptr_t>(zp) % (4 * kV) == 0;
+  const int blocks = int((T + kGroups - 1) / kGroups);
+  const size_t smem = size_t(kGroups) * (32 * kChunks + K) * sizeof(float);  // p rows, picks
+  kernels::router_topk_softmax_kernel<kWidth, kChunks><<<blocks, kernels::kRouterThreads, smem, stream>>>(
+      zp, int(T), int(E), int(K), renormalised, vec, topk_experts, lse, sum_chosen, code, pair_experts, pair_gates);
   LEANMOE_CUDA_CHECK_LAUNCH("router_topk_softmax_kernel");
 }
 }  // namespace
@@ -30,18 +34,21 @@ void launch_router_topk(float* zp, int64_t T, int64_t E, int64_t K, bool renorma
 void router_topk_softmax(float* zp, int64_t T, int64_t E, int64_t K, bool renormalised, int32_t* topk_experts,
                          float* lse, float* sum_chosen, uint8_t* code, int32_t* pair_experts, float* pair_gates,
                          cudaStream_t stream) {
-  // Values per lane: the next power of two >= E / 32 (kMaxExperts = 1024 -> 32).
-  static_assert(kMaxExperts <= 32 * 32, "the router kernel keeps at most 32 logits per lane");
-  auto launch = [&](auto per_lane) {
-    launch_router_topk<decltype(per_lane)::value>(zp, T, E, K, renormalised, topk_experts, lse, sum_chosen, code,
-                                                  pair_experts, pair_gates, stream);
+  if (T == 0) return;
+  // 32 kChunks >= E experts per row, kWidth = min(8, 32 / kChunks) per run: at most 32 logits per
+  // thread (kMaxExperts = 1024 -> one token per warp), else 8 tokens per warp.
+  static_assert(kMaxExperts <= 32 * 32, "the router kernel keeps at most 32 logits per thread");
+  auto launch = [&](auto width, auto chunks) {
+    launch_router_topk<decltype(width)::value, decltype(chunks)::value>(
+        zp, T, E, K, renormalised, topk_experts, lse, sum_chosen, code, pair_experts, pair_gates, stream);
   };
-  if (E <= 32) launch(std::integral_constant<int, 1>{});
-  else if (E <= 64) launch(std::integral_constant<int, 2>{});
-  else if (E <= 128) launch(std::integral_constant<int, 4>{});
-  else if (E <= 256) launch(std::integral_constant<int, 8>{});
-  else if (E <= 512) launch(std::integral_constant<int, 16>{});
-  else launch(std::integral_constant<int, 32>{});
+  using std::integral_constant;
+  if (E <= 32) launch(integral_constant<int, 8>{}, integral_constant<int, 1>{});
+  else if (E <= 64) launch(integral_constant<int, 8>{}, integral_constant<int, 2>{});
+  else if (E <= 128) launch(integral_constant<int, 8>{}, integral_constant<int, 4>{});
+  else if (E <= 256) launch(integral_constant<int, 4>{}, integral_constant<int, 8>{});
+  else if (E <= 512) launch(integral_constant<int, 2>{}, integral_constant<int, 16>{});
+  else launch(integral_constant<int, 1>{}, integral_constant<int, 32>{});
 }
 
 void count_topk(const int32_t* topk_experts, int64_t T, int64_t E, int64_t K, int32_t* counts,

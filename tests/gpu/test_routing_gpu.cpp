@@ -180,9 +180,10 @@ MoEConfig routing_config(int64_t E, int64_t K, RouterConvention router = RouterC
   return c;
 }
 
-// E over every values-per-lane width of the router kernel (1..32 per lane), E not a multiple of
-// 32, K from 1 to 16 and K = E, T below one warp, not a multiple of the 8-token block or the
-// 256-pair tile, and past 1024 tiles (the scan's single step).
+// E over every layout of the router kernel (E <= 32, 64, 128, 256, 512, 1024), E not a multiple of
+// 32 or of 4 (element-wise loads), K from 1 to 16 and K = E, T below one warp, not a multiple of the
+// tokens per block or the 256-pair tile, and past 1024 tiles (the scan's single step). The
+// quantised logits tie often, so both the packed-key rounds and their exact fallback run.
 TEST(CudaRouting, TopKMatchesCpu) {
   REQUIRE_GPU();
   uint64_t seed = 100;
@@ -193,6 +194,7 @@ TEST(CudaRouting, TopKMatchesCpu) {
         expect_routing_matches_cpu(routing_config(E, K), T, seed++);
       }
   expect_routing_matches_cpu(routing_config(8, 8), 77, seed++);  // every expert on every token
+  expect_routing_matches_cpu(routing_config(99, 8), 77, seed++);  // rows not 16-byte aligned
   MoEConfig c = routing_config(128, 8, RouterConvention::softmax_then_topk);
   expect_routing_matches_cpu(c, 4099, seed++);
   c.norm_topk_prob = true;

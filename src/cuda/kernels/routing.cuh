@@ -15,7 +15,7 @@
 
 namespace leanmoe::cuda::kernels {
 
-constexpr int kRouterWarps = 8;        // tokens per block of the router kernel (one warp each)
+constexpr int kRouterThreads = 128;     // router kernel block: small blocks even out the one wave of tokens
 constexpr int kTileTokens = 32;        // tokens per warp in the code-matrix metadata kernels (one per lane)
 constexpr int kScanThreads = 256;
 constexpr int kLossChunk = 256;        // tokens per partial sum of the loss reductions
@@ -30,81 +30,195 @@ __device__ __forceinline__ float topk_key_value(uint32_t key) {
   return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
 }
 
-// One warp per token, the token's logits in registers: lane l holds z_e for e = l + 32 j,
-// j < kPerLane (kPerLane * 32 >= E). Top-K round k: each lane's best untaken (key, lowest j),
-// the warp's max key by one redux, the lowest expert holding it by a second (the top-K order:
-// larger z first, ties -> lower expert). The softmax sums each lane's values in j order and then
-// butterflies, the order of the former shared-memory version, so p, lse and sum_chosen keep their bits.
-// Out: p in place of z, lse, sum_chosen (sequential in k), topk_experts by descending z; `code`
-// (token rounding, else null): kChosen on S_t; `pair_experts`/`pair_gates` (top-K, else null):
-// S_t in ascending expert order with each pair's gate, the input of the pair metadata passes.
-template <int kPerLane>
-__global__ void __launch_bounds__(32 * kRouterWarps)
-    router_topk_softmax_kernel(float* __restrict__ zp, int T, int E, int K, bool renormalised,
+// Max / min over the kLanes lanes of this thread's group (lanes aligned to kLanes): butterflies
+// within the group; `mask` = the lanes taking part (the whole warp, or the group in a branch of its own).
+template <int kLanes>
+__device__ __forceinline__ uint32_t group_max(uint32_t v, unsigned mask) {
+  for (int o = kLanes / 2; o > 0; o /= 2) v = max(v, __shfl_xor_sync(mask, v, o));
+  return v;
+}
+template <int kLanes>
+__device__ __forceinline__ uint32_t group_min(uint32_t v, unsigned mask) {
+  for (int o = kLanes / 2; o > 0; o /= 2) v = min(v, __shfl_xor_sync(mask, v, o));
+  return v;
+}
+
+// kV consecutive floats at row[e..e+kV) (zeros past E): one vector access when `vec` (E % kV == 0
+// and the rows 4kV-byte aligned), else element by element.
+template <int kV>
+__device__ __forceinline__ void load_run(const float* row, int e, int E, bool vec, float* v) {
+  if (vec && e + kV <= E) {
+    if constexpr (kV == 4) *reinterpret_cast<float4*>(v) = *reinterpret_cast<const float4*>(row + e);
+    else if constexpr (kV == 2) *reinterpret_cast<float2*>(v) = *reinterpret_cast<const float2*>(row + e);
+    else v[0] = row[e];
+  } else {
+#pragma unroll
+    for (int i = 0; i < kV; ++i) v[i] = e + i < E ? row[e + i] : 0.f;
+  }
+}
+template <int kV>
+__device__ __forceinline__ void store_run(float* row, int e, int E, bool vec, const float* v) {
+  if (vec && e + kV <= E) {
+    if constexpr (kV == 4) *reinterpret_cast<float4*>(row + e) = *reinterpret_cast<const float4*>(v);
+    else if constexpr (kV == 2) *reinterpret_cast<float2*>(row + e) = *reinterpret_cast<const float2*>(v);
+    else row[e] = v[0];
+  } else {
+#pragma unroll
+    for (int i = 0; i < kV; ++i)
+      if (e + i < E) row[e + i] = v[i];
+  }
+}
+
+// Top-K + softmax of one token per group of kGroup = 32 / kWidth lanes (kWidth tokens per warp;
+// one warp per token cost 32 us at T = 24576, E = 128: the K serial rounds of warp-wide reductions
+// left 31 of 32 lanes idle). Lane q of a group holds e = kWidth q + c + 32 j (c < kWidth, j <
+// kChunks) in slot s = kWidth j + c, loaded kV = min(kWidth, 4) at a time; e % 32 = kWidth q + c, so
+// each partial sum of the former one-warp layout (lane l: e = l + 32 j in j order) is one thread's
+// and the softmax keeps its bits: leaf sums in j order, the cross-lane levels of the old butterfly
+// (l xor 16, 8, ...) as group shuffles, its last log2(kWidth) levels within the thread.
+//
+// Top-K runs on packed keys: topk_key(z) with its low log2(32 kChunks) bits replaced by
+// (32 kChunks - 1 - e), unique and ordered as (z desc, e asc) wherever the truncated keys differ.
+// Round r takes the largest packed key below the previous one: max over (packed - previous) mod 2^32,
+// one VIADDMNMX per slot (the exact compare-and-select scan cost 5 instructions per slot and round).
+// If two of the first min(K + 1, E) picks share a truncated key (z within 2^bits ulp), the order may
+// differ from the exact one, so that group redoes the K rounds on exact keys (ties -> lower
+// expert), the former algorithm. Out: p in place of z, lse, sum_chosen (sequential in k),
+// topk_experts by descending z; `code` (token rounding, else null): kChosen on S_t; `pair_experts`
+// / `pair_gates` (top-K, else null): S_t in ascending expert order with each pair's gate.
+// Shared memory per group: its p row (32 kChunks floats), then (after all rows) its K picks.
+// Six blocks per SM (<= 80 registers, 96 unbounded) hold T = 24576, E = 128 in one wave of 3168 warps.
+template <int kWidth, int kChunks>
+__global__ void __launch_bounds__(kRouterThreads, kWidth == 8 ? 6 : 4)
+    router_topk_softmax_kernel(float* __restrict__ zp, int T, int E, int K, bool renormalised, bool vec,
                                int32_t* __restrict__ topk_experts, float* __restrict__ lse,
                                float* __restrict__ sum_chosen, uint8_t* __restrict__ code,
                                int32_t* __restrict__ pair_experts, float* __restrict__ pair_gates) {
-  const int lane = threadIdx.x % 32;
-  const int t = blockIdx.x * kRouterWarps + threadIdx.x / 32;
-  if (t >= T) return;
-  float* zt = zp + int64_t(t) * E;
-  float z[kPerLane];
-  uint32_t key[kPerLane];
+  constexpr int kGroup = 32 / kWidth, kSlots = kWidth * kChunks, kV = kWidth < 4 ? kWidth : 4;
+  constexpr int kGroups = kRouterThreads / kGroup, kPad = 32 * kChunks;
+  constexpr uint32_t kIdx = kPad - 1;  // the packed key's index bits
+  static_assert(kSlots <= 32, "`mine` has one bit per slot");
+  extern __shared__ float router_smem[];
+  const int lane = threadIdx.x % 32, q = lane % kGroup, group = threadIdx.x / kGroup;
+  const int t = blockIdx.x * kGroups + group;
+  if (t - group % kWidth >= T) return;  // the whole warp is past T
+  // A group past T (in the last warp) reads and writes nothing (Et = 0) but keeps the warp whole,
+  // so the shuffles outside the fallback run on the full mask (partial masks cost a convergence
+  // check per shuffle).
+  const bool live = t < T;
+  const int Et = live ? E : 0;
+  const unsigned gmask = kGroup == 32 ? kFullMask : ((1u << kGroup) - 1u) << (lane - q);
+  float* zt = zp + int64_t(live ? t : 0) * E;
+  float* prow = router_smem + group * kPad;
+  int* picks = reinterpret_cast<int*>(router_smem + kGroups * kPad) + group * K;
+  auto expert = [&](int s) { return kWidth * q + s % kWidth + 32 * (s / kWidth); };
+
+  uint32_t key[kSlots];  // packed keys, 0 for padding; exact keys in the fallback
+  uint32_t kmax = 0;
+  {
+    alignas(16) float z[kSlots];
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int e = lane + 32 * j;
-    z[j] = e < E ? zt[e] : 0.f;
-    key[j] = e < E ? topk_key(z[j]) : 0u;
+    for (int s = 0; s < kSlots; s += kV) load_run<kV>(zt, expert(s), Et, vec, z + s);
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const uint32_t k = expert(s) < Et ? topk_key(z[s]) : 0u;
+      kmax = max(kmax, k);
+      key[s] = expert(s) < Et ? (k & ~kIdx) | (kIdx - uint32_t(expert(s))) : 0u;
+    }
   }
 
-  uint32_t taken = 0;  // bit j: expert lane + 32 j is in S_t
-  float m = 0.f, s = 0.f, chosen_sum = 0.f;
-  for (int k = 0; k < K; ++k) {
-    uint32_t best = 0;
-    int best_j = 0;
+  uint32_t mine = 0;  // bit s: slot s is in S_t
+  auto pick = [&](int r, int e) {
+    if (q == 0) picks[r] = e;
+    if ((e % 32) / kWidth == q) mine |= 1u << (kWidth * (e / 32) + e % kWidth);
+  };
+  bool near_tie = false;
+  uint32_t below = 0;  // the previous pick's packed key; round 0 takes the max (every key >= 0)
+  for (int r = 0; r < (K < E ? K + 1 : K); ++r) {  // the same trip count in every group
+    uint32_t best0 = 0, best1 = 0;  // two chains for the scheduler
 #pragma unroll
-    for (int j = 0; j < kPerLane; ++j)
-      if (!((taken >> j) & 1u) && key[j] > best) best = key[j], best_j = j;
-    const uint32_t top = __reduce_max_sync(kFullMask, best);
-    const unsigned winner =
-        __reduce_min_sync(kFullMask, best == top && best != 0 ? unsigned(lane + 32 * best_j) : ~0u);
-    const int e = winner < unsigned(E) ? int(winner) : 0;  // else only with NaN logits (check_finite)
-    if (lane == e % 32) {
-      taken |= 1u << (e / 32);
-      topk_experts[int64_t(t) * K + k] = e;
+    for (int s = 0; s < kSlots; s += 2) {
+      best0 = __viaddmax_u32(key[s], 0u - below, best0);
+      if (s + 1 < kSlots) best1 = __viaddmax_u32(key[s + 1], 0u - below, best1);
     }
-    const float v = topk_key_value(top);
-    if (k == 0) {  // v = max z: the softmax's shift, then its sum in the fixed order
-      m = v;
+    const uint32_t top = group_max<kGroup>(max(best0, best1), kFullMask) + below;
+    near_tie |= r > 0 && (top & ~kIdx) == (below & ~kIdx);
+    if (r < K && !near_tie) pick(r, int(kIdx - (top & kIdx)));
+    below = top;
+  }
+  if (near_tie) {  // exact rounds: each lane's best untaken (key, lowest slot), the group's max key, lowest expert
+    mine = 0;
+    {
+      alignas(16) float z[kSlots];
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j)
-        if (lane + 32 * j < E) s += expf(z[j] - m);
-      s = warp_sum(s);
+      for (int s = 0; s < kSlots; s += kV) load_run<kV>(zt, expert(s), Et, vec, z + s);
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) key[s] = expert(s) < Et ? topk_key(z[s]) : 0u;
     }
-    chosen_sum += expf(v - m) / s;  // = p of the k-th choice, summed in k order as on the CPU
+    for (int r = 0; r < K; ++r) {
+      uint32_t best = 0;
+      int best_s = 0;
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s)
+        if (!((mine >> s) & 1u) && key[s] > best) best = key[s], best_s = s;
+      const uint32_t top = group_max<kGroup>(best, gmask);
+      const unsigned winner = group_min<kGroup>(best == top && best != 0 ? unsigned(expert(best_s)) : ~0u, gmask);
+      pick(r, winner < unsigned(Et) ? int(winner) : 0);  // else only with NaN logits (check_finite) or past T
+    }
   }
 
-  unsigned before = 0;  // chosen experts below this lane's current j block, for the ascending list
+  // Softmax: v = max z is the shift; leaf sums in j order, then the former butterfly's levels.
+  const float m = topk_key_value(group_max<kGroup>(kmax, kFullMask));
+  alignas(16) float x[kSlots];
+  float leaf[kWidth];
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int e = lane + 32 * j;
-    const bool is_chosen = (taken >> j) & 1u;
-    const unsigned chosen_lanes = __ballot_sync(kFullMask, is_chosen);
-    if (e < E) {
-      const float p = expf(z[j] - m) / s;
-      zt[e] = p;
-      if (code) code[int64_t(t) * E + e] = is_chosen ? kChosen : kNotRouted;
-      if (pair_experts && is_chosen) {
-        const int64_t at = int64_t(t) * K + before + __popc(chosen_lanes & ((1u << lane) - 1u));
-        pair_experts[at] = e;
-        pair_gates[at] = renormalised ? p / chosen_sum : p;
-      }
+  for (int s = 0; s < kSlots; s += kV) load_run<kV>(zt, expert(s), Et, vec, x + s);
+#pragma unroll
+  for (int c = 0; c < kWidth; ++c) leaf[c] = 0.f;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s)
+    if (expert(s) < Et) {
+      x[s] = expf(x[s] - m);
+      leaf[s % kWidth] += x[s];
     }
-    before += __popc(chosen_lanes);
+#pragma unroll
+  for (int o = kGroup / 2; o > 0; o /= 2)
+#pragma unroll
+    for (int c = 0; c < kWidth; ++c) leaf[c] += __shfl_xor_sync(kFullMask, leaf[c], o);
+#pragma unroll
+  for (int w = kWidth / 2; w > 0; w /= 2)
+#pragma unroll
+    for (int c = 0; c < w; ++c) leaf[c] += leaf[c + w];
+  const float sum = leaf[0];
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) x[s] = x[s] / sum;  // padding: 0 / sum, never stored
+#pragma unroll
+  for (int s = 0; s < kSlots; s += kV) {
+    store_run<kV>(zt, expert(s), Et, vec, x + s);
+    store_run<kV>(prow, expert(s), kPad, true, x + s);
   }
-  if (lane == 0) {
+  if (code) {
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s)
+      if (expert(s) < Et) code[int64_t(t) * E + expert(s)] = (mine >> s) & 1u ? kChosen : kNotRouted;
+  }
+  __syncwarp();
+
+  float chosen_sum = 0.f;  // p of the k-th choice, summed in k order as on the CPU
+  for (int r = 0; r < K; ++r) chosen_sum += prow[picks[r]];
+  for (int r = q; r < K && live; r += kGroup) {
+    const int e = picks[r];
+    topk_experts[int64_t(t) * K + r] = e;
+    if (pair_experts) {  // S_t in ascending expert order: the rank of e among the picks
+      int rank = 0;
+      for (int i = 0; i < K; ++i) rank += picks[i] < e;
+      pair_experts[int64_t(t) * K + rank] = e;
+      pair_gates[int64_t(t) * K + rank] = renormalised ? prow[e] / chosen_sum : prow[e];
+    }
+  }
+  if (live && q == 0) {
     sum_chosen[t] = chosen_sum;
-    lse[t] = m + logf(s);
+    lse[t] = m + logf(sum);
   }
 }
 
