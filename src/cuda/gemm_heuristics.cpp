@@ -40,9 +40,6 @@ GemmConfig cutlass_pingpong(GemmKind kind, const ExpertShape& s) {
   const bool even_n_tiles = gemm_column_tiles(kind, s, c) % 2 == 0;  // ceil(d / 192)
   c.cluster = even_n_tiles ? 1 : 2;
   c.cluster_n = even_n_tiles ? 2 : 1;
-  // down at K = n <= 256 (a 4-k-step mainloop): 64x64 epilogue subtiles instead of CUTLASS's 64x32,
-  // 1.4B-n256 424 -> 471, 7B-n256 426 -> 470, 30B-n256 414 -> 490 TFLOP/s; at n = 512 from -10% to +6%.
-  if (kind == GemmKind::Down && s.n <= 256 && even_n_tiles) c.epilogue_n = 64;
   return c;
 }
 
