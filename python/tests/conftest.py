@@ -34,3 +34,19 @@ def skip_unsupported(device, dtype):
 def widths(device):
     """(d, n) for a test layer: the CUDA expert GEMMs need d and n to be multiples of 64."""
     return (128, 64) if device == "cuda" else (64, 32)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The outcome of every transformers family test_hf_all_families.py checked that is not a match."""
+    sweep = sys.modules.get("hf_family_sweep")
+    results = getattr(sweep, "RESULTS", None)
+    if not results:
+        return
+    counts = {}
+    for _, (outcome, _) in results:
+        counts[outcome] = counts.get(outcome, 0) + 1
+    terminalreporter.section("transformers MoE families on leanmoe")
+    terminalreporter.line(", ".join(f"{n} {k}" for k, n in counts.items()))
+    for family, (outcome, detail) in results:
+        if outcome != "match":
+            terminalreporter.line(f"{family.name}: {outcome}: {detail[:160]}")

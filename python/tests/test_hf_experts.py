@@ -12,6 +12,7 @@ import torch
 import leanmoe
 import leanmoe.hf
 from conftest import skip_unsupported
+from hf_common import experts_modules, rel, run
 from leanmoe.optim import ExpertAdamW, dense_parameters, expert_parameters
 
 transformers = pytest.importorskip("transformers")
@@ -83,24 +84,6 @@ def batch(device, seed=0, B=2, S=16):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 128, (B, S), generator=g).to(device)
     return dict(input_ids=ids, labels=ids)
-
-
-def run(model, b, seed=0):
-    """Forward + backward of the loss, with the model's router logits (its load-balancing loss) when it has them."""
-    torch.manual_seed(seed)  # Phi-MoE's sparsemixer and router jitter draw random numbers in training
-    kwargs = dict(output_router_logits=True) if hasattr(model.config, "output_router_logits") else {}
-    out = model(**b, **kwargs)
-    out.loss.backward()
-    return out
-
-
-def rel(a, b):
-    a, b = a.detach().float().cpu(), b.detach().float().cpu()
-    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
-
-
-def experts_modules(model):
-    return [m for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "down_proj")]
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -309,6 +292,13 @@ def test_unsupported_features_name_the_model():
     experts.has_post_expert_norm = True
     with pytest.raises(NotImplementedError, match=r"OlmoeExperts.*post-expert norm"):
         leanmoe.hf.experts_spec(experts)
+
+
+def test_an_unset_clamp_limit_is_plain_swiglu():
+    """Step3p7's and Ling's experts keep limit=None on layers without a SwiGLU clamp."""
+    experts = experts_modules(build("olmoe"))[0]
+    experts.limit, experts.alpha = None, None
+    assert leanmoe.hf.experts_spec(experts).activation == "swiglu"
 
 
 def test_specs_of_the_families():
