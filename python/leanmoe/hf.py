@@ -98,8 +98,8 @@ def _recognise_activation(module, gated, interleaved, name):
         with torch.no_grad():
             want = module._apply_gate(probe.clone()).float()
         # gpt-oss's alpha and limit; None (Step3p7's unclamped layers) means the module has none
-        alpha, limit = (float(v if v is not None else default)
-                        for v, default in ((getattr(module, "alpha", None), 1.702), (getattr(module, "limit", None), 7.0)))
+        alpha, limit = (float(default if v is None else v) for v, default in
+                        ((getattr(module, "alpha", None), 1.702), (getattr(module, "limit", None), 7.0)))
         candidates = [(a, 1.702, 7.0) for a in GATED_ACTIVATIONS if a != "swiglu_clamped"]
         candidates.append(("swiglu_clamped", alpha, limit))
         layout = "interleaved" if interleaved else "[gate; up]"

@@ -38,7 +38,8 @@ EXACT = {
     "num_experts": EXPERTS, "num_local_experts": EXPERTS, "n_routed_experts": EXPERTS, "moe_num_experts": EXPERTS,
     "vocab_size": VOCAB, "hidden_size": HIDDEN, "num_hidden_layers": 2, "num_layers": 2,
     "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM,
-    "num_experts_per_tok": TOP_K, "num_experts_per_token": TOP_K, "top_k_experts": TOP_K, "moe_k": TOP_K, "moe_topk": TOP_K, "top_k": TOP_K,
+    "num_experts_per_tok": TOP_K, "num_experts_per_token": TOP_K, "top_k_experts": TOP_K, "moe_k": TOP_K,
+    "moe_topk": TOP_K, "top_k": TOP_K,
     "n_shared_experts": 1, "moe_num_shared_experts": 1, "num_shared_experts": 1, "zero_expert_num": 2,
     "first_k_dense_replace": 0, "moe_layer_start_index": 0, "moe_layer_end_index": 1, "moe_layer_interval": 1,
     "decoder_sparse_step": 1, "max_window_layers": 2, "mlp_only_layers": [], "num_dense_layers": 0,
@@ -47,7 +48,8 @@ EXACT = {
     "v_head_dim": HEAD_DIM, "qk_head_dim": 16, "rotary_dim": 8,
     "sliding_window": 8, "sliding_window_size": 8,
     "index_topk": 16, "indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": HEAD_DIM,
-    "indexer_budget": 8, "indexer_compress_ratio": 4, "index_n_heads": 2, "index_num_heads": 2, "index_head_dim": HEAD_DIM,
+    "indexer_budget": 8, "indexer_compress_ratio": 4, "index_n_heads": 2, "index_num_heads": 2,
+    "index_head_dim": HEAD_DIM,
     "linear_num_heads": HEADS, "linear_num_key_heads": 2, "linear_num_value_heads": HEADS,
     "mamba_num_heads": HEADS, "mamba_n_heads": HEADS, "mamba_head_dim": HEAD_DIM, "mamba_d_head": HEAD_DIM,
     "ssm_state_size": 16, "mamba_d_state": 16, "mamba_dt_rank": 8, "n_groups": 1,
@@ -178,7 +180,8 @@ def _two_layers(kinds):
     if all(isinstance(v, str) for v in kinds):
         moe = [v for v in kinds if v in MOE_WORDS]
         if moe:  # with an attention layer when there is one (a hybrid model needs one for its mask)
-            other = sorted((v for v in kinds if v not in MOE_WORDS), key=lambda v: "attention" not in v or "linear" in v)
+            other = sorted((v for v in kinds if v not in MOE_WORDS),
+                           key=lambda v: "attention" not in v or "linear" in v)
             return [other[0] if other else moe[0], moe[0]]
         second = next((v for v in kinds if v != kinds[0]), kinds[1] if len(kinds) > 1 else kinds[0])
         return [kinds[0], second]
@@ -194,7 +197,8 @@ def tiny_config(config_class, family=""):
         tiny = _tiny(name, value, layers)
         if tiny != value:
             kwargs[name] = tiny
-    if (defaults.get("n_group") or defaults.get("num_expert_group") or 1) > 1:  # group-limited top-K: 2 groups of 4 experts, 1 group kept
+    if (defaults.get("n_group") or defaults.get("num_expert_group") or 1) > 1:
+        # group-limited top-K: 2 groups of 4 experts, 1 group kept
         kwargs.update(n_group=2, topk_group=1)
     if defaults.get("num_key_value_heads") == defaults.get("num_attention_heads"):  # MHA (MLA) stays MHA
         kwargs["num_key_value_heads"] = HEADS
@@ -317,10 +321,12 @@ def check(family: Family):
             bound = max(TOLERANCE, 2 * rel(grads_e[name].grad, truth[name].grad))
             to_fp64 = rel(ours_p[name].grad, truth[name].grad)
             if to_fp64 > bound:
-                return "FAIL", f"mismatch: {name} relative error {errors[name]:.2e} (to fp64 {to_fp64:.2e} > {bound:.2e})"
+                return "FAIL", (f"mismatch: {name} relative error {errors[name]:.2e} "
+                                f"(to fp64 {to_fp64:.2e} > {bound:.2e})")
             errors.pop(name)
     spec = leanmoe_spec(called[0])
-    against = f"; {', '.join('.'.join(n.split('.')[-2:]) for n in worse)} gradients as close to fp64 as eager's" if worse else ""
+    short = ", ".join(".".join(n.split(".")[-2:]) for n in worse)
+    against = f"; {short} gradients as close to fp64 as eager's" if worse else ""
     return "match", f"{spec}; {len(set(map(id, called)))} MoE layer(s); max error {max(errors.values()):.1e}{against}"
 
 
