@@ -7,8 +7,8 @@ namespace fp8g {
 namespace k = leanmoe::cuda::kernels::cutlass_sm90;
 
 void add_bf16(std::vector<tiles::Candidate>& out) {
-  out.push_back(tiles::candidate<tiles::Kind::Down, k::Pingpong128x192Config<1, 2>>());
-  out.push_back(tiles::candidate<tiles::Kind::Down, k::Pingpong128x192Config<2, 1>>());
+  out.push_back(tiles::candidate<tiles::Kind::Down, k::PingpongConfig<128, 192, 1, 2>>());
+  out.push_back(tiles::candidate<tiles::Kind::Down, k::PingpongConfig<128, 192, 2, 1>>());
 }
 
 }  // namespace fp8g
