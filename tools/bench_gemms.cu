@@ -37,15 +37,15 @@
 #include "../src/cuda/expert_gemms.h"
 #include "../src/cuda/gemm_config.h"
 #include "configs.h"
+#include "cuda_bench.h"
 #include "tool_util.h"
 
 namespace {
 
 namespace lc = leanmoe::cuda;
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
+using leanmoe::tools::check_cuda;
+using leanmoe::tools::split_commas;
 
 // Uniform in [-scale, scale) from a 32-bit integer hash of the index: reproducible, no host copy.
 __global__ void fill_uniform(__nv_bfloat16* p, size_t count, float scale, uint32_t seed) {
@@ -61,7 +61,9 @@ __global__ void fill_uniform(__nv_bfloat16* p, size_t count, float scale, uint32
 template <class T>
 struct DeviceBuffer {
   T* ptr = nullptr;
-  explicit DeviceBuffer(size_t count) { check(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc"); }
+  explicit DeviceBuffer(size_t count) {
+    check_cuda(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc");
+  }
   ~DeviceBuffer() { cudaFree(ptr); }
   DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr) { o.ptr = nullptr; }
   DeviceBuffer(const DeviceBuffer&) = delete;
@@ -71,41 +73,10 @@ struct DeviceBuffer {
 DeviceBuffer<__nv_bfloat16> random_bf16(size_t count, float scale, uint32_t seed) {
   DeviceBuffer<__nv_bfloat16> b(count);
   fill_uniform<<<1024, 256>>>(b.ptr, count, scale, seed);
-  check(cudaGetLastError(), "fill_uniform");
+  check_cuda(cudaGetLastError(), "fill_uniform");
   return b;
 }
 
-// Median time in ms of `launch` over `iters` launches after `warmup`, one event pair per launch.
-double median_ms(const std::function<void()>& launch, int iters, int warmup) {
-  for (int i = 0; i < warmup; ++i) launch();
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < iters; ++i) {
-    check(cudaEventRecord(ev[2 * i]), "cudaEventRecord");
-    launch();
-    check(cudaEventRecord(ev[2 * i + 1]), "cudaEventRecord");
-  }
-  check(cudaDeviceSynchronize(), "GEMM launches");
-  std::vector<double> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    float t = 0;
-    check(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
-    ms[i] = t;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
-  return ms[iters / 2];
-}
-
-std::vector<std::string> split_commas(const std::string& list) {
-  std::vector<std::string> out;
-  for (size_t b = 0; b <= list.size();) {
-    const size_t e = std::min(list.find(',', b), list.size());
-    out.push_back(list.substr(b, e - b));
-    b = e + 1;
-  }
-  return out;
-}
 
 // Kernel configurations asked for on the command line, per GEMM kind (unset: the heuristic's).
 struct Requested {
@@ -152,16 +123,16 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
   std::vector<float> gates(R, 0.5f);
   DeviceBuffer<int32_t> d_offsets(E + 1), d_row_token(R);
   DeviceBuffer<float> d_gate(R), ds_partial(R * lc::ds_partials({T, d, n}));
-  check(cudaMemcpy(d_offsets.ptr, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice), "H2D");
-  check(cudaMemcpy(d_row_token.ptr, row_token.data(), R * 4, cudaMemcpyHostToDevice), "H2D");
-  check(cudaMemcpy(d_gate.ptr, gates.data(), R * 4, cudaMemcpyHostToDevice), "H2D");
+  check_cuda(cudaMemcpy(d_offsets.ptr, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice), "H2D");
+  check_cuda(cudaMemcpy(d_row_token.ptr, row_token.data(), R * 4, cudaMemcpyHostToDevice), "H2D");
+  check_cuda(cudaMemcpy(d_gate.ptr, gates.data(), R * 4, cudaMemcpyHostToDevice), "H2D");
 
   auto x = random_bf16(T * d, 1.f, 1), d_out = random_bf16(T * d, 1.f, 2);
   auto w1 = random_bf16(E * 2 * n * d, 0.02f, 3), w2 = random_bf16(E * d * n, 0.02f, 4);
   auto h = random_bf16(R * 2 * n, 1.f, 5), a = random_bf16(R * n, 1.f, 6), y = random_bf16(R * d, 1.f, 7);
   auto dh = random_bf16(R * 2 * n, 1.f, 8), a_prime = random_bf16(R * n, 1.f, 9);
   auto dx = random_bf16(R * d, 1.f, 10), dw1 = random_bf16(E * 2 * n * d, 1.f, 11), dw2 = random_bf16(E * d * n, 1.f, 12);
-  check(cudaDeviceSynchronize(), "fill");
+  check_cuda(cudaDeviceSynchronize(), "fill");
 
   const lc::RoutedRows rows{d_offsets.ptr, d_row_token.ptr, d_gate.ptr, R, E};
   if (const char* why = lc::expert_gemms_unsupported({T, d, n}); why[0]) throw std::runtime_error(c.name + ": " + why);
@@ -198,7 +169,8 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
       const lc::ExpertShape s{T, d, n, true, transposed};
       const lc::GemmConfig* want = requested[g.kind];
       const std::string ran = lc::to_string(lc::resolve_gemm_config(g.kind, s, E, sms, want));
-      const double ms = median_ms([&] { g.launch(s, want); }, iters, warmup);
+      const double ms =
+          leanmoe::tools::median_launch_ms(iters, warmup, [&](int) { g.launch(s, want); }, "GEMM launches");
       const std::string layout = std::string(transposed ? "transposed" : "hf") + (interleaved ? "-interleaved" : "");
       std::printf("| %s | %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", c.name.c_str(),
                   layout.c_str(), (long long)T, (long long)d, (long long)n, (long long)E, (long long)K,
@@ -270,7 +242,7 @@ int main(int argc, char** argv) {
       }
     }
     cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     // Every requested configuration checked on every shape before anything is timed.
     for (const auto& shape : shapes)
       for (lc::GemmKind kind : lc::kGemmKinds)

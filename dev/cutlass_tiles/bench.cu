@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "configs.h"
+#include "cuda_bench.h"
 #include "tiles.h"
 
 namespace {
@@ -34,9 +35,7 @@ namespace {
 using tiles::Candidate;
 using tiles::Kind;
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
+using leanmoe::tools::check_cuda;
 
 __global__ void fill_uniform(__nv_bfloat16* p, size_t count, float scale, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
@@ -64,7 +63,7 @@ __global__ void max_diff(const __nv_bfloat16* x, const __nv_bfloat16* ref, size_
 template <class T>
 struct Buffer {
   T* ptr = nullptr;
-  explicit Buffer(size_t count) { check(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc"); }
+  explicit Buffer(size_t count) { check_cuda(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc"); }
   ~Buffer() { cudaFree(ptr); }
   Buffer(Buffer&& o) noexcept : ptr(o.ptr) { o.ptr = nullptr; }
   Buffer(const Buffer&) = delete;
@@ -87,10 +86,10 @@ struct InputSet {
     }
     std::vector<int32_t> off(s.E + 1, 0);
     std::partial_sum(count.begin(), count.end(), off.begin() + 1);
-    check(cudaMemcpy(offsets.ptr, off.data(), off.size() * 4, cudaMemcpyHostToDevice), "H2D offsets");
+    check_cuda(cudaMemcpy(offsets.ptr, off.data(), off.size() * 4, cudaMemcpyHostToDevice), "H2D offsets");
     fill_uniform<<<1024, 256>>>(a.ptr, size_t(s.T * s.K * 2 * s.n), 1.f, seed * 3 + 1);
     fill_uniform<<<1024, 256>>>(b.ptr, size_t(s.E * 2 * s.n * s.d), 0.02f, seed * 3 + 2);
-    check(cudaGetLastError(), "fill");
+    check_cuda(cudaGetLastError(), "fill");
   }
   tiles::Problem problem(Kind kind, const leanmoe::tools::BenchShape& s) const {
     // down: A [R, n] · (W2_e [d, n])ᵀ; dx: dH [R, 2n] · W1_e [2n, d]; both write [R, d].
@@ -101,37 +100,12 @@ struct InputSet {
 
 double median_ms(const std::vector<InputSet>& sets, const Candidate& c, const leanmoe::tools::BenchShape& s,
                  bool along_n, void* ws, int sms, int iters, int warmup) {
-  for (int i = 0; i < warmup; ++i)
-    c.launch(sets[i % sets.size()].problem(c.kind, s), along_n, ws, sms, nullptr);
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < iters; ++i) {
-    const auto p = sets[(warmup + i) % sets.size()].problem(c.kind, s);
-    check(cudaEventRecord(ev[2 * i]), "cudaEventRecord");
-    c.launch(p, along_n, ws, sms, nullptr);
-    check(cudaEventRecord(ev[2 * i + 1]), "cudaEventRecord");
-  }
-  check(cudaDeviceSynchronize(), c.name.c_str());
-  std::vector<double> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    float t = 0;
-    check(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
-    ms[i] = t;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
-  return ms[iters / 2];
+  return leanmoe::tools::median_launch_ms(
+      iters, warmup,
+      [&](int i) { c.launch(sets[i % sets.size()].problem(c.kind, s), along_n, ws, sms, nullptr); },
+      c.name.c_str());
 }
 
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> out;
-  for (size_t b = 0; b <= list.size();) {
-    const size_t e = std::min(list.find(',', b), list.size());
-    out.push_back(list.substr(b, e - b));
-    b = e + 1;
-  }
-  return out;
-}
 
 // The library's choice today (gemm_heuristics.cpp): down coop 128x256 for n <= 256, else ping-pong
 // 128x128; dx coop 128x256; all 2x1 clusters, raster along M.
@@ -166,7 +140,7 @@ int main(int argc, char** argv) {
     std::vector<leanmoe::tools::BenchShape> shapes;
     if (shape_list == "grid") shapes = leanmoe::tools::grid_shapes();
     else
-      for (const auto& name : split(shape_list)) {
+      for (const auto& name : leanmoe::tools::split_commas(shape_list)) {
         const auto* s = leanmoe::tools::find_shape(name);
         if (!s) throw std::runtime_error("unknown shape " + name + "; known: " + leanmoe::tools::shape_names());
         shapes.push_back(*s);
@@ -180,7 +154,7 @@ int main(int argc, char** argv) {
     tiles::add_dx_c(all);
     tiles::add_down_d(all);
     std::vector<Candidate> cands;
-    const auto kind_list = split(kinds);
+    const auto kind_list = leanmoe::tools::split_commas(kinds);
     for (const auto& c : all) {
       const char* kname = c.kind == Kind::Down ? "down" : "dx";
       const bool kind_ok = std::find(kind_list.begin(), kind_list.end(), kname) != kind_list.end();
@@ -193,7 +167,7 @@ int main(int argc, char** argv) {
     if (raster != "m") rasters.push_back(true);
 
     cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     const int sms = prop.multiProcessorCount;
     std::printf("GPU: %s (%d SMs); median of %d after %d warm-up, %d rotating input sets\n", prop.name, sms, iters,
                 warmup, nsets);
@@ -213,7 +187,7 @@ int main(int argc, char** argv) {
       Buffer<char> ws(ws_bytes);
       Buffer<__nv_bfloat16> ref(size_t(s.T * s.K * s.d));
       Buffer<unsigned> diff(2);
-      check(cudaDeviceSynchronize(), "set-up");
+      check_cuda(cudaDeviceSynchronize(), "set-up");
       const size_t out_count = size_t(s.T * s.K * s.d);
       for (Kind kind : {Kind::Down, Kind::Dx}) {
         bool have_ref = false;
@@ -224,13 +198,13 @@ int main(int argc, char** argv) {
           c.launch(sets[0].problem(kind, s), false, ws.ptr, sms, nullptr);
           double rel = 0;
           if (!have_ref) {
-            check(cudaMemcpy(ref.ptr, sets[0].d.ptr, out_count * 2, cudaMemcpyDeviceToDevice), "copy ref");
+            check_cuda(cudaMemcpy(ref.ptr, sets[0].d.ptr, out_count * 2, cudaMemcpyDeviceToDevice), "copy ref");
             have_ref = true;
           } else {
-            check(cudaMemset(diff.ptr, 0, 8), "memset");
+            check_cuda(cudaMemset(diff.ptr, 0, 8), "memset");
             max_diff<<<1024, 256>>>(sets[0].d.ptr, ref.ptr, out_count, diff.ptr);
             unsigned h[2];
-            check(cudaMemcpy(h, diff.ptr, 8, cudaMemcpyDeviceToHost), "D2H diff");
+            check_cuda(cudaMemcpy(h, diff.ptr, 8, cudaMemcpyDeviceToHost), "D2H diff");
             float dmax, mag;
             std::memcpy(&dmax, &h[0], 4);
             std::memcpy(&mag, &h[1], 4);

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "configs.h"
+#include "cuda_bench.h"
 #include "fp8.h"
 #include "fp8_grouped.h"
 #include "tiles.h"
@@ -46,15 +47,15 @@ namespace {
 
 namespace fp8 = leanmoe::fp8;
 
-void check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
+using leanmoe::tools::check_cuda;
 
 template <class T>
 struct Buffer {
   T* ptr = nullptr;
   size_t count = 0;
-  explicit Buffer(size_t n) : count(n) { check(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc"); }
+  explicit Buffer(size_t n) : count(n) {
+    check_cuda(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
+  }
   ~Buffer() { cudaFree(ptr); }
   Buffer(Buffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
   Buffer(const Buffer&) = delete;
@@ -97,10 +98,10 @@ __global__ void max_diff(const __nv_bfloat16* x, const __nv_bfloat16* ref, size_
 
 double relative_diff(const __nv_bfloat16* x, const __nv_bfloat16* ref, size_t count) {
   Buffer<unsigned> out(2);
-  check(cudaMemset(out.ptr, 0, 8), "memset");
+  check_cuda(cudaMemset(out.ptr, 0, 8), "memset");
   max_diff<<<1024, 256>>>(x, ref, count, out.ptr);
   unsigned h[2];
-  check(cudaMemcpy(h, out.ptr, 8, cudaMemcpyDeviceToHost), "D2H diff");
+  check_cuda(cudaMemcpy(h, out.ptr, 8, cudaMemcpyDeviceToHost), "D2H diff");
   float d, m;
   std::memcpy(&d, &h[0], 4);
   std::memcpy(&m, &h[1], 4);
@@ -161,18 +162,18 @@ double check_candidate(const fp8g::Candidate& c, int sms) {
   Buffer<uint8_t> d_a(R * K), d_b(E * N * K);
   Buffer<float> d_sa(R * kb), d_sb(E * nb * kb);
   Buffer<__nv_bfloat16> d_d(R * N);
-  check(cudaMemcpy(d_off.ptr, off.data(), (E + 1) * 4, cudaMemcpyHostToDevice), "H2D");
-  check(cudaMemcpy(d_a.ptr, qa.data(), qa.size(), cudaMemcpyHostToDevice), "H2D");
-  check(cudaMemcpy(d_b.ptr, qb.data(), qb.size(), cudaMemcpyHostToDevice), "H2D");
-  check(cudaMemcpy(d_sa.ptr, sa_dev.data(), sa_dev.size() * 4, cudaMemcpyHostToDevice), "H2D");
-  check(cudaMemcpy(d_sb.ptr, sb.data(), sb.size() * 4, cudaMemcpyHostToDevice), "H2D");
-  check(cudaMemset(d_d.ptr, 0xff, R * N * 2), "memset D");  // NaN: a row never written shows
+  check_cuda(cudaMemcpy(d_off.ptr, off.data(), (E + 1) * 4, cudaMemcpyHostToDevice), "H2D");
+  check_cuda(cudaMemcpy(d_a.ptr, qa.data(), qa.size(), cudaMemcpyHostToDevice), "H2D");
+  check_cuda(cudaMemcpy(d_b.ptr, qb.data(), qb.size(), cudaMemcpyHostToDevice), "H2D");
+  check_cuda(cudaMemcpy(d_sa.ptr, sa_dev.data(), sa_dev.size() * 4, cudaMemcpyHostToDevice), "H2D");
+  check_cuda(cudaMemcpy(d_sb.ptr, sb.data(), sb.size() * 4, cudaMemcpyHostToDevice), "H2D");
+  check_cuda(cudaMemset(d_d.ptr, 0xff, R * N * 2), "memset D");  // NaN: a row never written shows
   Buffer<char> ws(c.workspace_bytes(E, sms));
   const fp8g::Problem p{d_off.ptr, E, N, K, d_a.ptr, d_sa.ptr, d_b.ptr, N * K, d_sb.ptr, nb * kb, d_d.ptr};
   c.launch(p, ws.ptr, sms, nullptr);
-  check(cudaDeviceSynchronize(), c.name.c_str());
+  check_cuda(cudaDeviceSynchronize(), c.name.c_str());
   std::vector<__nv_bfloat16> out(R * N);
-  check(cudaMemcpy(out.data(), d_d.ptr, out.size() * 2, cudaMemcpyDeviceToHost), "D2H");
+  check_cuda(cudaMemcpy(out.data(), d_d.ptr, out.size() * 2, cudaMemcpyDeviceToHost), "D2H");
   double err = 0;
   for (int64_t i = 0; i < R * N; ++i) {
     const double v = double(__bfloat162float(out[i]));
@@ -206,14 +207,14 @@ struct InputSet {
     }
     std::vector<int32_t> off(s.E + 1, 0);
     std::partial_sum(count.begin(), count.end(), off.begin() + 1);
-    check(cudaMemcpy(offsets.ptr, off.data(), off.size() * 4, cudaMemcpyHostToDevice), "H2D offsets");
+    check_cuda(cudaMemcpy(offsets.ptr, off.data(), off.size() * 4, cudaMemcpyHostToDevice), "H2D offsets");
     fill_e4m3<<<2048, 256>>>(a.ptr, a.count, seed * 7 + 1);
     fill_e4m3<<<2048, 256>>>(b.ptr, b.count, seed * 7 + 2);
     fill_scales<<<2048, 256>>>(sfa.ptr, sfa.count, seed * 7 + 3);
     fill_scales<<<2048, 256>>>(sfb.ptr, sfb.count, seed * 7 + 4);
     fill_bf16<<<2048, 256>>>(a16.ptr, a16.count, 1.f, seed * 7 + 5);
     fill_bf16<<<2048, 256>>>(b16.ptr, b16.count, 0.02f, seed * 7 + 6);
-    check(cudaGetLastError(), "fill");
+    check_cuda(cudaGetLastError(), "fill");
   }
   fp8g::Problem fp8(Kind kind, const leanmoe::tools::BenchShape& s) const {
     const int64_t K = kind == Kind::Down ? s.n : 2 * s.n;
@@ -226,35 +227,9 @@ struct InputSet {
 };
 
 double median_ms(int nsets, int iters, int warmup, const std::function<void(int set)>& launch, const char* what) {
-  for (int i = 0; i < warmup; ++i) launch(i % nsets);
-  std::vector<cudaEvent_t> ev(2 * iters);
-  for (auto& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
-  for (int i = 0; i < iters; ++i) {
-    check(cudaEventRecord(ev[2 * i]), "cudaEventRecord");
-    launch((warmup + i) % nsets);
-    check(cudaEventRecord(ev[2 * i + 1]), "cudaEventRecord");
-  }
-  check(cudaDeviceSynchronize(), what);
-  std::vector<double> ms(iters);
-  for (int i = 0; i < iters; ++i) {
-    float t = 0;
-    check(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
-    ms[i] = t;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::nth_element(ms.begin(), ms.begin() + iters / 2, ms.end());
-  return ms[iters / 2];
+  return leanmoe::tools::median_launch_ms(iters, warmup, [&](int i) { launch(i % nsets); }, what);
 }
 
-std::vector<std::string> split(const std::string& list) {
-  std::vector<std::string> out;
-  for (size_t b = 0; b <= list.size();) {
-    const size_t e = std::min(list.find(',', b), list.size());
-    out.push_back(list.substr(b, e - b));
-    b = e + 1;
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -274,7 +249,8 @@ int main(int argc, char** argv) {
       else throw std::runtime_error("unknown flag " + flag);
     }
     std::vector<leanmoe::tools::BenchShape> shapes;  // --shapes none: the correctness check alone
-    for (const auto& name : shape_list == "none" ? std::vector<std::string>{} : split(shape_list)) {
+    const auto names = shape_list == "none" ? std::vector<std::string>{} : leanmoe::tools::split_commas(shape_list);
+    for (const auto& name : names) {
       const auto* s = leanmoe::tools::find_shape(name);
       if (!s) throw std::runtime_error("unknown shape " + name + "; known: " + leanmoe::tools::shape_names());
       shapes.push_back(*s);
@@ -290,7 +266,7 @@ int main(int argc, char** argv) {
     fp8g::add_bf16_dx(bf16);
 
     cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     const int sms = prop.multiProcessorCount;
     std::printf("GPU: %s (%d SMs); median of %d after %d warm-up, %d rotating input sets\n", prop.name, sms, iters,
                 warmup, nsets);
@@ -315,7 +291,7 @@ int main(int argc, char** argv) {
       } catch (const std::exception& e) {
         ++failures;
         std::printf("check %-20s ERROR %s (dropped)\n", c.name.c_str(), e.what());
-        check(cudaGetLastError(), "after a dropped candidate");
+        check_cuda(cudaGetLastError(), "after a dropped candidate");
       }
     }
     cands = passed;  // only correct kernels are timed
@@ -337,7 +313,7 @@ int main(int argc, char** argv) {
       Buffer<char> ws(ws_bytes);
       const size_t out_count = size_t(s.T * s.K * s.d);
       Buffer<__nv_bfloat16> ref(out_count);
-      check(cudaDeviceSynchronize(), "set-up");
+      check_cuda(cudaDeviceSynchronize(), "set-up");
       // The library's bf16 choice: 1x2 clusters when ceil(d / 192) is even, else 2x1.
       const std::string bf16_name = (s.d + 191) / 192 % 2 == 0 ? "pp128x192c1x2" : "pp128x192c2x1";
       for (Kind kind : {Kind::Down, Kind::Dx}) {
@@ -357,7 +333,7 @@ int main(int argc, char** argv) {
           c.launch(sets[0].fp8(kind, s), ws.ptr, sms, nullptr);
           std::string rel = "-";  // +sfamn reads the K-major scales as M-major: other values
           if (!have_ref) {
-            check(cudaMemcpy(ref.ptr, sets[0].d.ptr, out_count * 2, cudaMemcpyDeviceToDevice), "copy ref");
+            check_cuda(cudaMemcpy(ref.ptr, sets[0].d.ptr, out_count * 2, cudaMemcpyDeviceToDevice), "copy ref");
             have_ref = true;
           } else if (!c.sfa_mn) {
             char buf[32];
