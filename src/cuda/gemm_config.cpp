@@ -13,8 +13,8 @@ namespace {
 
 constexpr const char* kGrammar =
     "family:schedule:MxN:stages:epilogue:cluster[:band][:max_ctas], e.g. gather:coop:128x256:s4:warp:c2:b8:m132 "
-    "(family gather|cutlass, schedule coop|pingpong, stages sK|auto, epilogue warp|tma|tmaN (N: subtile width), cluster cM (Mx1) or cMxN, "
-    "band bK, max_ctas mK)";
+    "(family gather|cutlass, schedule coop|pingpong, stages sK|auto, epilogue warp|tma|tmaN (N: subtile width), "
+    "cluster cM (Mx1) or cMxN, band bK, max_ctas mK)";
 
 [[noreturn]] void bad(std::string_view text, const std::string& rule) {
   throw Error("GemmConfig '" + std::string(text) + "': " + rule + "; expected " + kGrammar);
@@ -66,7 +66,8 @@ GemmKind parse_gemm_kind(std::string_view name) {
 
 bool GemmConfig::same_kernel(const GemmConfig& o) const {
   return family == o.family && schedule == o.schedule && tile_m == o.tile_m && tile_n == o.tile_n &&
-         stages == o.stages && epilogue == o.epilogue && epilogue_n == o.epilogue_n && cluster == o.cluster && cluster_n == o.cluster_n;
+         stages == o.stages && epilogue == o.epilogue && epilogue_n == o.epilogue_n && cluster == o.cluster &&
+         cluster_n == o.cluster_n;
 }
 
 std::string to_string(const GemmConfig& c) {
