@@ -29,10 +29,12 @@
 #include "../../src/fp8.h"
 #include "../expect_error.h"
 #include "leanmoe/leanmoe.h"
+#include "transpose_experts.h"
 
 namespace {
 
 using namespace leanmoe;
+using leanmoe::testing::transpose_experts;
 constexpr int64_t kT = fp8::kTile;
 
 bool have_cuda() { return backend_available(Device::cuda); }
@@ -138,15 +140,6 @@ Quantized host_quantize(const std::vector<uint16_t>& bits, int64_t E, int64_t R,
   return q;
 }
 
-// [E, R, C] -> [E, C, R].
-template <class T>
-std::vector<T> transpose(const std::vector<T>& a, int64_t E, int64_t R, int64_t C) {
-  std::vector<T> t(a.size());
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t r = 0; r < R; ++r)
-      for (int64_t c = 0; c < C; ++c) t[size_t((e * C + c) * R + r)] = a[size_t((e * R + r) * C + c)];
-  return t;
-}
 
 // ---- device buffers with guards ---------------------------------------------------------------
 
@@ -350,9 +343,9 @@ void run_blocks(int64_t E, int64_t R, int64_t C, bool transposed, uint32_t seed)
   if (!transposed) return;
   // The transposed copy is the same codes relaid out, and also what quantizing Wᵀ in blocks gives
   // (a block is the same 128 x 128 values either way).
-  const std::vector<uint8_t> want_t = transpose(want.codes, E, R, C);
-  const std::vector<float> want_st = transpose(want.scales, E, R / kT, C / kT);
-  const Quantized of_transpose = host_quantize(transpose(bits, E, R, C), E, C, R, kT);
+  const std::vector<uint8_t> want_t = transpose_experts(want.codes, E, R, C);
+  const std::vector<float> want_st = transpose_experts(want.scales, E, R / kT, C / kT);
+  const Quantized of_transpose = host_quantize(transpose_experts(bits, E, R, C), E, C, R, kT);
   ASSERT_EQ(of_transpose.codes, want_t);
   ASSERT_EQ(std::memcmp(of_transpose.scales.data(), want_st.data(), n_scales * 4), 0);
   expect_same_scales(scales_t.read("scales_t"), want_st, "scales_t");
