@@ -9,12 +9,11 @@
 #include <cstdint>
 
 #include "../../fp8.h"
+#include "warp.cuh"  // kFullMask
 
 namespace leanmoe::cuda::kernels {
 
 namespace fp8_detail {
-
-constexpr unsigned kFullMask = 0xffffffffu;
 
 // The 8 bf16 of a 16-byte word as floats (a bf16 is the top half of its fp32: exact).
 __device__ __forceinline__ void unpack_bf16x8(const uint4& w, float (&v)[8]) {
