@@ -163,4 +163,19 @@ struct RouterBackwardArgs {
 };
 void router_backward(const RouterBackwardArgs& a, cudaStream_t stream);
 
+// ---- fp8_quantize.cu -----------------------------------------------------------------------
+// e4m3 codes and power-of-two scales (src/fp8.h, docs/DESIGN.md "FP8"), bit for bit what
+// fp8::quantize gives on the host for the same bf16 values. Pointers 16-byte aligned; a bad
+// argument throws leanmoe::Error naming it and the rule before anything is enqueued.
+// Activations and gradients, 1x128 tiles: x bf16 [rows, cols] row-major, cols a multiple of 128 ->
+// codes [rows, cols], scales [rows, cols / 128]. rows = 0 or cols = 0: nothing.
+void fp8_quantize_rows(const void* x, int64_t rows, int64_t cols, uint8_t* codes, float* scales,
+                       cudaStream_t stream);
+// Weights, 128x128 blocks: w bf16 [E, R, C], R and C multiples of 128 -> codes [E, R, C], scales
+// [E, R/128, C/128]; with codes_t and scales_t (both or neither) also the same codes transposed,
+// codes_t [E, C, R], scales_t [E, C/128, R/128]: the K-major copy Hopper's FP8 wgmma reads for the
+// GEMM that contracts over R (dH over W2's d, dX over W1's W). E, R or C = 0: nothing.
+void fp8_quantize_blocks(const void* w, int64_t E, int64_t R, int64_t C, uint8_t* codes, float* scales,
+                         uint8_t* codes_t, float* scales_t, cudaStream_t stream);
+
 }  // namespace leanmoe::cuda

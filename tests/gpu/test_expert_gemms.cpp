@@ -23,6 +23,7 @@
 #include "../../src/cuda/expert_gemms.h"
 #include "leanmoe/bf16.h"
 #include "leanmoe/leanmoe.h"
+#include "transpose_experts.h"
 
 namespace {
 
@@ -89,16 +90,7 @@ std::vector<float> to_float(const std::vector<bf16>& v) {
   return f;
 }
 
-// E matrices [rows, cols] -> E matrices [cols, rows]: a weight tensor in the other layout (W1
-// [E, W, d] <-> [E, d, W], W2 [E, d, n] <-> [E, n, d]).
-template <class T>
-std::vector<T> transpose_experts(const std::vector<T>& v, int64_t E, int64_t rows, int64_t cols) {
-  std::vector<T> t(v.size());
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) t[(e * cols + c) * rows + r] = v[(e * rows + r) * cols + c];
-  return t;
-}
+using leanmoe::testing::transpose_experts;
 
 // Device buffer of `count` elements of T, freed on scope exit.
 template <class T>
