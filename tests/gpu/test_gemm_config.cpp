@@ -126,8 +126,10 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
   // 2x1 where odd (2048: 11, 2880: 15).
   const char* const k1x2 = "cutlass:pingpong:128x192:auto:tma:c1x2:m132";
   const char* const k2x1 = "cutlass:pingpong:128x192:auto:tma:c2:m132";
+  // down at n <= 256 in 1x2 clusters: 64x64 epilogue subtiles.
+  const char* const k1x2e64 = "cutlass:pingpong:128x192:auto:tma64:c1x2:m132";
   const Row rows[] = {
-      {"7B-n256", 1536, 256, "gather:coop:128x256:s4:warp:c1:b2:m132", k1x2, "gather:coop:128x256:s4:warp:c2:b1:m132",
+      {"7B-n256", 1536, 256, "gather:coop:128x256:s4:warp:c1:b2:m132", k1x2e64, "gather:coop:128x256:s4:warp:c2:b1:m132",
        kDw2, k1x2, kDw1},
       {"olmoe-1b-7b", 2048, 1024, "gather:coop:128x256:s4:warp:c1:b8:m132", k2x1,
        "gather:coop:128x256:s4:warp:c2:b4:m132", kDw2, k2x1, kDw1},
@@ -152,10 +154,12 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
                             {2048, "c2"}, {4096, "c1x2"}}) {
     for (int64_t n : {256, 1024}) {
       const lc::ExpertShape s{4096, d, n};
-      for (GemmKind kind : {GemmKind::Down, GemmKind::Dx})
+      for (GemmKind kind : {GemmKind::Down, GemmKind::Dx}) {
+        const bool e64 = kind == GemmKind::Down && n <= 256 && std::string(cluster) == "c1x2";
         EXPECT_EQ(lc::to_string(lc::choose_gemm_config(kind, s, kH200Sms)),
-                  std::string("cutlass:pingpong:128x192:auto:tma:") + cluster + ":m132")
+                  std::string("cutlass:pingpong:128x192:auto:") + (e64 ? "tma64:" : "tma:") + cluster + ":m132")
             << lc::gemm_kind_name(kind) << " d " << d << " n " << n;
+      }
     }
   }
 }
