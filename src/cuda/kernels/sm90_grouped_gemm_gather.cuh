@@ -42,6 +42,14 @@
 //     BOTH CTAs (mapa remote arrive), because the stage of CTA r is written by both CTAs' TMAs: a
 //     producer may overwrite its half of stage s in both CTAs only after both CTAs' consumers left it.
 // Both CTAs walk identical item streams (same tiles, K constant), so stage and parity agree.
+// GemmFeed::Split (an experiment): the producer threads but the multicasting thread 0 wait on a
+// CTA-local empty barrier (this CTA's 8 consumer warps, which arrive there before the pair's), so a
+// CTA may load an expert's partial last k-tile (no multicast) while its peer still reads the stage's
+// previous item, and its consumers' arrivals on the peer's barrier may then run a phase ahead of the
+// peer's own. Safe, because phases complete on the cumulative count: thread 0 waits at a multicast
+// k-tile q for the phase of q - 4, and neither CTA's consumers can have released a later item of
+// that stage (q itself needs both CTAs' multicast halves), so the count reaches that phase exactly
+// when both CTAs released q - 4, and never a second phase ahead of the waited parity.
 // A cluster barrier after the mbarrier init (before any remote arrive or multicast) and at exit,
 // plus a producer tail that waits until every stage has been released by both CTAs, keep a CTA from
 // exiting while its peer may still arrive on its barriers.
