@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "../src/cuda/backward_overlap.h"
 #endif
 
+#include "balanced_routing.h"
 #include "configs.h"
 #include "leanmoe/leanmoe.h"
 #include "naive_moe.h"
@@ -54,9 +56,12 @@ bench options:
   --dtype bf16|f32           storage dtype (default bf16 on cuda, f32 on cpu)
   --router topk_then_softmax|softmax_then_topk   (default softmax_then_topk)
   --norm-topk-prob           renormalise the K probabilities (softmax_then_topk)
-  --routing topk|token-rounding|given            (default topk; given: the experts under a routing the
-                             caller hands over, taken from the fused router's top-K of the same x)
-  --tile N                   token-rounding tile (default 128)
+  --routing topk|token-rounding|given|balanced   (default topk; given: the experts under a routing the
+                             caller hands over, taken from the fused router's top-K of the same x;
+                             balanced: routing given in which every expert receives T*K/E rows, a whole
+                             number of --tile tiles (E a multiple of K, T*K of E*tile): top-K's kernels
+                             with no partial tile, the reference for token rounding's speed)
+  --tile N                   token-rounding tile, and the tile of the tiles count (default 128)
   --rounding nearest|up|down token-rounding mode (default nearest)
   --layout hf|transposed     expert weights as gate_up_proj [E, 2n, d], down_proj [E, d, n] (default) or
                              transposed, gpt-oss's [E, d, 2n], [E, n, d] (read in place)
@@ -85,6 +90,7 @@ struct Options {
   std::string device = "auto";
   std::optional<DType> dtype;
   MoEConfig layer;  // router, norm_topk_prob, routing, tile, rounding_mode; d..K come from the shape
+  bool balanced = false;  // --routing balanced: layer.routing is given, the ids from balanced_routing
   std::optional<int64_t> tile;  // token rounding; bench defaults to MoEConfig's 128, check to 32
   std::optional<int> iters, warmup;
   bool graph = false;  // bench: CUDA-graph replay timing beside the eager one
@@ -153,8 +159,9 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
                                                    {"softmax_then_topk", RouterConvention::softmax_then_topk}});
     else if (name == "norm-topk-prob") o.layer.norm_topk_prob = flag_only();
     else if (name == "routing")
-      o.layer.routing = parse_choice<Routing>(name, take(), {{"topk", Routing::topk}, {"token-rounding", Routing::token_rounding},
-                                                           {"given", Routing::given}});
+      std::tie(o.layer.routing, o.balanced) = parse_choice<std::pair<Routing, bool>>(
+          name, take(), {{"topk", {Routing::topk, false}}, {"token-rounding", {Routing::token_rounding, false}},
+                         {"given", {Routing::given, false}}, {"balanced", {Routing::given, true}}});
     else if (name == "tile") o.tile = o.layer.tile = parse_int(name, take(), 1);
     else if (name == "rounding")
       o.layer.rounding_mode = parse_choice<RoundingMode>(name, take(), {{"nearest", RoundingMode::nearest}, {"up", RoundingMode::up},
@@ -248,7 +255,11 @@ Buffer random_buffer(Device dev, DType dtype, int64_t count, float std, uint64_t
 struct BenchResult {
   BenchShape shape;
   MoEConfig cfg;
+  bool balanced = false;  // routing given by balanced_routing (cfg.routing is given)
   int64_t rows = 0;  // routed rows of the last forward (T*K for top-K)
+  // The last forward's rows per expert: fewest, most, and the tiles of cfg.tile rows they fill
+  // (sum of ceil(rows_e / tile)): tiles * tile - rows is the padding of the expert GEMMs' last tiles.
+  int64_t expert_rows_min = 0, expert_rows_max = 0, tiles = 0;
   double fwd_ms = 0, bwd_ms = 0;
   std::vector<double> fwd_all_ms, bwd_all_ms;
   size_t saved_bytes = 0, naive_bytes = 0, fwd_ws_bytes = 0, bwd_ws_bytes = 0;
@@ -350,12 +361,22 @@ void time_graph_replays(const std::function<void(int, Stream)>& enqueue_forward,
 }
 #endif
 
-BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, DType dt, Device dev, int warmup, int iters,
-                      bool graph, const std::string& progress) {
+const char* routing_label(const MoEConfig& cfg, bool balanced) {
+  return balanced ? "balanced" : routing_name(cfg.routing);
+}
+
+void require_balanced_routing(const BenchShape& s, int64_t tile) {
+  if (const std::string rule = tools::balanced_routing_rule(s.T, s.E, s.K, tile); !rule.empty())
+    throw UsageError("--routing balanced on " + s.name + ": " + rule);
+}
+
+BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, bool balanced, DType dt, Device dev, int warmup,
+                      int iters, bool graph, const std::string& progress) {
   using clock = std::chrono::steady_clock;
   MoEConfig cfg = layer;
   cfg.d = s.d, cfg.n = s.n, cfg.E = s.E, cfg.K = s.K;
   const int64_t T = s.T, d = s.d, n = s.n, E = s.E;
+  if (balanced) require_balanced_routing(s, cfg.tile);  // a grid row that breaks the rule fails alone
   LayerMemory mem(cfg, T, dt, dev);
 
   // One weight set: every grid row's weights (>= 151 MB) already exceed the H200's 60 MB L2.
@@ -379,20 +400,26 @@ BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, DType dt, Dev
   Buffer d_router(dev, router.bytes()), d_gate_up(dev, gate_up.bytes()), d_down(dev, down.bytes());
   MoEGrads g{dx.view(dt, {T, d}), d_router.view(dt, {E, d}), gate_up_view(d_gate_up), down_view(d_down)};
 
-  // Routing given: the experts the fused router's top-K picks for each input set, with random
-  // weights; the layer then runs without its router (the comparison the fused path is held to).
+  // Routing given: the experts the fused router's top-K picks for each input set (balanced: a
+  // balanced routing per set), with random weights; the layer then runs without its router (the
+  // comparison the fused path is held to).
   const bool given = cfg.routing == Routing::given;
   std::vector<Buffer> topk_ids;
   Buffer topk_weights, d_topk_weights;
   if (given) {
     MoEConfig fused = cfg;
     fused.routing = Routing::topk;
-    LayerMemory routing_mem(fused, T, dt, dev);
+    std::optional<LayerMemory> routing_mem;
+    if (!balanced) routing_mem.emplace(fused, T, dt, dev);
     std::vector<int32_t> host(size_t(T * s.K));
     for (int i = 0; i < kSets; ++i) {
-      forward(fused, xs[i].view(dt, {T, d}), w, out.view(dt, {T, d}), Tensor{}, routing_mem.saved(),
-              routing_mem.forward_workspace());
-      copy_to_host(dev, host.data(), routing_mem.saved().topk_experts.data, host.size() * 4);
+      if (balanced) {
+        host = tools::balanced_routing(T, E, s.K, uint64_t(40 + i));
+      } else {
+        forward(fused, xs[i].view(dt, {T, d}), w, out.view(dt, {T, d}), Tensor{}, routing_mem->saved(),
+                routing_mem->forward_workspace());
+        copy_to_host(dev, host.data(), routing_mem->saved().topk_experts.data, host.size() * 4);
+      }
       topk_ids.emplace_back(dev, host.size() * 4);
       copy_to_device(dev, topk_ids.back().data(), host.data(), host.size() * 4);
     }
@@ -420,7 +447,7 @@ BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, DType dt, Dev
   };
 
   BenchResult r;
-  r.shape = s, r.cfg = cfg;
+  r.shape = s, r.cfg = cfg, r.balanced = balanced;
   auto last_report = clock::now();
   for (int it = 0; it < warmup + iters; ++it) {
     synchronize(dev);
@@ -440,9 +467,15 @@ BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, DType dt, Dev
       last_report = t2;
     }
   }
-  int32_t rows = 0;
-  copy_to_host(dev, &rows, mem.saved().expert_offsets.ptr<int32_t>() + E, sizeof rows);
-  r.rows = rows;
+  std::vector<int32_t> offsets(size_t(E + 1));
+  copy_to_host(dev, offsets.data(), mem.saved().expert_offsets.data, offsets.size() * sizeof(int32_t));
+  r.rows = offsets[size_t(E)];
+  r.expert_rows_min = r.rows, r.expert_rows_max = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t rows_e = offsets[size_t(e + 1)] - offsets[size_t(e)];
+    r.expert_rows_min = std::min(r.expert_rows_min, rows_e), r.expert_rows_max = std::max(r.expert_rows_max, rows_e);
+    r.tiles += (rows_e + cfg.tile - 1) / cfg.tile;
+  }
   r.fwd_ms = median(r.fwd_all_ms);
   r.bwd_ms = median(r.bwd_all_ms);
   r.saved_bytes = mem.saved().bytes_excluding_x();
@@ -519,11 +552,12 @@ void write_json(const std::string& path, const std::string& command, Device dev,
     f << (i ? "," : "") << "\n  {\"config\": " << json_string(r.shape.name) << ", \"T\": " << r.shape.T
       << ", \"d\": " << c.d << ", \"n\": " << c.n << ", \"E\": " << c.E << ", \"K\": " << c.K
       << ", \"router\": \"" << router_convention_name(c.router) << "\", \"norm_topk_prob\": "
-      << (c.norm_topk_prob ? "true" : "false") << ", \"routing\": \"" << routing_name(c.routing)
+      << (c.norm_topk_prob ? "true" : "false") << ", \"routing\": \"" << routing_label(c, r.balanced)
       << "\", \"tile\": " << c.tile << ", \"rounding\": \"" << rounding_mode_name(c.rounding_mode)
       << "\", \"layout\": \"" << (c.transposed ? "transposed" : "hf")
       << "\", \"device\": \"" << device_name(dev) << "\", \"dtype\": \"" << dtype_name(dt) << "\", \"rows\": " << r.rows
-      << ", \"rows_topk\": " << r.shape.T * c.K << ", \"fwd_ms\": " << r.fwd_ms << ", \"bwd_ms\": " << r.bwd_ms
+      << ", \"rows_topk\": " << r.shape.T * c.K << ", \"expert_rows_min\": " << r.expert_rows_min
+      << ", \"expert_rows_max\": " << r.expert_rows_max << ", \"tiles\": " << r.tiles << ", \"fwd_ms\": " << r.fwd_ms << ", \"bwd_ms\": " << r.bwd_ms
       << ", \"fwd_tflops\": " << r.fwd_tflops() << ", \"bwd_tflops\": " << r.bwd_tflops()
       << ", \"fwd_flops\": " << forward_flops(c, r.shape.T) << ", \"bwd_flops\": " << backward_flops(c, r.shape.T)
       << ", \"saved_bytes\": " << r.saved_bytes << ", \"io_bytes\": " << r.io_bytes << ", \"naive_saved_bytes\": " << r.naive_bytes
@@ -548,6 +582,7 @@ int run_bench(const Options& o, const std::string& command) {
   const int warmup = o.warmup.value_or(dev == Device::cuda ? 3 : 1);
   const int iters = o.iters.value_or(dev == Device::cuda ? 20 : 5);
   std::vector<BenchShape> shapes = o.grid ? tools::grid_shapes() : std::vector<BenchShape>{chosen_shape(o, dev)};
+  if (o.balanced && !o.grid) require_balanced_routing(shapes[0], o.layer.tile);  // before any output: exit 2
   const bool graph = o.graph && dev == Device::cuda;
   if (o.graph && !graph) std::fprintf(stderr, "leanmoe bench: --graph ignored on %s (CUDA graphs need --device cuda)\n",
                                       device_name(dev));
@@ -562,7 +597,7 @@ int run_bench(const Options& o, const std::string& command) {
 
   std::printf("# leanmoe bench: %s, %s, %s, router %s%s, routing %s", device_name(dev),
               backend_description(dev).c_str(), dtype_name(dt), router_convention_name(o.layer.router),
-              o.layer.norm_topk_prob ? " (norm)" : "", routing_name(o.layer.routing));
+              o.layer.norm_topk_prob ? " (norm)" : "", routing_label(o.layer, o.balanced));
   if (o.layer.routing == Routing::token_rounding)
     std::printf(" (tile %lld, %s)", (long long)o.layer.tile, rounding_mode_name(o.layer.rounding_mode));
   if (o.layer.transposed) std::printf(", transposed weights");
@@ -579,7 +614,7 @@ int run_bench(const Options& o, const std::string& command) {
     std::fprintf(stderr, "%s: T=%lld d=%lld n=%lld E=%lld K=%lld ...\n", progress.c_str(), (long long)shapes[i].T,
                  (long long)shapes[i].d, (long long)shapes[i].n, (long long)shapes[i].E, (long long)shapes[i].K);
     try {
-      results.push_back(bench_one(shapes[i], o.layer, dt, dev, warmup, iters, graph, progress));
+      results.push_back(bench_one(shapes[i], o.layer, o.balanced, dt, dev, warmup, iters, graph, progress));
       print_bench_row(results.back(), dev, graph);
     } catch (const std::exception& e) {
       BenchResult failed;

@@ -16,7 +16,9 @@
 namespace leanmoe::cuda::kernels {
 
 constexpr int kRouterThreads = 128;     // router kernel block: small blocks even out the one wave of tokens
-constexpr int kTileTokens = 32;        // tokens per warp in the code-matrix metadata kernels (one per lane)
+// Tokens per warp in the code-matrix metadata kernels (token rounding): 8, not 32, so that small T
+// still fills the GPU (T = 8192: 1024 warps instead of 256; scatter_routes took 99 us with 32).
+constexpr int kTileTokens = 8;
 constexpr int kScanThreads = 256;
 constexpr int kLossChunk = 256;        // tokens per partial sum of the loss reductions
 
@@ -338,12 +340,28 @@ __global__ void round_tokens_kernel(const uint32_t* __restrict__ keys, const int
         if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
       }
       __syncthreads();
-      if (threadIdx.x == 0) {
-        unsigned above = 0;
-        int b = 255;
-        for (; b > 0 && above + hist[b] < s_rank; --b) above += hist[b];
-        s_rank -= above;
-        s_prefix = prefix | (uint32_t(b) << shift);
+      if (threadIdx.x < 32) {
+        // The highest bin b whose keys from 255 down to b reach the rank (b = 0 at the latest), found
+        // by warp 0: lane l sums bins 255 - 8l .. 248 - 8l, a scan over lanes picks the lane, that
+        // lane walks its 8 bins (a serial walk over 256 bins by one thread took ~5 us per pass).
+        const int lane = threadIdx.x, top = 255 - 8 * lane;
+        unsigned mine = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) mine += hist[top - j];
+        unsigned upto = mine;  // keys in the bins of lanes 0..lane
+#pragma unroll
+        for (int d = 1; d < 32; d *= 2) {
+          const unsigned v = __shfl_up_sync(kFullMask, upto, d);
+          if (lane >= d) upto += v;
+        }
+        const unsigned rank = s_rank, reached = __ballot_sync(kFullMask, upto >= rank);
+        if (lane == (reached ? __ffs(reached) - 1 : 31)) {
+          unsigned above = upto - mine;
+          int b = top;
+          for (; b > 0 && above + hist[b] < rank; --b) above += hist[b];
+          s_rank = rank - above;
+          s_prefix = prefix | (uint32_t(b) << shift);
+        }
       }
       __syncthreads();
       prefix = s_prefix;
@@ -371,7 +389,7 @@ __global__ void round_tokens_kernel(const uint32_t* __restrict__ keys, const int
   }
 }
 
-// Metadata pass 1, one warp per tile of 32 tokens: tile_counts[tile][e] = routed pairs of e in
+// Metadata pass 1, one warp per tile of kTileTokens tokens: tile_counts[tile][e] = routed pairs of e in
 // the tile; token_counts[t] = routed pairs of t.
 __global__ void count_routes_kernel(const uint8_t* __restrict__ code, int T, int E, int tiles,
                                     int32_t* __restrict__ tile_counts, int32_t* __restrict__ token_counts) {
@@ -452,7 +470,7 @@ __global__ void scan_offsets_kernel(const int32_t* __restrict__ expert_counts, i
   else block_offsets(token_counts, T, token_offsets, tmp);
 }
 
-// Metadata pass 4, one warp per tile of 32 tokens, lane = expert within a chunk of 32 experts.
+// Metadata pass 4, one warp per tile of kTileTokens tokens, lane = expert within a chunk of 32 experts.
 // Walking tokens in order gives each expert's rows stable by token; walking expert chunks in
 // order, with a ballot per token, gives each token's rows in ascending expert order.
 __global__ void scatter_routes_kernel(const uint8_t* __restrict__ code, const float* __restrict__ p,
@@ -463,11 +481,11 @@ __global__ void scatter_routes_kernel(const uint8_t* __restrict__ code, const fl
   const int tile = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   if (tile >= tiles) return;
   const int t0 = tile * kTileTokens, t1 = min(T, t0 + kTileTokens);
-  int my_token_written = 0;  // rows already listed for token t0 + lane
-  const int my_token_offset = t0 + lane < T ? out.token_offsets[t0 + lane] : 0;
+  int my_token_written = 0;  // rows already listed for token t0 + lane (lanes < kTileTokens)
+  const int my_token_offset = lane < kTileTokens && t0 + lane < T ? out.token_offsets[t0 + lane] : 0;
   for (int e0 = 0; e0 < E; e0 += 32) {
     const int e = e0 + lane;
-    // All 32 codes of this lane's expert first: independent loads in flight together.
+    // All the tile's codes of this lane's expert first: independent loads in flight together.
     uint8_t c[kTileTokens];
 #pragma unroll
     for (int i = 0; i < kTileTokens; ++i) c[i] = (e < E && t0 + i < t1) ? code[int64_t(t0 + i) * E + e] : kNotRouted;
