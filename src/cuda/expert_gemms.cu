@@ -128,10 +128,10 @@ CUtensorMap up_weight_tensor_map(const void* w1, const ExpertShape& s, bool inte
 // (cudaOccupancyMaxActiveClusters: GPCs with an odd number of free SMs leave one idle), never more
 // clusters than cluster tiles (varlen-M: 256-row pair slots x n-tiles; varlen-K: experts x tile
 // pairs) or than config.max_ctas allows (rounded down to whole clusters).
-template <GemmKind kKind, class Tile, class Act, bool kTransposed, GemmFeed kFeed>
+template <GemmKind kKind, class Tile, class Act, bool kTransposed>
 void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const GemmArgs& args, const CUtensorMap& map,
                     const GemmConfig& config, cudaStream_t stream, const char* what) {
-  const auto kernel = sm90::gather_grouped_gemm_kernel<kKind, Tile, true, Act, kTransposed, kFeed>;
+  const auto kernel = sm90::gather_grouped_gemm_kernel<kKind, Tile, true, Act, kTransposed>;
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = 2;
@@ -174,16 +174,16 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const GemmArgs
 // The operand loaded with TMA: the weights (varlen-M; kTransposed: stored [E, d, W] and [E, n, d])
 // or the row-range operand (varlen-K: dH for dW1, A' for dW2, over the rows_capacity rows the caller
 // allocated; none: every expert is empty, no k-tile is loaded and the kernel only stores zero gradients).
-template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed, GemmFeed kFeed>
+template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed>
 void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const GemmConfig& config,
                    cudaStream_t stream, const char* what) {
-  static const bool ready = raise_smem_limit(
-      sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed, kFeed>, Tile::kSmemBytes, what);
+  static const bool ready = raise_smem_limit(sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>,
+                                             Tile::kSmemBytes, what);
   (void)ready;
   const dim3 tiles = grid_for<kKind>(rows, s, Tile::kTileM, Tile::kTileN);
   args.n_tiles = static_cast<int>(tiles.y);
   args.m_tiles = static_cast<int>(tiles.x);  // varlen-K: row tiles of dW (unused for varlen-M)
-  args.n_band = config.band;                 // varlen-K: 0 = one band
+  args.n_band = config.band;                 // varlen-M only
   CUtensorMap map{};
   if constexpr (kKind == GemmKind::Up) {
     if constexpr (kTransposed)  // W1 as [E·d rows, W cols], 64-wide MN blocks
@@ -201,11 +201,11 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
     map = kKind == GemmKind::Dw1 ? bf16_tensor_map(args.a, rows.rows_capacity, s.width(), 64, 64, what)
                                  : bf16_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, what);
   if constexpr (kCluster) {
-    launch_cluster<kKind, Tile, Act, kTransposed, kFeed>(rows, s, args, map, config, stream, what);
+    launch_cluster<kKind, Tile, Act, kTransposed>(rows, s, args, map, config, stream, what);
   } else {
     const int64_t ctas = std::min<int64_t>({int64_t(tiles.x) * tiles.y * tiles.z, multiprocessor_count(),
                                             int64_t(config.max_ctas)});
-    sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed, kFeed>
+    sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>
         <<<static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream>>>(args, map);
   }
 }
@@ -233,37 +233,17 @@ struct GatherKernel {
   std::array<GatherLaunch, kNumActivations> launch, launch_transposed;
   GatherLaunch no_bias_gate_up;
 };
-template <GemmKind kKind, class Tile, bool kCluster, GemmFeed kFeed, bool kTransposed, size_t... I>
+template <GemmKind kKind, class Tile, bool kCluster, bool kTransposed, size_t... I>
 std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I...>) {
   std::array<GatherLaunch, kNumActivations> launches{};
   if constexpr (kernels::is_varlen_k(kKind)) {
-    if constexpr (!kTransposed) launches.fill(&launch_gather<kKind, Tile, kCluster, void, false, kFeed>);
+    if constexpr (!kTransposed) launches.fill(&launch_gather<kKind, Tile, kCluster, void, false>);
   } else {
-    launches = {
-        &launch_gather<kKind, Tile, kCluster, kernels::DeviceActivation<kActivations[I]>, kTransposed, kFeed>...};
+    launches = {&launch_gather<kKind, Tile, kCluster, kernels::DeviceActivation<kActivations[I]>, kTransposed>...};
   }
   return launches;
 }
-template <GemmKind kKind, class Tile, bool kCluster, GemmFeed kFeed = GemmFeed::Coupled>
-GatherKernel gather_kernel();
-// dW1 [W, d] (for transposed weights dW2ᵀ, which runs dW1's kernels) as dW1ᵀ = X[tok]ᵀ·dH [d, W]
-// through dW2's kernel (A gathered, B a row range by TMA, N = W), stored transposed.
-template <class Tile>
-void launch_dw1_transposed_tile(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const GemmConfig& config,
-                                cudaStream_t stream, const char* what) {
-  std::swap(args.a, args.b);  // dW1's (dH, X[tok]) -> dW2's (gathered A, row-range B)
-  args.n = s.width();
-  args.gated = false;
-  launch_gather<GemmKind::Dw2, Tile, true, kernels::TransposedStore, false, GemmFeed::Coupled>(
-      rows, {s.T, s.d, s.width(), /*gated=*/false}, args, config, stream, what);
-}
-template <class Tile>
-GatherKernel dw1_transposed_tile() {
-  GatherKernel k = gather_kernel<GemmKind::Dw2, Tile, true>();  // its configuration; dW2's launches replaced
-  k.launch.fill(&launch_dw1_transposed_tile<Tile>);
-  return k;
-}
-template <GemmKind kKind, class Tile, bool kCluster, GemmFeed kFeed>
+template <GemmKind kKind, class Tile, bool kCluster>
 GatherKernel gather_kernel() {
   GemmConfig c;
   c.family = GemmFamily::Gather;
@@ -273,31 +253,20 @@ GatherKernel gather_kernel() {
   c.stages = Tile::kStages;
   c.epilogue = GemmEpilogue::Warp;
   c.cluster = kCluster ? 2 : 1;
-  c.feed = kFeed;
   GatherLaunch no_bias_gate_up = nullptr;
   if constexpr (!kernels::is_varlen_k(kKind))
-    no_bias_gate_up = &launch_gather<kKind, Tile, kCluster, kernels::NoBiasGateUp<kernels::SwiGLU>, false, kFeed>;
+    no_bias_gate_up = &launch_gather<kKind, Tile, kCluster, kernels::NoBiasGateUp<kernels::SwiGLU>, false>;
   constexpr auto activations = std::make_index_sequence<kNumActivations>();
-  return {c, gather_launches<kKind, Tile, kCluster, kFeed, false>(activations),
-          gather_launches<kKind, Tile, kCluster, kFeed, true>(activations), no_bias_gate_up};
+  return {c, gather_launches<kKind, Tile, kCluster, false>(activations),
+          gather_launches<kKind, Tile, kCluster, true>(activations), no_bias_gate_up};
 }
 
-// The gather kernel's instantiations: per kind the one that won the measurements (docs/kernels.md),
-// then the feeds under test for the cluster kinds (docs/kernels.md "Feeding the backward kinds").
+// The gather kernel's instantiations: per kind the one that won the measurements (docs/kernels.md).
 const std::vector<GatherKernel>& gather_kernels(GemmKind kind) {
-  using sm90::GatherTile128x256, sm90::GatherTile256x128;
-  static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, GatherTile128x256, false>()};
-  static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, GatherTile128x256, true>(),
-                                               gather_kernel<GemmKind::Dh, GatherTile128x256, true, GemmFeed::Split>()};
-  static const std::vector<GatherKernel> dw2 = {
-      gather_kernel<GemmKind::Dw2, GatherTile128x256, true>(),
-      gather_kernel<GemmKind::Dw2, GatherTile128x256, true, GemmFeed::Split>(),
-      gather_kernel<GemmKind::Dw2, GatherTile128x256, true, GemmFeed::Wide>()};
-  static const std::vector<GatherKernel> dw1 = {
-      gather_kernel<GemmKind::Dw1, GatherTile256x128, true>(),
-      gather_kernel<GemmKind::Dw1, GatherTile256x128, true, GemmFeed::Split>(),
-      gather_kernel<GemmKind::Dw1, GatherTile256x128, true, GemmFeed::Wide>(),
-      dw1_transposed_tile<GatherTile128x256>()};
+  static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, sm90::GatherTile128x256, false>()};
+  static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, sm90::GatherTile128x256, true>()};
+  static const std::vector<GatherKernel> dw2 = {gather_kernel<GemmKind::Dw2, sm90::GatherTile128x256, true>()};
+  static const std::vector<GatherKernel> dw1 = {gather_kernel<GemmKind::Dw1, sm90::GatherTile256x128, true>()};
   static const std::vector<GatherKernel> none;
   switch (kind) {
     case GemmKind::Up: return up;
@@ -403,17 +372,16 @@ GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, 
     fail(std::string("not compiled; compiled for ") + gemm_kind_name(kind) + ": " + list);
   }
   const bool banded = kind == GemmKind::Up || kind == GemmKind::Dh;
-  const bool gather = c.family == GemmFamily::Gather;
   if (banded && E > kMaxGemmExperts)
     fail("E = " + std::to_string(E) + " experts; the gather kernel's tile table holds at most " +
          std::to_string(kMaxGemmExperts));
   if (c.band < 0 || c.max_ctas < 0) fail("band and max_ctas must be >= 0 (0: the heuristic's)");
-  if (!gather && c.band != 0) fail("band (bK) applies to the gather kernel (up, dh, dw1, dw2) only");
+  if (!banded && c.band != 0) fail("band (bK) applies to up and dh only");
   if (c.max_ctas != 0 && c.max_ctas < c.cluster_ctas())
     fail("max_ctas must be at least the cluster size " + std::to_string(c.cluster_ctas()));
   if (c.band == 0) c.band = chosen.band;
   if (c.max_ctas == 0) c.max_ctas = chosen.max_ctas;
-  if (gather && c.band > 0) c.band = int(std::min<int64_t>(c.band, gemm_column_tiles(kind, s, c)));
+  if (banded) c.band = int(std::min<int64_t>(c.band, gemm_column_tiles(kind, s, c)));
   return c;
 }
 

@@ -12,9 +12,9 @@ namespace leanmoe::cuda {
 namespace {
 
 constexpr const char* kGrammar =
-    "family:schedule:MxN:stages:epilogue:cluster[:feed][:band][:max_ctas], e.g. gather:coop:128x256:s4:warp:c2:b8:m132 "
+    "family:schedule:MxN:stages:epilogue:cluster[:band][:max_ctas], e.g. gather:coop:128x256:s4:warp:c2:b8:m132 "
     "(family gather|cutlass, schedule coop|pingpong, stages sK|auto, epilogue warp|tma|tmaN (N: subtile width), "
-    "cluster cM (Mx1) or cMxN, feed split|wide, band bK, max_ctas mK)";
+    "cluster cM (Mx1) or cMxN, band bK, max_ctas mK)";
 
 [[noreturn]] void bad(std::string_view text, const std::string& rule) {
   throw Error("GemmConfig '" + std::string(text) + "': " + rule + "; expected " + kGrammar);
@@ -67,7 +67,7 @@ GemmKind parse_gemm_kind(std::string_view name) {
 bool GemmConfig::same_kernel(const GemmConfig& o) const {
   return family == o.family && schedule == o.schedule && tile_m == o.tile_m && tile_n == o.tile_n &&
          stages == o.stages && epilogue == o.epilogue && epilogue_n == o.epilogue_n && cluster == o.cluster &&
-         cluster_n == o.cluster_n && feed == o.feed;
+         cluster_n == o.cluster_n;
 }
 
 std::string to_string(const GemmConfig& c) {
@@ -86,7 +86,6 @@ std::string to_string(const GemmConfig& c) {
   if (c.epilogue_n > 0) s += std::to_string(c.epilogue_n);
   field(":c", c.cluster);
   if (c.cluster_n != 1) field("x", c.cluster_n);
-  if (c.feed != GemmFeed::Coupled) s += c.feed == GemmFeed::Split ? ":split" : ":wide";
   if (c.band > 0) field(":b", c.band);
   if (c.max_ctas > 0) field(":m", c.max_ctas);
   return s;
@@ -99,7 +98,7 @@ GemmConfig parse_gemm_config(std::string_view text) {
     f.push_back(text.substr(b, e - b));
     b = e + 1;
   }
-  if (f.size() < 6 || f.size() > 9) bad(text, std::to_string(f.size()) + " fields");
+  if (f.size() < 6 || f.size() > 8) bad(text, std::to_string(f.size()) + " fields");
   GemmConfig c;
   if (f[0] == "gather") c.family = GemmFamily::Gather;
   else if (f[0] == "cutlass") c.family = GemmFamily::Cutlass;
@@ -118,14 +117,12 @@ GemmConfig parse_gemm_config(std::string_view text) {
   const bool one_dim = cl.find('x') == std::string_view::npos;
   if (one_dim ? (c.cluster = positive(cl)) < 0 : !pair(cl, c.cluster, c.cluster_n))
     bad(text, "cluster '" + std::string(f[5]) + "'");
-  size_t i = 6;
-  if (i < f.size() && (f[i] == "split" || f[i] == "wide")) c.feed = f[i++] == "split" ? GemmFeed::Split : GemmFeed::Wide;
-  for (; i < f.size(); ++i) {
+  for (size_t i = 6; i < f.size(); ++i) {
     const char key = f[i].empty() ? '?' : f[i][0];
     int& field = key == 'b' ? c.band : c.max_ctas;
-    const bool in_order = (key == 'b' && c.band == 0 && c.max_ctas == 0) || (key == 'm' && c.max_ctas == 0);
+    const bool in_order = (key == 'b' && i == 6) || (key == 'm' && c.max_ctas == 0);
     if (!in_order || (field = prefixed(f[i], key)) < 0)
-      bad(text, "field '" + std::string(f[i]) + "' (feed split|wide, then band bK, then max_ctas mK, K >= 1)");
+      bad(text, "field '" + std::string(f[i]) + "' (band bK, then max_ctas mK, K >= 1)");
   }
   return c;
 }

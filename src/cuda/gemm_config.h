@@ -34,12 +34,6 @@ enum class GemmSchedule { Cooperative, Pingpong };
 // warp: each warp stages its rows of the tile through shared memory and stores 16-byte row pieces
 // (the gather kernel); tma: CUTLASS's TMA-store epilogue (its subtile width: epilogue_n).
 enum class GemmEpilogue { Warp, Tma };
-// How the gather kernel's producer feeds a cluster pair (docs/kernels.md "Feeding the backward
-// kinds"; experiments, none the default): coupled: every producer thread waits until the consumers
-// of BOTH CTAs released a stage; split: the cp.async half of a stage waits only for this CTA's
-// consumers, the multicast TMA half for both; wide: the producer warpgroup keeps 56 registers (the
-// consumers 224) and shuffles a k-tile's gathered rows in batches of 8 instead of 4 (varlen-K).
-enum class GemmFeed { Coupled, Split, Wide };
 
 struct GemmConfig {
   // ---- which kernel (a compiled instantiation; compiled_gemm_configs lists them per kind) ----
@@ -54,12 +48,8 @@ struct GemmConfig {
   // CUTLASS: 2x1 pairs adjacent m-tiles (shared B tile), 1x2 adjacent n-tiles (shared A tile).
   int cluster = 1;
   int cluster_n = 1;
-  GemmFeed feed = GemmFeed::Coupled;  // gather kernel only; text: nothing, split or wide
   // ---- run-time parameters of that kernel (0 = not given: resolve_gemm_config takes the heuristic's) ----
-  // gather: column tiles per band of the tile order (>= 1); up/dh: the heuristic's min(n_tiles, 8);
-  // dw1/dw2: 0 (all of them: n fastest), a band walks its m-tiles one after the other (dW1 in 2x1
-  // clusters: pairs of n-tiles, band / 2 pairs); CUTLASS: 0
-  int band = 0;
+  int band = 0;      // gather up/dh: column tiles per band of the tile order (>= 1); other kinds: 0
   int max_ctas = 0;  // at most this many CTAs, rounded down to whole clusters (>= cluster_ctas())
 
   bool operator==(const GemmConfig&) const = default;
@@ -69,9 +59,8 @@ struct GemmConfig {
 };
 
 // "gather:coop:128x256:s4:warp:c2:b8:m132" (family : schedule : tile : stages : epilogue : cluster
-// [: feed] [: band] [: max_ctas]; stages "auto" for 0; epilogue warp, tma or tmaN (N = epilogue_n);
-// cluster cM for Mx1, cMxN otherwise; feed split or wide, left out when coupled; band and max_ctas
-// left out when 0).
+// [: band] [: max_ctas]; stages "auto" for 0; epilogue warp, tma or tmaN (N = epilogue_n); cluster cM
+// for Mx1, cMxN otherwise; band and max_ctas left out when 0).
 std::string to_string(const GemmConfig& config);
 // The inverse of to_string; throws leanmoe::Error quoting the text and the rule it broke.
 GemmConfig parse_gemm_config(std::string_view text);

@@ -47,7 +47,7 @@ struct GemmArgs {
   float* ds_partial;   // [R, ds_tiles] (dH)
   int ds_tiles;
   int n_tiles, m_tiles;  // column tiles; row tiles of dW (varlen-K)
-  int n_band;            // column tiles walked together (tile order; varlen-M >= 1, varlen-K 0 = all)
+  int n_band;            // varlen-M: column tiles walked together (tile order, >= 1)
   ActConstants act;  // the clamped SwiGLU's constants
   const bf16* b1;    // up: [E, W] in W1's row order, or null
 };
@@ -66,13 +66,6 @@ struct ProblemDims {
   int64_t lda, ldb;
   int64_t b_expert_stride;    // elements between two experts' weights (varlen-M), 0 for varlen-K
   int64_t out_expert_stride;  // elements between two experts' dW (varlen-K)
-};
-
-// The varlen-K kernels' "activation": none (Act void), or this tag: the dW tile is stored transposed
-// (out[n][m]). dW1 [W, d] as dW1ᵀ = X[tok]ᵀ·dH through dW2's kernel (expert_gemms.cu): its 128x256
-// tile puts dH (TMA) on the 256 side as 256x128 does, with m64n256 instead of m64n128 wgmmas.
-struct TransposedStore {
-  static constexpr bool kGated = false;  // the width W comes in args.n
 };
 
 // W in a kernel: fixed by the activation's kind for up and dH, args.gated's for the varlen-K kinds

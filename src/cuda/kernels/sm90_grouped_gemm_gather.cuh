@@ -42,14 +42,6 @@
 //     BOTH CTAs (mapa remote arrive), because the stage of CTA r is written by both CTAs' TMAs: a
 //     producer may overwrite its half of stage s in both CTAs only after both CTAs' consumers left it.
 // Both CTAs walk identical item streams (same tiles, K constant), so stage and parity agree.
-// GemmFeed::Split (an experiment): the producer threads but the multicasting thread 0 wait on a
-// CTA-local empty barrier (this CTA's 8 consumer warps, which arrive there before the pair's), so a
-// CTA may load an expert's partial last k-tile (no multicast) while its peer still reads the stage's
-// previous item, and its consumers' arrivals on the peer's barrier may then run a phase ahead of the
-// peer's own. Safe, because phases complete on the cumulative count: thread 0 waits at a multicast
-// k-tile q for the phase of q - 4, and neither CTA's consumers can have released a later item of
-// that stage (q itself needs both CTAs' multicast halves), so the count reaches that phase exactly
-// when both CTAs released q - 4, and never a second phase ahead of the waited parity.
 // A cluster barrier after the mbarrier init (before any remote arrive or multicast) and at exit,
 // plus a producer tail that waits until every stage has been released by both CTAs, keep a CTA from
 // exiting while its peer may still arrive on its barriers.
@@ -104,12 +96,12 @@ using GatherTile256x128 = GatherTile<256, 128, 4>;
 // k-row's 16-byte chunks, so a warp instruction covers whole 256-byte (kExtent = 128) or 512-byte
 // (256) row segments; each thread issues 64 · kExtent / 8 / 128 = 8 or 16 copies per k-tile.
 //
-// Lean on purpose: 128 threads issue 32-48 KB per stage within 40 registers. Per copy: a shuffle
-// (gathered only), one 32x32->64-bit multiply-add for the address (an invalid row is clamped to row
-// 0: a valid address, not read) and the cp.async, whose swizzled destination is one of kPeriod
-// bases plus an immediate (row % 8 repeats every kPeriod passes, 1024 B per 8 rows). The shuffles go
-// in batches of kBatch (4; 8 with GemmFeed::Wide's registers) so that their latencies overlap instead
-// of adding up copy after copy.
+// Lean on purpose: 128 threads issue 32-48 KB per stage within 40 registers (dW1: 56). Per copy: a
+// shuffle (gathered only), one 32x32->64-bit multiply-add for the address (an invalid row is clamped
+// to row 0: a valid address, not read) and the cp.async, whose swizzled destination is one of
+// kPeriod bases plus an immediate (row % 8 repeats every kPeriod passes, 1024 B per 8 rows). The
+// shuffles go in batches of kBatch (4; dW1 8) so that their latencies overlap instead of adding up
+// copy after copy.
 template <int kExtent, bool kGather, int kBatch>
 __device__ __forceinline__ void copy_k_rows(uint32_t dst, const bf16* src, int64_t ld, int64_t col0, int64_t cols,
                                             int first_row, int row_end, const int (&gathered)[2]) {
@@ -165,12 +157,8 @@ struct OutputTile {
 // Varlen-K, the operand that is a plain row range (not gathered): dW1: dH as [R rows, 2n cols],
 // dW2: A' as [R rows, n cols], box {64, 64} (MN-major as dH's W2). Encoded on the host per launch
 // (expert_gemms.cu). kCluster: launched with 2x1 clusters (see the top). Act: the activation of
-// up's and dH's epilogues (activation.cuh); void for dW1, dW2, or TransposedStore (the dW tile
-// stored transposed). kTransposed: the weights' layout.
-// kFeed (gemm_config.h): Split gives each stage a second, CTA-local "empty" mbarrier that only this
-// CTA's consumer warps arrive on; the producer threads wait on it before their cp.async, thread 0
-// waits on the pair's barrier before its multicast. Wide: 56 producer / 224 consumer registers.
-template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed, GemmFeed kFeed>
+// up's and dH's epilogues (activation.cuh); void for dW1, dW2. kTransposed: the weights' layout.
+template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     gather_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap tma_operand) {
   static_assert(kKind == GemmKind::Up || kKind == GemmKind::Dh || is_varlen_k(kKind));
@@ -178,16 +166,16 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // What is compiled (docs/kernels.md): up without clusters, dH, dW2 and dW1 with them; the other
   // branch of each is not written.
   static_assert(kCluster == (kKind != GemmKind::Up), "up runs without clusters, dH, dW2, dW1 in 2x1 clusters");
-  static_assert(is_varlen_k(kKind) ? std::is_void_v<Act> || std::is_same_v<Act, TransposedStore> : !std::is_void_v<Act>,
-                "up and dH apply an activation, dW1 and dW2 none (or store transposed)");
+  static_assert(std::is_void_v<Act> == is_varlen_k(kKind), "up and dH apply an activation, dW1 and dW2 none");
   static_assert(!(kTransposed && is_varlen_k(kKind)), "transposed weights change dW1's and dW2's roles, not kernel");
-  static_assert(kFeed != GemmFeed::Split || kCluster, "split feeds a cluster pair");
-  static_assert(kFeed != GemmFeed::Wide || is_varlen_k(kKind), "wide: the varlen-K producer (dH's epilogue needs 232)");
-  constexpr bool kSplit = kFeed == GemmFeed::Split, kWide = kFeed == GemmFeed::Wide;
   constexpr int kTileM = Tile::kTileM, kTileN = Tile::kTileN, kTileK = Tile::kTileK, kStages = Tile::kStages;
   constexpr bool kVarlenK = is_varlen_k(kKind);
   constexpr bool kBKMajor = b_is_k_major(kKind, kTransposed);
   constexpr int kProducerThreads = 128;
+  // dW1's producer is wide: 56 registers (the consumers 224) and its copies' shuffles in batches of
+  // 8 (the measurement: gemm_heuristics.cpp's dW1 rule; dW2 gained nothing, dH's epilogue needs 232).
+  constexpr bool kWideFeed = kKind == GemmKind::Dw1;
+  constexpr int kCopyBatch = kWideFeed ? 8 : 4;
   // Releases per stage: lane 0 of each consumer warp, of both CTAs in cluster mode.
   constexpr int kReleases = 8 * (kCluster ? 2 : 1);
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -196,7 +184,6 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   __shared__ int s_tile_prefix[kMaxGemmExperts + 1];  // varlen-M: first m-tile slot of each expert
   __shared__ uint64_t full_bar[kStages], empty_bar[kStages];
-  __shared__ uint64_t local_empty_bar[kSplit ? kStages : 1];  // kSplit: this CTA's consumer warps only
   const uint32_t smem_base = (smem_addr(smem_raw) + 1023u) & ~1023u;
 
   const int tid = threadIdx.x, warp = tid >> 5, wg = warp >> 2, lane = tid & 31;
@@ -213,7 +200,6 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&full_bar[s], kProducerThreads + 1);  // + thread 0's arrive with the TMA bytes
       Barrier::init(&empty_bar[s], kReleases);
-      if constexpr (kSplit) Barrier::init(&local_empty_bar[s], 8);
     }
     cutlass::arch::fence_barrier_init();
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tma_operand)) : "memory");
@@ -227,8 +213,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // every A row is read again for each column tile (120B-n2048 up: 16 x 1.07 GB of gathered X from
   // DRAM). With n_band = B, ~132 / B m-tiles x B column tiles run together: each A tile is read
   // once per band, and an expert's weight columns of the band are shared by its m-tiles.
-  // Varlen-K tiles: per expert, bands of args.n_band column units (0: all of them), within a band
-  // (m-tile, n-tile), n fastest; the band's m-tiles then run together. In cluster mode the units of the
+  // Varlen-K tiles: (expert, m-tile, n-tile), n fastest. In cluster mode the units of the
   // side that is not multicast are pairs: dW1 (dH by TMA, the M side) pairs n-tiles, dW2 (A', the N
   // side) pairs m-tiles; CTA rank r takes tile 2p + r of pair p (past the last tile: loads the
   // shared half and zeros, stores nothing).
@@ -252,12 +237,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     int m_tile;
     if constexpr (kVarlenK) {
       c.expert = t / (m_units * n_units);
-      const int band_units = args.n_band > 0 ? min(n_units, kPairN ? max(1, args.n_band / 2) : args.n_band) : n_units;
-      const int r = t - c.expert * (m_units * n_units), band = r / (m_units * band_units);
-      const int width = min(band_units, n_units - band * band_units);  // the last band may be narrower
-      const int q = r - band * m_units * band_units;
-      m_tile = q / width;
-      c.n_tile = band * band_units + q % width;
+      m_tile = (t / n_units) % m_units;
+      c.n_tile = t % n_units;
       if constexpr (kPairM) m_tile = 2 * m_tile + cta_rank();
       if constexpr (kPairN) c.n_tile = 2 * c.n_tile + cta_rank();
     } else {
@@ -278,7 +259,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    cutlass::arch::warpgroup_reg_dealloc<kWide ? 56 : 40>();
+    cutlass::arch::warpgroup_reg_dealloc<kWideFeed ? 56 : 40>();
     int item = 0;
     if constexpr (!kVarlenK) {
       // Thread tid copies 16-byte chunk tid%8 (8 k-values) of the tile's A rows tid/8 + 16i.
@@ -309,10 +290,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         }
         for (int kt = 0; kt < tile.num_k; ++kt, ++item) {
           const int stage = item % kStages;
-          // Split: thread 0 issues the multicast, so it alone waits for both CTAs' consumers (which
-          // covers this CTA's: each warp arrives locally first).
-          Barrier::wait(kSplit && tid != 0 ? &local_empty_bar[stage] : &empty_bar[stage],
-                        ((item / kStages) & 1) ^ 1);  // first pass: free at once
+          Barrier::wait(&empty_bar[stage], ((item / kStages) & 1) ^ 1);  // first pass: free at once
           const uint32_t a_smem = smem_base + stage * Tile::kStageBytes;
           const uint32_t b_smem = a_smem + Tile::kABytes;
           const int k0 = kt * kTileK;
@@ -398,16 +376,13 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           if (kt + 1 < tile.num_k) gathered_rows(tile, kt + 1, next);
           const int first_row = tile.row_begin + kt * kTileK;
           const int stage = item % kStages;
+          Barrier::wait(&empty_bar[stage], ((item / kStages) & 1) ^ 1);
+          const uint32_t a_smem = smem_base + stage * Tile::kStageBytes, b_smem = a_smem + Tile::kABytes;
           // The contiguous operand (dW1: dH, A side; dW2: A', B side) of a whole k-tile comes by TMA
           // (tma_operand maps it, see the kernel's comment), 64-column boxes; a partial last k-tile by
           // cp.async like the gathered one, which zero-fills the rows past the expert's: TMA would
           // read them (the next expert's rows, or unwritten rows past the routed ones, maybe NaN).
           const bool tma = first_row + kTileK <= tile.row_end;
-          // Split: only the multicast (thread 0, whole k-tiles) waits for both CTAs' consumers; a
-          // partial k-tile is loaded by each CTA alone into its own stage.
-          Barrier::wait(kSplit && !(tid == 0 && tma) ? &local_empty_bar[stage] : &empty_bar[stage],
-                        ((item / kStages) & 1) ^ 1);
-          const uint32_t a_smem = smem_base + stage * Tile::kStageBytes, b_smem = a_smem + Tile::kABytes;
           constexpr int kTmaExtent = gathers_a(kKind) ? kTileN : kTileM;
           if (tid == 0) {
             TxBarrier::arrive_and_expect_tx(&full_bar[stage], tma ? kTmaExtent * kTileK * 2 : 0);
@@ -425,11 +400,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
             }
           }
           if (gathers_a(kKind) || !tma)
-            copy_k_rows<kTileM, gathers_a(kKind), kWide ? 8 : 4>(a_smem, args.a, dims.lda, tile.m0, dims.M, first_row, tile.row_end,
-                                                  gathered);
+            copy_k_rows<kTileM, gathers_a(kKind), kCopyBatch>(a_smem, args.a, dims.lda, tile.m0, dims.M, first_row,
+                                                              tile.row_end, gathered);
           if (gathers_b(kKind) || !tma)
-            copy_k_rows<kTileN, gathers_b(kKind), kWide ? 8 : 4>(b_smem, args.b, dims.ldb, n0, dims.N, first_row, tile.row_end,
-                                                  gathered);
+            copy_k_rows<kTileN, gathers_b(kKind), kCopyBatch>(b_smem, args.b, dims.ldb, n0, dims.N, first_row,
+                                                              tile.row_end, gathered);
           cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
         }
       }
@@ -442,13 +417,10 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     cp_async_wait<0>();
   } else {
     // ---------------- consumers ----------------
-    cutlass::arch::warpgroup_reg_alloc<kWide ? 224 : 232>();
+    cutlass::arch::warpgroup_reg_alloc<kWideFeed ? 224 : 232>();
     const int cwg = wg - 1;
-    // Frees a stage for the producers: of this CTA, and in cluster mode of both (mapa + remote arrive);
-    // split: first on this CTA's local barrier (its cp.async half; arriving first lets the multicast's
-    // wait on the pair's barrier cover it).
+    // Frees a stage for the producers: of this CTA, and in cluster mode of both (mapa + remote arrive).
     auto release = [&](int stage) {
-      if constexpr (kSplit) Barrier::arrive(&local_empty_bar[stage]);
       if constexpr (kCluster) {
         Barrier::arrive(&empty_bar[stage], 0u, 1u);
         Barrier::arrive(&empty_bar[stage], 1u, 1u);
@@ -508,9 +480,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       for (int s = 0; s < Tile::kSlices; ++s) {
         const int64_t m0 = tile.m0 + Tile::slice_row(cwg, s) * 64;
         const uint32_t staging = smem_base + kStages * Tile::kStageBytes + cwg * Tile::kStagingBytes;
-        if constexpr (std::is_same_v<Act, TransposedStore>)
-          store_dw_cols_warp_staged<kTileN>(args, dims, acc[s], m0, tile.n_tile, tile.expert, staging);
-        else if constexpr (kVarlenK)
+        if constexpr (kVarlenK)
           store_dw_rows_warp_staged<kTileN>(args, dims, acc[s], m0, tile.n_tile, tile.expert, staging);
         else if constexpr (kKind == GemmKind::Up)
           store_up_rows_warp_staged<Act, kTileN, kTransposed>(args, acc[s], m0, tile.row_end, tile.n_tile, tile.expert,

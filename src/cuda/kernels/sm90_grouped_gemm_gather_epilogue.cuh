@@ -515,45 +515,4 @@ __device__ __forceinline__ void store_dw_rows_warp_staged(const GemmArgs& args, 
   }
 }
 
-// The same tile stored transposed (out[n][m], row stride M: TransposedStore, dW1 through dW2's
-// kernel), 32 columns at a time: stmatrix.trans puts the warp's 16 rows of each of the 32 columns
-// as one 32-byte row of its tile (the two 16-byte halves swapped every 4 rows, so that the 8 rows
-// of a matrix hit distinct banks), then each lane stores two 16-byte pieces: 8 rows of a column.
-template <int kTileN>
-__device__ __forceinline__ void store_dw_cols_warp_staged(const GemmArgs& args, const ProblemDims& dims,
-                                                          const float (&acc)[kTileN / 2], int64_t m0, int n_tile,
-                                                          int expert, uint32_t staging) {
-  const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
-  bf16* const out = args.out + int64_t(expert) * dims.out_expert_stride;
-  const int64_t n0 = int64_t(n_tile) * kTileN, row0 = m0 + warp_in_wg * 16;
-  const uint32_t tile = staging + warp_in_wg * kWarpStagingBytes;
-  auto offset = [](int col, int half) { return uint32_t(col * 32 + ((half ^ ((col >> 2) & 1)) << 4)); };
-#pragma unroll
-  for (int c = 0; c < kTileN / 32; ++c) {
-    if (n0 + 32 * c >= dims.N) break;  // the last column tile of an N that is not a multiple of kTileN
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      // Matrices x = 0..3: 8-column blocks 4c + 2p + x / 2, rows 8 (x % 2) ..; this lane addresses
-      // row lane % 8 of matrix lane / 8.
-      uint32_t r[4];
-#pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const int b = 4 * c + 2 * p + x / 2, h = x % 2;
-        r[x] = pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]);
-      }
-      const int x = lane / 8;
-      stmatrix_x4_trans(tile + offset(8 * (2 * p + x / 2) + lane % 8, x % 2), r[0], r[1], r[2], r[3]);
-    }
-    __syncwarp();
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int piece = lane + 32 * j, col = piece / 2, half = piece % 2;
-      const uint4 v = ld_shared_v4(tile + offset(col, half));
-      const int64_t n = n0 + 32 * c + col, m = row0 + 8 * half;
-      if (n < dims.N && m < dims.M) *reinterpret_cast<uint4*>(out + n * dims.M + m) = v;
-    }
-    __syncwarp();  // the next chunk overwrites the tile
-  }
-}
-
 }  // namespace leanmoe::cuda::kernels::sm90

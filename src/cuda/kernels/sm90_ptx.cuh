@@ -125,13 +125,6 @@ __device__ __forceinline__ void st_shared_b16(uint32_t addr, float v) {  // v ro
   const __nv_bfloat16 b = __float2bfloat16_rn(v);
   asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(*reinterpret_cast<const uint16_t*>(&b)) : "memory");
 }
-// Four 8x8 b16 matrices of an mma fragment (register x: matrix x; lanes 8x..8x+7 address its rows)
-// stored transposed: memory row i of matrix x is the fragment's column i.
-__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
-               "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
-}
 __device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
