@@ -340,28 +340,12 @@ __global__ void round_tokens_kernel(const uint32_t* __restrict__ keys, const int
         if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
       }
       __syncthreads();
-      if (threadIdx.x < 32) {
-        // The highest bin b whose keys from 255 down to b reach the rank (b = 0 at the latest), found
-        // by warp 0: lane l sums bins 255 - 8l .. 248 - 8l, a scan over lanes picks the lane, that
-        // lane walks its 8 bins (a serial walk over 256 bins by one thread took ~5 us per pass).
-        const int lane = threadIdx.x, top = 255 - 8 * lane;
-        unsigned mine = 0;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) mine += hist[top - j];
-        unsigned upto = mine;  // keys in the bins of lanes 0..lane
-#pragma unroll
-        for (int d = 1; d < 32; d *= 2) {
-          const unsigned v = __shfl_up_sync(kFullMask, upto, d);
-          if (lane >= d) upto += v;
-        }
-        const unsigned rank = s_rank, reached = __ballot_sync(kFullMask, upto >= rank);
-        if (lane == (reached ? __ffs(reached) - 1 : 31)) {
-          unsigned above = upto - mine;
-          int b = top;
-          for (; b > 0 && above + hist[b] < rank; --b) above += hist[b];
-          s_rank = rank - above;
-          s_prefix = prefix | (uint32_t(b) << shift);
-        }
+      if (threadIdx.x == 0) {
+        unsigned above = 0;
+        int b = 255;
+        for (; b > 0 && above + hist[b] < s_rank; --b) above += hist[b];
+        s_rank -= above;
+        s_prefix = prefix | (uint32_t(b) << shift);
       }
       __syncthreads();
       prefix = s_prefix;
