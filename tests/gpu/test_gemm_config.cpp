@@ -129,8 +129,8 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
   // down at n <= 256 in 1x2 clusters: 64x64 epilogue subtiles.
   const char* const k1x2e64 = "cutlass:pingpong:128x192:auto:tma64:c1x2:m132";
   const Row rows[] = {
-      {"7B-n256", 1536, 256, "gather:coop:128x256:s4:warp:c1:b2:m132", k1x2e64, "gather:coop:128x256:s4:warp:c2:b1:m132",
-       kDw2, k1x2, kDw1},
+      {"7B-n256", 1536, 256, "gather:coop:128x256:s4:warp:c1:b2:m132", k1x2e64,
+       "gather:coop:128x256:s4:warp:c2:b1:m132", kDw2, k1x2, kDw1},
       {"olmoe-1b-7b", 2048, 1024, "gather:coop:128x256:s4:warp:c1:b8:m132", k2x1,
        "gather:coop:128x256:s4:warp:c2:b4:m132", kDw2, k2x1, kDw1},
       {"120B-n2048", 4096, 2048, "gather:coop:128x256:s4:warp:c1:b8:m132", k1x2,
