@@ -27,15 +27,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <numeric>
 #include <optional>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "../src/cuda/expert_gemms.h"
 #include "../src/cuda/gemm_config.h"
+#include "bench_data.cuh"
 #include "configs.h"
 #include "cuda_bench.h"
 #include "tool_util.h"
@@ -45,38 +44,16 @@ namespace {
 namespace lc = leanmoe::cuda;
 
 using leanmoe::tools::check_cuda;
+using leanmoe::tools::DeviceBuffer;
+using leanmoe::tools::fill_uniform_bf16;
 using leanmoe::tools::split_commas;
-
-// Uniform in [-scale, scale) from a 32-bit integer hash of the index: reproducible, no host copy.
-__global__ void fill_uniform(__nv_bfloat16* p, size_t count, float scale, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed ^ uint32_t(i >> 32) * 0x85EBCA77u;
-    h ^= h >> 15;
-    h *= 0x2C1B3C6Du;
-    h ^= h >> 12;
-    p[i] = __float2bfloat16(scale * (float(h >> 8) * (2.f / 16777216.f) - 1.f));
-  }
-}
-
-template <class T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  explicit DeviceBuffer(size_t count) {
-    check_cuda(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc");
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr(o.ptr) { o.ptr = nullptr; }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
 
 DeviceBuffer<__nv_bfloat16> random_bf16(size_t count, float scale, uint32_t seed) {
   DeviceBuffer<__nv_bfloat16> b(count);
-  fill_uniform<<<1024, 256>>>(b.ptr, count, scale, seed);
-  check_cuda(cudaGetLastError(), "fill_uniform");
+  fill_uniform_bf16<<<1024, 256>>>(b.ptr, count, scale, seed);
+  check_cuda(cudaGetLastError(), "fill_uniform_bf16");
   return b;
 }
-
 
 // Kernel configurations asked for on the command line, per GEMM kind (unset: the heuristic's).
 struct Requested {
@@ -104,22 +81,10 @@ Requested parse_requested(const std::string& list) {
 void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, const Requested& requested,
                  const std::vector<bool>& layouts, bool interleaved, int sms, int iters, int warmup) {
   const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
-  // Uniform random top-K routing, rows sorted by expert and stable by token (what routing emits).
-  std::mt19937 rng(1234);
-  std::vector<std::vector<int32_t>> tokens_of(E);
-  std::vector<int32_t> experts(E);
-  for (int64_t t = 0; t < T; ++t) {
-    std::iota(experts.begin(), experts.end(), 0);
-    for (int64_t k = 0; k < K; ++k) {
-      std::swap(experts[k], experts[k + rng() % (E - k)]);
-      tokens_of[experts[k]].push_back(int32_t(t));
-    }
-  }
-  std::vector<int32_t> offsets{0}, row_token;
-  for (auto& rows : tokens_of) {
-    row_token.insert(row_token.end(), rows.begin(), rows.end());
-    offsets.push_back(int32_t(row_token.size()));
-  }
+  const auto tokens_of = leanmoe::tools::uniform_topk_tokens(T, E, K, 1234);
+  const std::vector<int32_t> offsets = leanmoe::tools::expert_offsets_of(tokens_of);
+  std::vector<int32_t> row_token;
+  for (const auto& rows : tokens_of) row_token.insert(row_token.end(), rows.begin(), rows.end());
   std::vector<float> gates(R, 0.5f);
   DeviceBuffer<int32_t> d_offsets(E + 1), d_row_token(R);
   DeviceBuffer<float> d_gate(R), ds_partial(R * lc::ds_partials({T, d, n}));

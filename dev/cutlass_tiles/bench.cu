@@ -20,12 +20,11 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <numeric>
-#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "bench_data.cuh"
 #include "configs.h"
 #include "cuda_bench.h"
 #include "tiles.h"
@@ -36,59 +35,22 @@ using tiles::Candidate;
 using tiles::Kind;
 
 using leanmoe::tools::check_cuda;
-
-__global__ void fill_uniform(__nv_bfloat16* p, size_t count, float scale, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed ^ uint32_t(i >> 32) * 0x85EBCA77u;
-    h ^= h >> 15;
-    h *= 0x2C1B3C6Du;
-    h ^= h >> 12;
-    p[i] = __float2bfloat16(scale * (float(h >> 8) * (2.f / 16777216.f) - 1.f));
-  }
-}
-
-// out[0] = max |x - ref|, out[1] = max |ref| (non-negative floats order as their bit patterns).
-__global__ void max_diff(const __nv_bfloat16* x, const __nv_bfloat16* ref, size_t count, unsigned* out) {
-  float diff = 0.f, mag = 0.f;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
-    const float r = __bfloat162float(ref[i]);
-    const float v = __bfloat162float(x[i]);
-    diff = fmaxf(diff, isfinite(v) ? fabsf(v - r) : INFINITY);
-    mag = fmaxf(mag, fabsf(r));
-  }
-  atomicMax(out, __float_as_uint(diff));
-  atomicMax(out + 1, __float_as_uint(mag));
-}
-
-template <class T>
-struct Buffer {
-  T* ptr = nullptr;
-  explicit Buffer(size_t count) { check_cuda(cudaMalloc(&ptr, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc"); }
-  ~Buffer() { cudaFree(ptr); }
-  Buffer(Buffer&& o) noexcept : ptr(o.ptr) { o.ptr = nullptr; }
-  Buffer(const Buffer&) = delete;
-};
+using leanmoe::tools::expert_offsets_of;
+using leanmoe::tools::fill_uniform_bf16;
+using leanmoe::tools::max_diff;
+using leanmoe::tools::DeviceBuffer;
+using leanmoe::tools::uniform_topk_tokens;
 
 // One input set: its routing and operands, sized for both kinds (A [R, 2n], B [E, 2n, d], D [R, d]).
 struct InputSet {
-  Buffer<int32_t> offsets;
-  Buffer<__nv_bfloat16> a, b, d;
+  DeviceBuffer<int32_t> offsets;
+  DeviceBuffer<__nv_bfloat16> a, b, d;
   InputSet(const leanmoe::tools::BenchShape& s, uint32_t seed)
       : offsets(s.E + 1), a(size_t(s.T * s.K * 2 * s.n)), b(size_t(s.E * 2 * s.n * s.d)), d(size_t(s.T * s.K * s.d)) {
-    std::mt19937 rng(seed);
-    std::vector<int32_t> count(s.E, 0), experts(s.E);
-    for (int64_t t = 0; t < s.T; ++t) {
-      std::iota(experts.begin(), experts.end(), 0);
-      for (int64_t k = 0; k < s.K; ++k) {
-        std::swap(experts[k], experts[k + rng() % (s.E - k)]);
-        ++count[experts[k]];
-      }
-    }
-    std::vector<int32_t> off(s.E + 1, 0);
-    std::partial_sum(count.begin(), count.end(), off.begin() + 1);
+    const std::vector<int32_t> off = expert_offsets_of(uniform_topk_tokens(s.T, s.E, s.K, seed));
     check_cuda(cudaMemcpy(offsets.ptr, off.data(), off.size() * 4, cudaMemcpyHostToDevice), "H2D offsets");
-    fill_uniform<<<1024, 256>>>(a.ptr, size_t(s.T * s.K * 2 * s.n), 1.f, seed * 3 + 1);
-    fill_uniform<<<1024, 256>>>(b.ptr, size_t(s.E * 2 * s.n * s.d), 0.02f, seed * 3 + 2);
+    fill_uniform_bf16<<<1024, 256>>>(a.ptr, size_t(s.T * s.K * 2 * s.n), 1.f, seed * 3 + 1);
+    fill_uniform_bf16<<<1024, 256>>>(b.ptr, size_t(s.E * 2 * s.n * s.d), 0.02f, seed * 3 + 2);
     check_cuda(cudaGetLastError(), "fill");
   }
   tiles::Problem problem(Kind kind, const leanmoe::tools::BenchShape& s) const {
@@ -184,9 +146,9 @@ int main(int argc, char** argv) {
       for (int i = 0; i < nsets; ++i) sets.emplace_back(s, 1000u + i);
       size_t ws_bytes = 0;
       for (const auto& c : cands) ws_bytes = std::max(ws_bytes, c.workspace_bytes(int(s.E), sms));
-      Buffer<char> ws(ws_bytes);
-      Buffer<__nv_bfloat16> ref(size_t(s.T * s.K * s.d));
-      Buffer<unsigned> diff(2);
+      DeviceBuffer<char> ws(ws_bytes);
+      DeviceBuffer<__nv_bfloat16> ref(size_t(s.T * s.K * s.d));
+      DeviceBuffer<unsigned> diff(2);
       check_cuda(cudaDeviceSynchronize(), "set-up");
       const size_t out_count = size_t(s.T * s.K * s.d);
       for (Kind kind : {Kind::Down, Kind::Dx}) {

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_data.cuh"
 #include "configs.h"
 #include "cuda_bench.h"
 #include "fp8.h"
@@ -48,56 +49,26 @@ namespace {
 namespace fp8 = leanmoe::fp8;
 
 using leanmoe::tools::check_cuda;
-
-template <class T>
-struct Buffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  explicit Buffer(size_t n) : count(n) {
-    check_cuda(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)), "cudaMalloc");
-  }
-  ~Buffer() { cudaFree(ptr); }
-  Buffer(Buffer&& o) noexcept : ptr(o.ptr), count(o.count) { o.ptr = nullptr; }
-  Buffer(const Buffer&) = delete;
-};
-
-__device__ inline float uniform(size_t i, uint32_t seed) {  // in [-1, 1)
-  uint32_t h = uint32_t(i) * 0x9E3779B1u ^ seed ^ uint32_t(i >> 32) * 0x85EBCA77u;
-  h ^= h >> 15;
-  h *= 0x2C1B3C6Du;
-  h ^= h >> 12;
-  return float(h >> 8) * (2.f / 16777216.f) - 1.f;
-}
+using leanmoe::tools::DeviceBuffer;
+using leanmoe::tools::expert_offsets_of;
+using leanmoe::tools::fill_uniform_bf16;
+using leanmoe::tools::hash_uniform;
+using leanmoe::tools::max_diff;
+using leanmoe::tools::uniform_topk_tokens;
 
 // e4m3 codes of uniform values over the whole range (what a tile quantized to its amax looks like).
 __global__ void fill_e4m3(uint8_t* p, size_t count, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = fp8::encode(fp8::kMax * uniform(i, seed));
+    p[i] = fp8::encode(fp8::kMax * hash_uniform(i, seed));
 }
 // Power-of-two scales 2^-12 .. 2^-5.
 __global__ void fill_scales(float* p, size_t count, uint32_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = ldexpf(1.f, -12 + int((uniform(i, seed) + 1.f) * 4.f) % 8);
-}
-__global__ void fill_bf16(__nv_bfloat16* p, size_t count, float scale, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = __float2bfloat16(scale * uniform(i, seed));
-}
-
-// out[0] = max |x - ref|, out[1] = max |ref| (non-negative floats order as their bit patterns).
-__global__ void max_diff(const __nv_bfloat16* x, const __nv_bfloat16* ref, size_t count, unsigned* out) {
-  float diff = 0.f, mag = 0.f;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
-    const float r = __bfloat162float(ref[i]), v = __bfloat162float(x[i]);
-    diff = fmaxf(diff, isfinite(v) ? fabsf(v - r) : INFINITY);
-    mag = fmaxf(mag, fabsf(r));
-  }
-  atomicMax(out, __float_as_uint(diff));
-  atomicMax(out + 1, __float_as_uint(mag));
+    p[i] = ldexpf(1.f, -12 + int((hash_uniform(i, seed) + 1.f) * 4.f) % 8);
 }
 
 double relative_diff(const __nv_bfloat16* x, const __nv_bfloat16* ref, size_t count) {
-  Buffer<unsigned> out(2);
+  DeviceBuffer<unsigned> out(2);
   check_cuda(cudaMemset(out.ptr, 0, 8), "memset");
   max_diff<<<1024, 256>>>(x, ref, count, out.ptr);
   unsigned h[2];
@@ -158,17 +129,17 @@ double check_candidate(const fp8g::Candidate& c, int sms) {
         ref[r * N + n] = acc;
         ref_max = std::max(ref_max, std::fabs(acc));
       }
-  Buffer<int32_t> d_off(E + 1);
-  Buffer<uint8_t> d_a(R * K), d_b(E * N * K);
-  Buffer<float> d_sa(R * kb), d_sb(E * nb * kb);
-  Buffer<__nv_bfloat16> d_d(R * N);
+  DeviceBuffer<int32_t> d_off(E + 1);
+  DeviceBuffer<uint8_t> d_a(R * K), d_b(E * N * K);
+  DeviceBuffer<float> d_sa(R * kb), d_sb(E * nb * kb);
+  DeviceBuffer<__nv_bfloat16> d_d(R * N);
   check_cuda(cudaMemcpy(d_off.ptr, off.data(), (E + 1) * 4, cudaMemcpyHostToDevice), "H2D");
   check_cuda(cudaMemcpy(d_a.ptr, qa.data(), qa.size(), cudaMemcpyHostToDevice), "H2D");
   check_cuda(cudaMemcpy(d_b.ptr, qb.data(), qb.size(), cudaMemcpyHostToDevice), "H2D");
   check_cuda(cudaMemcpy(d_sa.ptr, sa_dev.data(), sa_dev.size() * 4, cudaMemcpyHostToDevice), "H2D");
   check_cuda(cudaMemcpy(d_sb.ptr, sb.data(), sb.size() * 4, cudaMemcpyHostToDevice), "H2D");
   check_cuda(cudaMemset(d_d.ptr, 0xff, R * N * 2), "memset D");  // NaN: a row never written shows
-  Buffer<char> ws(c.workspace_bytes(E, sms));
+  DeviceBuffer<char> ws(c.workspace_bytes(E, sms));
   const fp8g::Problem p{d_off.ptr, E, N, K, d_a.ptr, d_sa.ptr, d_b.ptr, N * K, d_sb.ptr, nb * kb, d_d.ptr};
   c.launch(p, ws.ptr, sms, nullptr);
   check_cuda(cudaDeviceSynchronize(), c.name.c_str());
@@ -188,32 +159,22 @@ enum class Kind { Down, Dx };
 // One input set, sized for dx (the larger K): routing, FP8 operands and scales, bf16 operands, D.
 struct InputSet {
   int64_t R, kb2, nb;
-  Buffer<int32_t> offsets;
-  Buffer<uint8_t> a, b;
-  Buffer<float> sfa, sfb;
-  Buffer<__nv_bfloat16> a16, b16, d;
+  DeviceBuffer<int32_t> offsets;
+  DeviceBuffer<uint8_t> a, b;
+  DeviceBuffer<float> sfa, sfb;
+  DeviceBuffer<__nv_bfloat16> a16, b16, d;
   InputSet(const leanmoe::tools::BenchShape& s, uint32_t seed)
       : R(s.T * s.K), kb2(ceil128(2 * s.n)), nb(ceil128(s.d)), offsets(s.E + 1), a(size_t(R * 2 * s.n)),
         b(size_t(s.E * s.d * 2 * s.n)), sfa(size_t(R * kb2)), sfb(size_t(s.E * nb * kb2)), a16(a.count),
         b16(b.count), d(size_t(R * s.d)) {
-    std::mt19937 rng(seed);
-    std::vector<int32_t> count(s.E, 0), experts(s.E);
-    for (int64_t t = 0; t < s.T; ++t) {
-      std::iota(experts.begin(), experts.end(), 0);
-      for (int64_t k = 0; k < s.K; ++k) {
-        std::swap(experts[k], experts[k + rng() % (s.E - k)]);
-        ++count[experts[k]];
-      }
-    }
-    std::vector<int32_t> off(s.E + 1, 0);
-    std::partial_sum(count.begin(), count.end(), off.begin() + 1);
+    const std::vector<int32_t> off = expert_offsets_of(uniform_topk_tokens(s.T, s.E, s.K, seed));
     check_cuda(cudaMemcpy(offsets.ptr, off.data(), off.size() * 4, cudaMemcpyHostToDevice), "H2D offsets");
     fill_e4m3<<<2048, 256>>>(a.ptr, a.count, seed * 7 + 1);
     fill_e4m3<<<2048, 256>>>(b.ptr, b.count, seed * 7 + 2);
     fill_scales<<<2048, 256>>>(sfa.ptr, sfa.count, seed * 7 + 3);
     fill_scales<<<2048, 256>>>(sfb.ptr, sfb.count, seed * 7 + 4);
-    fill_bf16<<<2048, 256>>>(a16.ptr, a16.count, 1.f, seed * 7 + 5);
-    fill_bf16<<<2048, 256>>>(b16.ptr, b16.count, 0.02f, seed * 7 + 6);
+    fill_uniform_bf16<<<2048, 256>>>(a16.ptr, a16.count, 1.f, seed * 7 + 5);
+    fill_uniform_bf16<<<2048, 256>>>(b16.ptr, b16.count, 0.02f, seed * 7 + 6);
     check_cuda(cudaGetLastError(), "fill");
   }
   fp8g::Problem fp8(Kind kind, const leanmoe::tools::BenchShape& s) const {
@@ -310,9 +271,9 @@ int main(int argc, char** argv) {
       size_t ws_bytes = 0;
       for (const auto& c : cands) ws_bytes = std::max(ws_bytes, c.workspace_bytes(int(s.E), sms));
       for (const auto& c : bf16) ws_bytes = std::max(ws_bytes, c.workspace_bytes(int(s.E), sms));
-      Buffer<char> ws(ws_bytes);
+      DeviceBuffer<char> ws(ws_bytes);
       const size_t out_count = size_t(s.T * s.K * s.d);
-      Buffer<__nv_bfloat16> ref(out_count);
+      DeviceBuffer<__nv_bfloat16> ref(out_count);
       check_cuda(cudaDeviceSynchronize(), "set-up");
       // The library's bf16 choice: 1x2 clusters when ceil(d / 192) is even, else 2x1.
       const std::string bf16_name = (s.d + 191) / 192 % 2 == 0 ? "pp128x192c1x2" : "pp128x192c2x1";
