@@ -37,6 +37,9 @@ struct ExpertShape {
   int64_t T = 0, d = 0, n = 0;
   bool gated = true;
   bool transposed = false;
+  // fp8: up, down, dH and dX run the *_fp8 launchers below, on e4m3 operands (docs/DESIGN.md "FP8");
+  // their configurations are compiled_gemm_configs(kind, fp8) and the heuristic's rules for fp8.
+  bool fp8 = false;
   int64_t width() const { return gated ? 2 * n : n; }
 };
 
@@ -57,7 +60,8 @@ constexpr int kMaxGemmExperts = 1024;
 
 // The configurations compiled for `kind` (band and max_ctas 0: any value is a run-time parameter),
 // in either weight layout.
-const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind);
+// fp8: those of the *_fp8 launchers (up, down, dh, dx; none for dw1, dw2, which stay bf16).
+const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8 = false);
 // The kind whose compiled kernels run `kind` on s: kind itself, but with transposed weights dW1 is
 // wanted as [d, W] = X[tok]ᵀ·dH, which is dW2's GEMM (gathered A, row-range B by TMA, 128x256
 // tiles with the TMA operand on the long side, as dW1's 256x128 in the HF layout), and dW2 as
@@ -75,6 +79,25 @@ GemmConfig resolve_gemm_config(GemmKind kind, const ExpertShape& s, int64_t E, i
 // Column tiles of `config`'s tile over kind's N (up: n / (tile_n/2) gated, its tile pairing tile_n/2
 // gate with tile_n/2 up columns, n / tile_n plain; dh: n; dw2: n; dw1: d; down, dx: d).
 int64_t gemm_column_tiles(GemmKind kind, const ExpertShape& s, const GemmConfig& config);
+
+// ---- FP8 operands (cfg.precision = fp8; docs/DESIGN.md "FP8", src/fp8.h) -----------------------
+// e4m3 codes with fp32 power-of-two scales, one per 128 consecutive values along the GEMM's K: an
+// activation operand is codes [rows, K] (row-major, K contiguous) with scales [rows, K/128]; a weight
+// operand is K-major codes [E, N, K] with scales [E, N/128, K/128] (128x128 blocks), as
+// fp8_quantize_rows / fp8_quantize_blocks (launchers.h) write them. Hopper's FP8 wgmma reads both
+// operands K-major, so each launcher names the copy it takes: the weights as stored, or the
+// transposed copy fp8_quantize_blocks writes beside them. The FP8 launchers require d and n
+// multiples of 128 (validate.cpp refuses the layer otherwise) and accumulate in fp32, promoting each
+// 128-deep k-block's tensor-core sum times s_a · s_b.
+struct Fp8Operand {
+  const uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+};
+// An output quantized in the epilogue that computes it (same layout as an activation operand).
+struct Fp8Output {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+};
 
 // Forward 3: H[r] = X[row_token[r]] · W1_e^T + b1_e (gather fused into the A-operand load), epilogue
 // stores H (bf16 [R, W], W1's row order) and A = f(g, u) (gated) or f(h) (plain) (bf16 [R, n]),
@@ -121,5 +144,28 @@ void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, con
 // or its transpose [E, d, W] with s.transposed (dW2's kernel). Experts with no rows get zeros.
 void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* x, void* dw1,
          cudaStream_t stream, const GemmConfig* config = nullptr);
+
+// ---- The FP8 expert GEMMs (s.fp8; the bf16 launchers above refuse such a shape and these a bf16 one).
+// Same math, epilogues and row conventions as their bf16 launchers; outputs bf16 unless quantized.
+// up: x codes [T, d]; w1: K-major [E, W, d] (the HF layout as stored, or the transposed layout's
+// copy). Writes H (bf16, saved) and A: bf16 into `a` when not null, and quantized into a_q (codes
+// [R, n], scales [R, n/128], the input of down_proj_fp8) when a_q.codes is not null.
+void up_proj_act_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, Fp8Operand x,
+                     Fp8Operand w1, const void* b1, void* h, void* a, Fp8Output a_q, cudaStream_t stream,
+                     const GemmConfig* config = nullptr);
+// down: a [R, n]; w2: K-major [E, d, n] (HF as stored, or the transposed layout's copy). Y bf16 [R, d].
+void down_proj_fp8(const RoutedRows& rows, const ExpertShape& s, Fp8Operand a, Fp8Operand w2, void* y,
+                   cudaStream_t stream, void* workspace = nullptr, const GemmConfig* config = nullptr);
+// dH: d_out codes [T, d]; w2t: K-major [E, n, d] (the HF layout's transposed copy, or the transposed
+// layout as stored). Writes dh (bf16 [R, W], for dW1 and db1), a_prime, ds_partial as dh_act_bwd,
+// and dH quantized into dh_q (codes [R, W], scales [R, W/128], the input of dx_expert_fp8) when
+// dh_q.codes is not null.
+void dh_act_bwd_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, Fp8Operand d_out,
+                    Fp8Operand w2t, const void* h, void* dh, void* a_prime, float* ds_partial, Fp8Output dh_q,
+                    cudaStream_t stream, const GemmConfig* config = nullptr);
+// dX: dh [R, W]; w1t: K-major [E, d, W] (HF's transposed copy, or the transposed layout as stored).
+// dX_exp bf16 [R, d].
+void dx_expert_fp8(const RoutedRows& rows, const ExpertShape& s, Fp8Operand dh, Fp8Operand w1t, void* dx_exp,
+                   cudaStream_t stream, void* workspace = nullptr, const GemmConfig* config = nullptr);
 
 }  // namespace leanmoe::cuda
