@@ -91,7 +91,8 @@ CUtensorMap operand_tensor_map(const void* w, int rank, const int64_t* dims, con
     elem_strides[i] = 1;
     if (i > 0) stride_bytes[i - 1] = cuuint64_t(strides[i - 1]) * (fp8 ? 1 : 2);
   }
-  const CUresult res = encode(&map, fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(rank), const_cast<void*>(w), dim,
+  const CUtensorMapDataType type = fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUresult res = encode(&map, type, cuuint32_t(rank), const_cast<void*>(w), dim,
                               stride_bytes, boxes, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                               CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

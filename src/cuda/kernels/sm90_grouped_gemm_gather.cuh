@@ -541,41 +541,41 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           for (int g = 0; g < 4; ++g) sb[g] = next_sb[g];
         }
       } else {
-      for (int kt = 0; kt < num_k; ++kt, ++item) {
-        const int stage = item % kStages;
-        Barrier::wait(&full_bar[stage], (item / kStages) & 1);
-        // The cp.async rows arrived through the generic proxy; wgmma reads through the async proxy.
-        fence_proxy_async_smem();
-        const uint32_t a_smem = smem_base + stage * Tile::kStageBytes;
-        const uint32_t b_smem = a_smem + Tile::kABytes;
+        for (int kt = 0; kt < num_k; ++kt, ++item) {
+          const int stage = item % kStages;
+          Barrier::wait(&full_bar[stage], (item / kStages) & 1);
+          // The cp.async rows arrived through the generic proxy; wgmma reads through the async proxy.
+          fence_proxy_async_smem();
+          const uint32_t a_smem = smem_base + stage * Tile::kStageBytes;
+          const uint32_t b_smem = a_smem + Tile::kABytes;
 #pragma unroll
-        for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
-        wgmma_fence();
+          for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+          wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kTileK / 16; ++kk) {
-          // A k16 step is 32 B along a K-major row or 16 k-rows (2048 B) of an MN-major tile.
-          const uint64_t desc_b = kBKMajor ? smem_desc(b_smem + kk * 32, 16, 1024)
-                                           : smem_desc(b_smem + kk * 2048, kMNBlockBytes, 1024);
+          for (int kk = 0; kk < kTileK / 16; ++kk) {
+            // A k16 step is 32 B along a K-major row or 16 k-rows (2048 B) of an MN-major tile.
+            const uint64_t desc_b = kBKMajor ? smem_desc(b_smem + kk * 32, 16, 1024)
+                                             : smem_desc(b_smem + kk * 2048, kMNBlockBytes, 1024);
 #pragma unroll
-          for (int s = 0; s < Tile::kSlices; ++s) {
-            // 64-row slice of the A tile: 64 K-major rows or one 64-wide MN block, 8 KB either way.
-            const uint32_t a_slice = a_smem + Tile::slice_row(cwg, s) * kMNBlockBytes;
-            const uint64_t desc_a = kVarlenK ? smem_desc(a_slice + kk * 2048, kMNBlockBytes, 1024)
-                                             : smem_desc(a_slice + kk * 32, 16, 1024);
-            wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(acc[s], desc_a, desc_b);
+            for (int s = 0; s < Tile::kSlices; ++s) {
+              // 64-row slice of the A tile: 64 K-major rows or one 64-wide MN block, 8 KB either way.
+              const uint32_t a_slice = a_smem + Tile::slice_row(cwg, s) * kMNBlockBytes;
+              const uint64_t desc_a = kVarlenK ? smem_desc(a_slice + kk * 2048, kMNBlockBytes, 1024)
+                                               : smem_desc(a_slice + kk * 32, 16, 1024);
+              wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(acc[s], desc_a, desc_b);
+            }
           }
+          wgmma_commit();
+          // Keep one k-tile of wgmmas in flight; the one before it has retired: release its stage.
+          wgmma_wait<1>();
+#pragma unroll
+          for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+          if (kt > 0 && lane == 0) release((item - 1) % kStages);
         }
-        wgmma_commit();
-        // Keep one k-tile of wgmmas in flight; the one before it has retired: release its stage.
-        wgmma_wait<1>();
+        wgmma_wait<0>();
 #pragma unroll
         for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
-        if (kt > 0 && lane == 0) release((item - 1) % kStages);
-      }
-      wgmma_wait<0>();
-#pragma unroll
-      for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
-      if (num_k > 0 && lane == 0) release((item - 1) % kStages);
+        if (num_k > 0 && lane == 0) release((item - 1) % kStages);
       }
 
       // Varlen-K: an empty expert's tile had no k-tile and stores its zero accumulators.
