@@ -33,6 +33,7 @@
 #include "../../src/cuda/launchers.h"
 #include "../../src/fp8.h"
 #include "../expect_error.h"
+#include "expert_gemm_inputs.h"
 #include "leanmoe/bf16.h"
 #include "leanmoe/leanmoe.h"
 
@@ -44,6 +45,11 @@ using leanmoe::float_to_bf16;
 namespace lc = leanmoe::cuda;
 namespace fp8 = leanmoe::fp8;
 constexpr int64_t kB = fp8::kTile;  // 128
+using leanmoe::testing::expert_of_row;
+using leanmoe::testing::make_routing;
+using leanmoe::testing::Routing;
+template <class T>
+using Dev = leanmoe::testing::DeviceBuffer<T>;
 
 bool have_gpu() {
   int count = 0;
@@ -51,65 +57,6 @@ bool have_gpu() {
 }
 
 #define CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
-
-template <class T>
-struct Dev {
-  T* ptr = nullptr;
-  size_t count = 0;
-  explicit Dev(size_t n) : count(n) { EXPECT_EQ(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T)), cudaSuccess); }
-  explicit Dev(const std::vector<T>& host) : Dev(host.size()) {
-    EXPECT_EQ(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
-  }
-  ~Dev() { cudaFree(ptr); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void poison() { EXPECT_EQ(cudaMemset(ptr, 0xFF, std::max<size_t>(count, 1) * sizeof(T)), cudaSuccess); }
-  std::vector<T> download(size_t n) const {
-    std::vector<T> host(n);
-    if (n) EXPECT_EQ(cudaMemcpy(host.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-    return host;
-  }
-};
-
-struct Routing {
-  int64_t T = 0, E = 0, R = 0;
-  std::vector<int32_t> offsets, token;
-  std::vector<float> gate;
-  int64_t expert_of(int64_t r) const {
-    return int64_t(std::upper_bound(offsets.begin(), offsets.end(), int32_t(r)) - offsets.begin()) - 1;
-  }
-};
-
-// K distinct experts per token, never `empty` (-1: none); all_to_one: every token to expert E-1.
-Routing make_routing(int64_t T, int64_t E, int64_t K, int64_t empty, bool all_to_one, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<std::vector<int32_t>> of(E);
-  for (int64_t t = 0; t < T; ++t) {
-    if (all_to_one) {
-      of[E - 1].push_back(int32_t(t));
-      continue;
-    }
-    std::vector<int64_t> ex;
-    for (int64_t e = 0; e < E; ++e)
-      if (e != empty) ex.push_back(e);
-    std::shuffle(ex.begin(), ex.end(), rng);
-    for (int64_t k = 0; k < K; ++k) of[ex[k]].push_back(int32_t(t));
-  }
-  Routing r;
-  r.T = T;
-  r.E = E;
-  std::uniform_real_distribution<float> g(0.05f, 1.f);
-  r.offsets.push_back(0);
-  for (int64_t e = 0; e < E; ++e) {
-    for (int32_t t : of[e]) {
-      r.token.push_back(t);
-      r.gate.push_back(g(rng));
-    }
-    r.offsets.push_back(int32_t(r.token.size()));
-  }
-  r.R = int64_t(r.token.size());
-  return r;
-}
 
 // bf16 [mats, rows, cols], uniform in ±scale, times 2^m per tile of tile_rows x 128 (m in [-7, 8]).
 std::vector<bf16> spanning_bf16(int64_t mats, int64_t rows, int64_t cols, int64_t tile_rows, float scale,
@@ -227,11 +174,11 @@ void run_fp8_case(const Case& c, const Function& f) {
   const leanmoe::act::Params p{f.activation, fn.alpha, fn.limit};
   const Routing rt = make_routing(T, E, c.K, c.empty, c.all_to_one, 99u + uint32_t(T));
   const int64_t R = rt.R, R_max = R + 3;
-  std::vector<int32_t> token_pad = rt.token;
+  std::vector<int32_t> token_pad = rt.row_token;
   token_pad.resize(size_t(R_max), 0);
-  std::vector<float> gate_pad = rt.gate;
+  std::vector<float> gate_pad = rt.row_gate;
   gate_pad.resize(size_t(R_max), 0.f);
-  Dev<int32_t> offsets_d(rt.offsets), token_d(token_pad);
+  Dev<int32_t> offsets_d(rt.expert_offsets), token_d(token_pad);
   Dev<float> gate_d(gate_pad);
   const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, R_max, E};
 
@@ -243,7 +190,7 @@ void run_fp8_case(const Case& c, const Function& f) {
   for (auto& v : b1) v = float_to_bf16(std::uniform_real_distribution<float>(-1.f, 1.f)(rng));
   std::vector<bf16> h_in(size_t(R_max * W));
   for (auto& v : h_in) v = float_to_bf16(std::uniform_real_distribution<float>(-3.f, 3.f)(rng));
-  Dev<bf16> b1_d(b1), h_in_d(h_in);
+  const Dev<bf16> b1_d(b1), h_in_d(h_in);
 
   const QuantizedRows xq(x, T, d), doq(d_out, T, d);
   const QuantizedWeights w1q(w1, E, W, d, false), w2q(w2, E, d, n, /*transposed: W2t [E, n, d]*/ true);
@@ -253,8 +200,8 @@ void run_fp8_case(const Case& c, const Function& f) {
   // ---- up: H = X̂[tok]·Ŵ1_eᵀ (+ b1), A = f(H) ----
   std::vector<double> h_ref(size_t(R * W)), h_abs(size_t(R * W));
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t e = rt.expert_of(r);
-    const float* xr = &xq.values[size_t(rt.token[size_t(r)] * d)];
+    const int64_t e = expert_of_row(rt, r);
+    const float* xr = &xq.values[size_t(rt.row_token[size_t(r)] * d)];
     for (int64_t col = 0; col < W; ++col) {
       const float* w = &w1q.values[size_t((e * W + col) * d)];
       double acc = f.biased ? double(bf16_to_float(b1[size_t(e * W + col)])) : 0.0, abs = 0;
@@ -299,9 +246,9 @@ void run_fp8_case(const Case& c, const Function& f) {
   std::vector<double> dh_ref(size_t(R * W)), dh_bound(size_t(R * W)), ap_ref(size_t(R * n)), ap_bound(size_t(R * n));
   std::vector<double> ds_ref(size_t(R), 0.0), ds_bound(size_t(R), 0.0);
   for (int64_t r = 0; r < R; ++r) {
-    const int64_t e = rt.expert_of(r);
-    const float* dor = &doq.values[size_t(rt.token[size_t(r)] * d)];
-    const double gate = rt.gate[size_t(r)];
+    const int64_t e = expert_of_row(rt, r);
+    const float* dor = &doq.values[size_t(rt.row_token[size_t(r)] * d)];
+    const double gate = rt.row_gate[size_t(r)];
     for (int64_t j = 0; j < n; ++j) {
       const float* w = &w2q.values[size_t((e * n + j) * d)];  // W2t_e row j
       double da = 0, abs = 0;
