@@ -6,7 +6,7 @@
 //
 //   leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]
 //                       [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]
-//                       [--precision bf16|fp8[,...]] [--iters N] [--warmup N]
+//                       [--precision bf16|fp8|fp8q[,...]] [--iters N] [--warmup N]
 //
 // --layout: the weights' layout (hf: W1 [E, 2n, d], W2 [E, d, n]; transposed: gpt-oss's [E, d, 2n],
 // [E, n, d], dW1 and dW2 written so); a list times each GEMM in every layout in turn (interleaved
@@ -16,14 +16,17 @@
 // --precision: fp8 runs up and dH through up_proj_act_fp8 / dh_act_bwd_fp8 on e4m3 codes of the same
 // x, dO, W1 and W2 (quantized once per shape, untimed, by fp8_quantize_rows / fp8_quantize_blocks,
 // W2's transposed copy for dH), layout column "<layout>-fp8", TFLOP/s counted as bf16's 2·M·N·K; the
-// other GEMMs have no FP8 kernel here and are skipped. A list alternates per GEMM (an A/B).
+// other GEMMs have no FP8 kernel here and are skipped. A list alternates per GEMM (an A/B). fp8q: as
+// fp8 with the outputs the FP8 layer keeps quantized in the epilogue (up: A as a_q only, no bf16 A;
+// dH: dh_q besides dH), layout column "<layout>-fp8q".
 //
 // --config runs the given kernel configuration (src/cuda/gemm_config.h, e.g.
 // up=gather:coop:128x256:s4:warp:c1:b4) for that GEMM kind on every shape, the heuristic's for the
-// others; band and max_ctas left out come from the heuristic. Prints one markdown row per (shape,
-// GEMM): the configuration that ran, median ms over the timed launches and TFLOP/s with 2·M·N·K per
-// GEMM (R = T·K routed rows: up 2·R·2n·d, down 2·R·d·n, dh 2·R·n·d, dx 2·R·d·2n, dw2 2·R·d·n,
-// dw1 2·R·2n·d).
+// others; band and max_ctas left out come from the heuristic. A kind named again adds a configuration:
+// each is timed in turn, per shape (up=A,up=B: interleaved A/B rows). Prints one markdown row per
+// (shape, GEMM, configuration): the configuration that ran, median ms over the timed launches and
+// TFLOP/s with 2·M·N·K per GEMM (R = T·K routed rows: up 2·R·2n·d, down 2·R·d·n, dh 2·R·n·d,
+// dx 2·R·d·2n, dw2 2·R·d·n, dw1 2·R·2n·d).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -31,7 +34,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -60,16 +62,19 @@ DeviceBuffer<__nv_bfloat16> random_bf16(size_t count, float scale, uint32_t seed
   return b;
 }
 
-// Kernel configurations asked for on the command line, per GEMM kind (unset: the heuristic's).
+// Kernel configurations asked for on the command line, per GEMM kind (none: the heuristic's, null).
 struct Requested {
-  std::optional<lc::GemmConfig> config[std::size(lc::kGemmKinds)];
-  const lc::GemmConfig* operator[](lc::GemmKind kind) const {
-    const auto& c = config[static_cast<size_t>(kind)];
-    return c ? &*c : nullptr;
+  std::vector<lc::GemmConfig> configs[std::size(lc::kGemmKinds)];
+  std::vector<const lc::GemmConfig*> operator[](lc::GemmKind kind) const {
+    const auto& list = configs[static_cast<size_t>(kind)];
+    if (list.empty()) return {nullptr};
+    std::vector<const lc::GemmConfig*> out;
+    for (const auto& c : list) out.push_back(&c);
+    return out;
   }
 };
 
-// "up=gather:coop:...,dh=..." -> one configuration per named kind.
+// "up=gather:coop:...,dh=...,up=..." -> the configurations of each named kind, in order.
 Requested parse_requested(const std::string& list) {
   Requested r;
   for (const auto& item : split_commas(list)) {
@@ -78,13 +83,13 @@ Requested parse_requested(const std::string& list) {
       throw std::runtime_error("--config: '" + item + "' is not KIND=CONFIG (e.g. up=gather:coop:128x256:s4:warp:c1); "
                                "shapes are chosen with --shape");
     const lc::GemmKind kind = lc::parse_gemm_kind(item.substr(0, eq));
-    r.config[static_cast<size_t>(kind)] = lc::parse_gemm_config(item.substr(eq + 1));
+    r.configs[static_cast<size_t>(kind)].push_back(lc::parse_gemm_config(item.substr(eq + 1)));
   }
   return r;
 }
 
 void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, const Requested& requested,
-                 const std::vector<bool>& layouts, const std::vector<bool>& precisions, bool interleaved, int sms,
+                 const std::vector<bool>& layouts, const std::vector<int>& precisions, bool interleaved, int sms,
                  int iters, int warmup) {
   const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
   const auto tokens_of = leanmoe::tools::uniform_topk_tokens(T, E, K, 1234);
@@ -105,8 +110,11 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
   auto dx = random_bf16(R * d, 1.f, 10), dw1 = random_bf16(E * 2 * n * d, 1.f, 11), dw2 = random_bf16(E * d * n, 1.f, 12);
   // FP8 operands (--precision fp8): codes and scales of x, dO, W1 [E, 2n, d] and W2's transposed copy
   // W2t [E, n, d] (dH's K-major operand).
-  const bool fp8 = std::find(precisions.begin(), precisions.end(), true) != precisions.end();
+  const bool fp8 = std::any_of(precisions.begin(), precisions.end(), [](int p) { return p > 0; });
   auto sizes = [&](int64_t count) { return size_t(fp8 ? count : 0); };
+  bool quantized = false;  // fp8q: A and dH also quantized in the epilogues
+  DeviceBuffer<uint8_t> a_q(sizes(R * n)), dh_q(sizes(R * 2 * n));
+  DeviceBuffer<float> a_s(sizes(R * n / 128)), dh_s(sizes(R * 2 * n / 128));
   DeviceBuffer<uint8_t> x_q(sizes(T * d)), dout_q(sizes(T * d)), w1_q(sizes(E * 2 * n * d)), w2_q(sizes(E * d * n)),
       w2t_q(sizes(E * d * n));
   DeviceBuffer<float> x_s(sizes(T * d / 128)), dout_s(sizes(T * d / 128)), w1_s(sizes(E * 2 * n * d / 128 / 128)),
@@ -137,8 +145,9 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
          lc::up_proj_act(rows, s, fn, x.ptr, w1.ptr, nullptr, h.ptr, a.ptr, nullptr, k);
        },
        [&](S s, const lc::GemmConfig* k) {
-         lc::up_proj_act_fp8(rows, s, fn, {x_q.ptr, x_s.ptr}, {w1_q.ptr, w1_s.ptr}, nullptr, h.ptr, a.ptr, {}, nullptr,
-                             k);
+         lc::up_proj_act_fp8(rows, s, fn, {x_q.ptr, x_s.ptr}, {w1_q.ptr, w1_s.ptr}, nullptr, h.ptr,
+                             quantized ? nullptr : a.ptr, quantized ? lc::Fp8Output{a_q.ptr, a_s.ptr} : lc::Fp8Output{},
+                             nullptr, k);
        }},
       {GemmKind::Down, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, k); }},
@@ -148,7 +157,8 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
        },
        [&](S s, const lc::GemmConfig* k) {
          lc::dh_act_bwd_fp8(rows, s, fn, {dout_q.ptr, dout_s.ptr}, {w2t_q.ptr, w2t_s.ptr}, h.ptr, dh.ptr, a_prime.ptr,
-                            ds_partial.ptr, {}, nullptr, k);
+                            ds_partial.ptr, quantized ? lc::Fp8Output{dh_q.ptr, dh_s.ptr} : lc::Fp8Output{}, nullptr,
+                            k);
        }},
       {GemmKind::Dw2, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr, k); }},
@@ -160,33 +170,37 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
   for (const auto& g : gemms) {
     if (!only.empty() && std::find(only.begin(), only.end(), lc::gemm_kind_name(g.kind)) == only.end()) continue;
     for (const bool transposed : layouts)
-    for (const bool use_fp8 : precisions) {
+    for (const int precision : precisions) {
+      const bool use_fp8 = precision > 0;
+      quantized = precision == 2;
       if (use_fp8 && !g.launch_fp8) continue;
       lc::ExpertShape s{T, d, n, true, transposed};
       s.fp8 = use_fp8;
-      const lc::GemmConfig* want = requested[g.kind];  // checked in either precision asked (main)
-      const std::string ran = lc::to_string(lc::resolve_gemm_config(g.kind, s, E, sms, want));
-      const auto& launch = use_fp8 ? g.launch_fp8 : g.launch;
-      const double ms =
-          leanmoe::tools::median_launch_ms(iters, warmup, [&](int) { launch(s, want); }, "GEMM launches");
-      const std::string layout = std::string(transposed ? "transposed" : "hf") + (interleaved ? "-interleaved" : "") +
-                                 (use_fp8 ? "-fp8" : "");
-      std::printf("| %s | %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", c.name.c_str(),
-                  layout.c_str(), (long long)T, (long long)d, (long long)n, (long long)E, (long long)K,
-                  lc::gemm_kind_name(g.kind), ran.c_str(), ms, g.flops / (ms * 1e9));
-      std::fflush(stdout);
+      for (const lc::GemmConfig* want : requested[g.kind]) {  // checked in either precision asked (main)
+        const std::string ran = lc::to_string(lc::resolve_gemm_config(g.kind, s, E, sms, want));
+        const auto& launch = use_fp8 ? g.launch_fp8 : g.launch;
+        const double ms =
+            leanmoe::tools::median_launch_ms(iters, warmup, [&](int) { launch(s, want); }, "GEMM launches");
+        const std::string layout = std::string(transposed ? "transposed" : "hf") + (interleaved ? "-interleaved" : "") +
+                                   (use_fp8 ? (quantized ? "-fp8q" : "-fp8") : "");
+        std::printf("| %s | %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", c.name.c_str(),
+                    layout.c_str(), (long long)T, (long long)d, (long long)n, (long long)E, (long long)K,
+                    lc::gemm_kind_name(g.kind), ran.c_str(), ms, g.flops / (ms * 1e9));
+        std::fflush(stdout);
+      }
     }
   }
 }
 
-// "bf16,fp8" -> {false, true}: whether each listed precision is fp8.
-std::vector<bool> parse_precisions(const std::string& list) {
-  std::vector<bool> fp8;
+// "bf16,fp8,fp8q" -> {0, 1, 2}: bf16, fp8, fp8 with quantized outputs.
+std::vector<int> parse_precisions(const std::string& list) {
+  std::vector<int> out;
   for (const auto& name : split_commas(list)) {
-    if (name != "bf16" && name != "fp8") throw std::runtime_error("--precision: '" + name + "' is not bf16 or fp8");
-    fp8.push_back(name == "fp8");
+    if (name != "bf16" && name != "fp8" && name != "fp8q")
+      throw std::runtime_error("--precision: '" + name + "' is not bf16, fp8 or fp8q");
+    out.push_back(name == "bf16" ? 0 : name == "fp8" ? 1 : 2);
   }
-  return fp8;
+  return out;
 }
 
 // "hf,transposed" -> {false, true}: whether each listed layout is the transposed one.
@@ -209,7 +223,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> only;  // GEMMs to time; empty = all six
     int iters = 20, warmup = 3;
     std::vector<bool> layouts = {false};  // transposed?
-    std::vector<bool> precisions = {false};  // fp8?
+    std::vector<int> precisions = {0};  // parse_precisions
     bool interleaved = false;
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
@@ -220,8 +234,9 @@ int main(int argc, char** argv) {
       if (flag == "--help" || flag == "-h") {
         std::printf("leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]\n"
                     "                    [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]\n"
-                    "                    [--precision bf16|fp8[,...]] [--iters N] [--warmup N]\n"
-                    "shapes: %s\nCONFIG: family:schedule:MxN:stages:epilogue:cM[xN][:bBAND][:mMAX_CTAS], e.g. "
+                    "                    [--precision bf16|fp8|fp8q[,...]] [--iters N] [--warmup N]\n"
+                    "shapes: %s\nCONFIG: family:schedule:MxN:stages:epilogue:cM[xN][:pPROMOTE_N][:bBAND][:mMAX_CTAS], "
+                    "e.g. "
                     "gather:coop:128x256:s4:warp:c2:b8 (docs/kernels.md; with --layout transposed dw1 and dw2 run "
                     "each other's); compiled:\n",
                     leanmoe::tools::shape_names().c_str());
@@ -259,12 +274,13 @@ int main(int argc, char** argv) {
     for (const auto& shape : shapes)
       for (lc::GemmKind kind : lc::kGemmKinds)
         for (const bool transposed : layouts)
-          for (const bool fp8 : precisions)
-            if (requested[kind] && !(fp8 && kind != lc::GemmKind::Up && kind != lc::GemmKind::Dh)) {
-              lc::ExpertShape s{shape.T, shape.d, shape.n, true, transposed};
-              s.fp8 = fp8;
-              lc::resolve_gemm_config(kind, s, shape.E, prop.multiProcessorCount, requested[kind]);
-            }
+          for (const int precision : precisions)
+            for (const lc::GemmConfig* want : requested[kind])
+              if (want && !(precision > 0 && kind != lc::GemmKind::Up && kind != lc::GemmKind::Dh)) {
+                lc::ExpertShape s{shape.T, shape.d, shape.n, true, transposed};
+                s.fp8 = precision > 0;
+                lc::resolve_gemm_config(kind, s, shape.E, prop.multiProcessorCount, want);
+              }
     std::printf("GPU: %s (%d SMs); median of %d launches after %d warm-up\n\n", prop.name, prop.multiProcessorCount,
                 iters, warmup);
     std::printf("| shape | layout | T | d | n | E | K | GEMM | kernel | ms | TFLOP/s |\n"

@@ -183,6 +183,7 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels:
 struct Fp8Scales {
   const float* a = nullptr;
   const float* b = nullptr;
+  Fp8Output out_q;  // the epilogue's output also quantized (up: A, dH: dH), or none
 };
 template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed>
 void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const Fp8Scales& scales,
@@ -214,7 +215,7 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
                                  : operand_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, kFp8, what);
   kernels::GemmArgsOf<Tile> kernel_args{};
   if constexpr (kFp8)
-    kernel_args = kernels::Fp8GemmArgs{args, scales.a, scales.b};
+    kernel_args = kernels::Fp8GemmArgs{args, scales.a, scales.b, {scales.out_q.codes, scales.out_q.scales}};
   else
     kernel_args = args;
   if constexpr (kCluster) {
@@ -270,6 +271,7 @@ GatherKernel gather_kernel() {
   c.stages = Tile::kStages;
   c.epilogue = GemmEpilogue::Warp;
   c.cluster = kCluster ? 2 : 1;
+  c.promote_n = Tile::kFp8 && Tile::kPromoteN != 128 ? Tile::kPromoteN : 0;
   // FP8 reads K-major weights in either layout (the launchers take the K-major copy): up's kernel is
   // the HF layout's (W1 [E, W, d]), dH's the transposed layout's (W2t [E, n, d]).
   constexpr bool kFp8Transposed = Tile::kFp8 && kKind == GemmKind::Dh;
@@ -287,11 +289,17 @@ GatherKernel gather_kernel() {
 }
 
 // The gather kernel's instantiations: per kind the one that won the measurements (docs/kernels.md).
-// fp8: up's and dH's FP8 kernels (the same schedule as bf16's: up alone, dH in 2x1 clusters).
+// fp8: up's and dH's FP8 kernels, the first of each the bf16 schedule (up alone, dH in 2x1
+// clusters); the others are candidates being measured (docs/kernels.md "FP8 up and dH"): up in 2x1
+// clusters, and the promotion pipelined per 64-column quarter (p64).
 const std::vector<GatherKernel>& gather_kernels(GemmKind kind, bool fp8) {
   if (fp8) {
-    static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, sm90::GatherTile128x256Fp8, false>()};
-    static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, sm90::GatherTile128x256Fp8, true>()};
+    static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, sm90::GatherTile128x256Fp8, false>(),
+                                                 gather_kernel<GemmKind::Up, sm90::GatherTile128x256Fp8, true>(),
+                                                 gather_kernel<GemmKind::Up, sm90::GatherTile128x256Fp8P64, false>(),
+                                                 gather_kernel<GemmKind::Up, sm90::GatherTile128x256Fp8P64, true>()};
+    static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, sm90::GatherTile128x256Fp8, true>(),
+                                                 gather_kernel<GemmKind::Dh, sm90::GatherTile128x256Fp8P64, true>()};
     static const std::vector<GatherKernel> none;
     return kind == GemmKind::Up ? up : kind == GemmKind::Dh ? dh : none;
   }
@@ -466,7 +474,8 @@ void dh_act_bwd(const RoutedRows& rows, const ExpertShape& s, const ExpertFuncti
 
 namespace {
 // The FP8 launchers' operands: codes and scales both given, or neither (no rows to read: T = 0).
-void check_fp8_operand(const Fp8Operand& op, const char* what, const char* name) {
+template <class Codes>
+void check_fp8_operand(const Codes& op, const char* what, const char* name) {
   if ((op.codes == nullptr) != (op.scales == nullptr))
     throw leanmoe::Error(std::string(what) + ": " + name + ".codes and " + name +
                          ".scales must be given together (e4m3 codes with their block scales)");
@@ -478,15 +487,14 @@ void up_proj_act_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertF
                      const GemmConfig* config) {
   check_fp8_operand(x, "up_proj_act_fp8", "x");
   check_fp8_operand(w1, "up_proj_act_fp8", "w1");
-  if (a_q.codes != nullptr || a_q.scales != nullptr)
-    throw leanmoe::Error("up_proj_act_fp8: a_q (A quantized in the epilogue) is not implemented; pass a bf16 `a` "
-                         "and quantize it with fp8_quantize_rows");
-  if (a == nullptr) throw leanmoe::Error("up_proj_act_fp8: `a` must be given (a_q alone is not implemented)");
+  check_fp8_operand(a_q, "up_proj_act_fp8", "a_q");
+  if (a == nullptr && a_q.codes == nullptr)
+    throw leanmoe::Error("up_proj_act_fp8: A goes nowhere: give `a` (bf16), a_q (codes and scales) or both");
   GemmArgs args = make_args(x.codes, w1.codes);
   args.out = static_cast<kernels::bf16*>(h);
   args.out2 = static_cast<kernels::bf16*>(a);
   args.b1 = static_cast<const kernels::bf16*>(b1);
-  const Fp8Scales scales{x.scales, w1.scales};
+  const Fp8Scales scales{x.scales, w1.scales, a_q};
   launch<GemmKind::Up>(rows, s, args, config, stream, "up_proj_act_fp8", fn, &scales);
 }
 
@@ -495,16 +503,14 @@ void dh_act_bwd_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFu
                     cudaStream_t stream, const GemmConfig* config) {
   check_fp8_operand(d_out, "dh_act_bwd_fp8", "d_out");
   check_fp8_operand(w2t, "dh_act_bwd_fp8", "w2t");
-  if (dh_q.codes != nullptr || dh_q.scales != nullptr)
-    throw leanmoe::Error("dh_act_bwd_fp8: dh_q (dH quantized in the epilogue) is not implemented; quantize the "
-                         "bf16 dh with fp8_quantize_rows");
+  check_fp8_operand(dh_q, "dh_act_bwd_fp8", "dh_q");
   GemmArgs args = make_args(d_out.codes, w2t.codes);
   args.h = static_cast<const kernels::bf16*>(h);
   args.out = static_cast<kernels::bf16*>(dh);
   args.out2 = static_cast<kernels::bf16*>(a_prime);
   args.ds_partial = ds_partial;
   args.ds_tiles = ds_partials(s);
-  const Fp8Scales scales{d_out.scales, w2t.scales};
+  const Fp8Scales scales{d_out.scales, w2t.scales, dh_q};
   launch<GemmKind::Dh>(rows, s, args, config, stream, "dh_act_bwd_fp8", fn, &scales);
 }
 

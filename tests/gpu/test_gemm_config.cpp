@@ -39,7 +39,9 @@ TEST(GemmConfig, KindNames) {
 TEST(GemmConfig, TextRoundTrip) {
   for (GemmKind kind : lc::kGemmKinds) {
     ASSERT_FALSE(lc::compiled_gemm_configs(kind).empty()) << lc::gemm_kind_name(kind);
-    for (lc::GemmConfig c : lc::compiled_gemm_configs(kind)) {
+    std::vector<lc::GemmConfig> configs = lc::compiled_gemm_configs(kind);
+    for (const lc::GemmConfig& c : lc::compiled_gemm_configs(kind, /*fp8=*/true)) configs.push_back(c);
+    for (lc::GemmConfig c : configs) {
       EXPECT_EQ(c.band, 0);
       EXPECT_EQ(c.max_ctas, 0);
       for (auto [band, ctas] : {std::pair{0, 0}, {3, 0}, {0, 7}, {8, 132}}) {
@@ -62,6 +64,13 @@ TEST(GemmConfig, TextRoundTrip) {
   EXPECT_EQ(c.band, 8);
   EXPECT_EQ(c.max_ctas, 132);
   EXPECT_EQ(lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:m5").max_ctas, 5);
+  // FP8 promotion groups: pN before band and max_ctas, a different kernel from the default (0).
+  const lc::GemmConfig p64 = lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:p64:b8");
+  EXPECT_EQ(p64.promote_n, 64);
+  EXPECT_EQ(p64.band, 8);
+  EXPECT_EQ(lc::to_string(p64), "gather:coop:128x256:s4:warp:c2:p64:b8");
+  EXPECT_FALSE(p64.same_kernel(c));
+  EXPECT_EQ(c.promote_n, 0);
   // Clusters: cM is Mx1, written so; cMxN otherwise.
   const lc::GemmConfig n2 = lc::parse_gemm_config("cutlass:pingpong:128x192:auto:tma:c1x2:m128");
   EXPECT_EQ(n2.cluster, 1);
@@ -104,7 +113,10 @@ TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
       {"gather:coop:128x256:s4:warp:c1:m4:b8", "field 'b8'"},
       {"gather:coop:128x256:s4:warp:c1:b8:b8", "field 'b8'"},
       {"gather:coop:128x256:s4:warp:c1:x3", "field 'x3'"},
-      {"gather:coop:128x256:s4:warp:c1:b8:m5:m5", "9 fields"},
+      {"gather:coop:128x256:s4:warp:c1:p64:b8:m5:m5", "10 fields"},
+      {"gather:coop:128x256:s4:warp:c1:b8:m5:m5", "field 'm5'"},
+      {"gather:coop:128x256:s4:warp:c1:b8:p64", "field 'p64'"},
+      {"gather:coop:128x256:s4:warp:c1:p0", "field 'p0'"},
   };
   for (const auto& [text, rule] : bad) {
     SCOPED_TRACE(text);
