@@ -244,6 +244,10 @@ int main(int argc, char** argv) {
           for (lc::GemmKind kind : lc::kGemmKinds)
             for (const auto& k : lc::compiled_gemm_configs(kind, fp8))
               std::printf("  %s=%s%s\n", lc::gemm_kind_name(kind), lc::to_string(k).c_str(), fp8 ? " (fp8)" : "");
+        for (lc::GemmKind kind : lc::kGemmKinds)
+          for (const auto& k : lc::candidate_gemm_configs(kind))
+            std::printf("  %s=%s (fp8 candidate, default path only)\n", lc::gemm_kind_name(kind),
+                        lc::to_string(k).c_str());
         return 0;
       }
       const std::string v = leanmoe::tools::flag_value(argc, argv, i);

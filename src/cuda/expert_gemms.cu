@@ -248,8 +248,9 @@ static_assert(in_enum_order(), "kActivations lists every Activation in enum orde
 // fixed at compile time (kernels::NoBiasGateUp); launch[swiglu] then runs only with b1 or interleaved.
 struct GatherKernel {
   GemmConfig config;
-  std::array<GatherLaunch, kNumActivations> launch, launch_transposed;
+  std::array<GatherLaunch, kNumActivations> launch, launch_transposed;  // null: a candidate
   GatherLaunch no_bias_gate_up;
+  bool candidate() const { return launch[0] == nullptr; }
 };
 template <GemmKind kKind, class Tile, bool kCluster, bool kTransposed, size_t... I>
 std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I...>) {
@@ -261,7 +262,8 @@ std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I.
   }
   return launches;
 }
-template <GemmKind kKind, class Tile, bool kCluster>
+// kCandidate (FP8): the default path's instantiation only (candidate_gemm_configs).
+template <GemmKind kKind, class Tile, bool kCluster, bool kCandidate = false>
 GatherKernel gather_kernel() {
   GemmConfig c;
   c.family = GemmFamily::Gather;
@@ -279,7 +281,10 @@ GatherKernel gather_kernel() {
   if constexpr (!kernels::is_varlen_k(kKind))
     no_bias_gate_up = &launch_gather<kKind, Tile, kCluster, kernels::NoBiasGateUp<kernels::SwiGLU>, kFp8Transposed>;
   constexpr auto activations = std::make_index_sequence<kNumActivations>();
-  if constexpr (Tile::kFp8) {
+  if constexpr (kCandidate) {
+    static_assert(Tile::kFp8, "candidates are FP8 kernels being measured");
+    return {c, {}, {}, no_bias_gate_up};
+  } else if constexpr (Tile::kFp8) {
     const auto launches = gather_launches<kKind, Tile, kCluster, kFp8Transposed>(activations);
     return {c, launches, launches, no_bias_gate_up};
   } else {
@@ -290,16 +295,18 @@ GatherKernel gather_kernel() {
 
 // The gather kernel's instantiations: per kind the one that won the measurements (docs/kernels.md).
 // fp8: up's and dH's FP8 kernels, the first of each the bf16 schedule (up alone, dH in 2x1
-// clusters); the others are candidates being measured (docs/kernels.md "FP8 up and dH"): up in 2x1
-// clusters, and the promotion pipelined per 64-column quarter (p64).
+// clusters), for every function; the others are candidates being measured, for the default path
+// only (docs/kernels.md "FP8 up and dH"): up in 2x1 clusters, and the promotion pipelined per
+// 64-column quarter (p64). (All 11 functions each took the test binary's fatbin from 8 to 20 MB.)
 const std::vector<GatherKernel>& gather_kernels(GemmKind kind, bool fp8) {
   if (fp8) {
-    static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, sm90::GatherTile128x256Fp8, false>(),
-                                                 gather_kernel<GemmKind::Up, sm90::GatherTile128x256Fp8, true>(),
-                                                 gather_kernel<GemmKind::Up, sm90::GatherTile128x256Fp8P64, false>(),
-                                                 gather_kernel<GemmKind::Up, sm90::GatherTile128x256Fp8P64, true>()};
-    static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, sm90::GatherTile128x256Fp8, true>(),
-                                                 gather_kernel<GemmKind::Dh, sm90::GatherTile128x256Fp8P64, true>()};
+    using sm90::GatherTile128x256Fp8, sm90::GatherTile128x256Fp8P64;
+    static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, GatherTile128x256Fp8, false>(),
+                                                 gather_kernel<GemmKind::Up, GatherTile128x256Fp8, true, true>(),
+                                                 gather_kernel<GemmKind::Up, GatherTile128x256Fp8P64, false, true>(),
+                                                 gather_kernel<GemmKind::Up, GatherTile128x256Fp8P64, true, true>()};
+    static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, GatherTile128x256Fp8, true>(),
+                                                 gather_kernel<GemmKind::Dh, GatherTile128x256Fp8P64, true, true>()};
     static const std::vector<GatherKernel> none;
     return kind == GemmKind::Up ? up : kind == GemmKind::Dh ? dh : none;
   }
@@ -359,6 +366,9 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
       // (FP8 kernels read K-major weights in either layout: s.transposed changes nothing there.)
       const bool default_path = fn.activation == Activation::swiglu && !fn.interleaved && args.b1 == nullptr &&
                                 (!s.transposed || fp8);
+      if (kernel.candidate() && !default_path)
+        throw leanmoe::Error(std::string(what) + ": config '" + to_string(config) +
+                             "' is a candidate compiled for the default path only (SwiGLU without b1, [gate; up])");
       const auto& launches = s.transposed ? kernel.launch_transposed : kernel.launch;
       (default_path && kernel.no_bias_gate_up ? kernel.no_bias_gate_up
                                               : launches[static_cast<size_t>(fn.activation)])(
@@ -402,13 +412,27 @@ const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8) {
     std::vector<std::vector<GemmConfig>> per_kind;
     for (GemmKind k : kGemmKinds) {
       std::vector<GemmConfig> configs = fp8_table ? std::vector<GemmConfig>{} : cutlass_gemm_configs(k);
-      for (const GatherKernel& kernel : gather_kernels(k, fp8_table)) configs.push_back(kernel.config);
+      for (const GatherKernel& kernel : gather_kernels(k, fp8_table))
+        if (!kernel.candidate()) configs.push_back(kernel.config);
       per_kind.push_back(configs);
     }
     return per_kind;
   };
   static const auto bf16_configs = table(false), fp8_configs = table(true);
   return (fp8 ? fp8_configs : bf16_configs)[static_cast<size_t>(kind)];
+}
+
+const std::vector<GemmConfig>& candidate_gemm_configs(GemmKind kind) {
+  static const auto per_kind = [] {
+    std::vector<std::vector<GemmConfig>> out;
+    for (GemmKind k : kGemmKinds) {
+      out.emplace_back();
+      for (const GatherKernel& kernel : gather_kernels(k, true))
+        if (kernel.candidate()) out.back().push_back(kernel.config);
+    }
+    return out;
+  }();
+  return per_kind[static_cast<size_t>(kind)];
 }
 
 GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, int sm_count,
@@ -423,7 +447,10 @@ GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, 
                          rule);
   };
   const std::vector<GemmConfig>& compiled = compiled_gemm_configs(kind, runs_fp8(kind, s));
-  if (std::none_of(compiled.begin(), compiled.end(), [&](const GemmConfig& k) { return k.same_kernel(c); })) {
+  const std::vector<GemmConfig> none, &candidates = runs_fp8(kind, s) ? candidate_gemm_configs(kind) : none;
+  auto runs = [&](const GemmConfig& k) { return k.same_kernel(c); };
+  if (std::none_of(compiled.begin(), compiled.end(), runs) &&
+      std::none_of(candidates.begin(), candidates.end(), runs)) {
     std::string list;
     for (const GemmConfig& k : compiled) list += (list.empty() ? "" : ", ") + to_string(k);
     fail(std::string("not compiled; compiled for ") + gemm_kind_name(kind) + ": " + list);

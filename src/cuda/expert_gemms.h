@@ -62,6 +62,9 @@ constexpr int kMaxGemmExperts = 1024;
 // in either weight layout.
 // fp8: those of the *_fp8 launchers (up, down, dh, dx; none for dw1, dw2, which stay bf16).
 const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8 = false);
+// Candidates being measured (FP8 up and dh, docs/kernels.md "FP8 up and dH"): compiled for the default
+// path only (SwiGLU without b1, [gate; up]); another function with one of them is refused by name.
+const std::vector<GemmConfig>& candidate_gemm_configs(GemmKind kind);
 // The kind whose compiled kernels run `kind` on s: kind itself, but with transposed weights dW1 is
 // wanted as [d, W] = X[tok]ᵀ·dH, which is dW2's GEMM (gathered A, row-range B by TMA, 128x256
 // tiles with the TMA operand on the long side, as dW1's 256x128 in the HF layout), and dW2 as

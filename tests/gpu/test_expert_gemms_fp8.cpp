@@ -184,10 +184,13 @@ struct Function {
   bool interleaved = false, biased = false, transposed = false;
 };
 
-// The configs a case runs: every compiled FP8 one of `kind`, as is and capped at 2 CTAs, band 1.
-std::vector<lc::GemmConfig> configs_of(lc::GemmKind kind) {
-  std::vector<lc::GemmConfig> out;
-  for (lc::GemmConfig c : lc::compiled_gemm_configs(kind, /*fp8=*/true)) {
+// The configs a case runs: every compiled FP8 one of `kind` (on the default path also the candidates,
+// compiled for it alone), as is and capped at 2 CTAs, band 1.
+std::vector<lc::GemmConfig> configs_of(lc::GemmKind kind, bool default_path) {
+  std::vector<lc::GemmConfig> all = lc::compiled_gemm_configs(kind, /*fp8=*/true), out;
+  const std::vector<lc::GemmConfig>& candidates = lc::candidate_gemm_configs(kind);
+  if (default_path) all.insert(all.end(), candidates.begin(), candidates.end());
+  for (lc::GemmConfig c : all) {
     out.push_back(c);
     c.band = 1;
     c.max_ctas = 2;
@@ -264,7 +267,8 @@ void run_fp8_case(const Case& c, const Function& f) {
     }
   // Each config three times: A as bf16 and quantized (a_q: bit for bit fp8_quantize_rows of that A),
   // A quantized only (a null: the same codes and H), A as bf16 only (the same A).
-  for (const lc::GemmConfig& cfg : configs_of(lc::GemmKind::Up)) {
+  const bool default_path = f.activation == leanmoe::Activation::swiglu && !f.interleaved && !f.biased;
+  for (const lc::GemmConfig& cfg : configs_of(lc::GemmKind::Up, default_path)) {
     SCOPED_TRACE("up " + lc::to_string(cfg));
     Dev<bf16> h(size_t(R_max * W)), a(size_t(R_max * n)), h2(size_t(R_max * W)), a2(size_t(R_max * n));
     Dev<uint8_t> aq(size_t(R_max * n)), aq2(size_t(R_max * n));
@@ -323,7 +327,7 @@ void run_fp8_case(const Case& c, const Function& f) {
   double ap_sq = 0;
   for (double v : ap_ref) ap_sq += v * v;
   std::fill(ap_bound.begin(), ap_bound.end(), ap_ref.empty() ? 0.0 : 1e-3 * std::sqrt(ap_sq / double(ap_ref.size())));
-  for (const lc::GemmConfig& cfg : configs_of(lc::GemmKind::Dh)) {
+  for (const lc::GemmConfig& cfg : configs_of(lc::GemmKind::Dh, default_path)) {
     SCOPED_TRACE("dh " + lc::to_string(cfg));
     // With dh_q (bit for bit fp8_quantize_rows of that dH), then without (the same dH).
     Dev<bf16> dh(size_t(R_max * W)), ap(size_t(R_max * n)), dh2(size_t(R_max * W));
@@ -415,6 +419,21 @@ TEST(ExpertGemmsFp8, Refusals) {
   leanmoe::expect_error(
       [&] { lc::dh_act_bwd_fp8(rows, odd, {}, op, op, nullptr, nullptr, nullptr, nullptr, {}, nullptr); },
       {"dh_act_bwd_fp8", "multiples of 128"});
+  // A candidate config runs the default path only (refused after the config is resolved, which asks
+  // the device for its SM count).
+  for (lc::GemmKind kind : {lc::GemmKind::Up, lc::GemmKind::Dh})
+    for (const lc::GemmConfig& cfg : have_gpu() ? lc::candidate_gemm_configs(kind) : std::vector<lc::GemmConfig>{}) {
+      const std::string text = lc::to_string(cfg);
+      const lc::ExpertFunction interleaved{leanmoe::Activation::swiglu, 1.702f, 7.f, true};
+      leanmoe::expect_error(
+          [&] {
+            if (kind == lc::GemmKind::Up)
+              lc::up_proj_act_fp8(rows, s, interleaved, op, op, nullptr, &scale, &scale, {}, nullptr, &cfg);
+            else
+              lc::dh_act_bwd_fp8(rows, s, interleaved, op, op, &scale, &scale, &scale, &scale, {}, nullptr, &cfg);
+          },
+          {text.c_str(), "candidate", "default path only"});
+    }
   EXPECT_FALSE(lc::compiled_gemm_configs(lc::GemmKind::Up, true).empty());
   EXPECT_FALSE(lc::compiled_gemm_configs(lc::GemmKind::Dh, true).empty());
 }

@@ -41,6 +41,7 @@ TEST(GemmConfig, TextRoundTrip) {
     ASSERT_FALSE(lc::compiled_gemm_configs(kind).empty()) << lc::gemm_kind_name(kind);
     std::vector<lc::GemmConfig> configs = lc::compiled_gemm_configs(kind);
     for (const lc::GemmConfig& c : lc::compiled_gemm_configs(kind, /*fp8=*/true)) configs.push_back(c);
+    for (const lc::GemmConfig& c : lc::candidate_gemm_configs(kind)) configs.push_back(c);
     for (lc::GemmConfig c : configs) {
       EXPECT_EQ(c.band, 0);
       EXPECT_EQ(c.max_ctas, 0);
