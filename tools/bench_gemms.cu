@@ -6,7 +6,7 @@
 //
 //   leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]
 //                       [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]
-//                       [--precision bf16|fp8|fp8q[,...]] [--iters N] [--warmup N]
+//                       [--precision bf16|fp8[,...]] [--iters N] [--warmup N]
 //
 // --layout: the weights' layout (hf: W1 [E, 2n, d], W2 [E, d, n]; transposed: gpt-oss's [E, d, 2n],
 // [E, n, d], dW1 and dW2 written so); a list times each GEMM in every layout in turn (interleaved
@@ -16,9 +16,7 @@
 // --precision: fp8 runs up and dH through up_proj_act_fp8 / dh_act_bwd_fp8 on e4m3 codes of the same
 // x, dO, W1 and W2 (quantized once per shape, untimed, by fp8_quantize_rows / fp8_quantize_blocks,
 // W2's transposed copy for dH), layout column "<layout>-fp8", TFLOP/s counted as bf16's 2·M·N·K; the
-// other GEMMs have no FP8 kernel here and are skipped. A list alternates per GEMM (an A/B). fp8q: as
-// fp8 with the outputs the FP8 layer keeps quantized in the epilogue (up: A as a_q only, no bf16 A;
-// dH: dh_q besides dH), layout column "<layout>-fp8q".
+// other GEMMs have no FP8 kernel here and are skipped. A list alternates per GEMM (an A/B).
 //
 // --config runs the given kernel configuration (src/cuda/gemm_config.h, e.g.
 // up=gather:coop:128x256:s4:warp:c1:b4) for that GEMM kind on every shape, the heuristic's for the
@@ -89,7 +87,7 @@ Requested parse_requested(const std::string& list) {
 }
 
 void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, const Requested& requested,
-                 const std::vector<bool>& layouts, const std::vector<int>& precisions, bool interleaved, int sms,
+                 const std::vector<bool>& layouts, const std::vector<bool>& precisions, bool interleaved, int sms,
                  int iters, int warmup) {
   const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
   const auto tokens_of = leanmoe::tools::uniform_topk_tokens(T, E, K, 1234);
@@ -110,11 +108,8 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
   auto dx = random_bf16(R * d, 1.f, 10), dw1 = random_bf16(E * 2 * n * d, 1.f, 11), dw2 = random_bf16(E * d * n, 1.f, 12);
   // FP8 operands (--precision fp8): codes and scales of x, dO, W1 [E, 2n, d] and W2's transposed copy
   // W2t [E, n, d] (dH's K-major operand).
-  const bool fp8 = std::any_of(precisions.begin(), precisions.end(), [](int p) { return p > 0; });
+  const bool fp8 = std::find(precisions.begin(), precisions.end(), true) != precisions.end();
   auto sizes = [&](int64_t count) { return size_t(fp8 ? count : 0); };
-  bool quantized = false;  // fp8q: A and dH also quantized in the epilogues
-  DeviceBuffer<uint8_t> a_q(sizes(R * n)), dh_q(sizes(R * 2 * n));
-  DeviceBuffer<float> a_s(sizes(R * n / 128)), dh_s(sizes(R * 2 * n / 128));
   DeviceBuffer<uint8_t> x_q(sizes(T * d)), dout_q(sizes(T * d)), w1_q(sizes(E * 2 * n * d)), w2_q(sizes(E * d * n)),
       w2t_q(sizes(E * d * n));
   DeviceBuffer<float> x_s(sizes(T * d / 128)), dout_s(sizes(T * d / 128)), w1_s(sizes(E * 2 * n * d / 128 / 128)),
@@ -145,9 +140,8 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
          lc::up_proj_act(rows, s, fn, x.ptr, w1.ptr, nullptr, h.ptr, a.ptr, nullptr, k);
        },
        [&](S s, const lc::GemmConfig* k) {
-         lc::up_proj_act_fp8(rows, s, fn, {x_q.ptr, x_s.ptr}, {w1_q.ptr, w1_s.ptr}, nullptr, h.ptr,
-                             quantized ? nullptr : a.ptr, quantized ? lc::Fp8Output{a_q.ptr, a_s.ptr} : lc::Fp8Output{},
-                             nullptr, k);
+         lc::up_proj_act_fp8(rows, s, fn, {x_q.ptr, x_s.ptr}, {w1_q.ptr, w1_s.ptr}, nullptr, h.ptr, a.ptr, {}, nullptr,
+                             k);
        }},
       {GemmKind::Down, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, k); }},
@@ -157,8 +151,7 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
        },
        [&](S s, const lc::GemmConfig* k) {
          lc::dh_act_bwd_fp8(rows, s, fn, {dout_q.ptr, dout_s.ptr}, {w2t_q.ptr, w2t_s.ptr}, h.ptr, dh.ptr, a_prime.ptr,
-                            ds_partial.ptr, quantized ? lc::Fp8Output{dh_q.ptr, dh_s.ptr} : lc::Fp8Output{}, nullptr,
-                            k);
+                            ds_partial.ptr, {}, nullptr, k);
        }},
       {GemmKind::Dw2, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr, k); }},
@@ -170,9 +163,7 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
   for (const auto& g : gemms) {
     if (!only.empty() && std::find(only.begin(), only.end(), lc::gemm_kind_name(g.kind)) == only.end()) continue;
     for (const bool transposed : layouts)
-    for (const int precision : precisions) {
-      const bool use_fp8 = precision > 0;
-      quantized = precision == 2;
+    for (const bool use_fp8 : precisions) {
       if (use_fp8 && !g.launch_fp8) continue;
       lc::ExpertShape s{T, d, n, true, transposed};
       s.fp8 = use_fp8;
@@ -182,7 +173,7 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
         const double ms =
             leanmoe::tools::median_launch_ms(iters, warmup, [&](int) { launch(s, want); }, "GEMM launches");
         const std::string layout = std::string(transposed ? "transposed" : "hf") + (interleaved ? "-interleaved" : "") +
-                                   (use_fp8 ? (quantized ? "-fp8q" : "-fp8") : "");
+                                   (use_fp8 ? "-fp8" : "");
         std::printf("| %s | %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", c.name.c_str(),
                     layout.c_str(), (long long)T, (long long)d, (long long)n, (long long)E, (long long)K,
                     lc::gemm_kind_name(g.kind), ran.c_str(), ms, g.flops / (ms * 1e9));
@@ -192,15 +183,14 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
   }
 }
 
-// "bf16,fp8,fp8q" -> {0, 1, 2}: bf16, fp8, fp8 with quantized outputs.
-std::vector<int> parse_precisions(const std::string& list) {
-  std::vector<int> out;
+// "bf16,fp8" -> {false, true}: whether each listed precision is fp8.
+std::vector<bool> parse_precisions(const std::string& list) {
+  std::vector<bool> fp8;
   for (const auto& name : split_commas(list)) {
-    if (name != "bf16" && name != "fp8" && name != "fp8q")
-      throw std::runtime_error("--precision: '" + name + "' is not bf16, fp8 or fp8q");
-    out.push_back(name == "bf16" ? 0 : name == "fp8" ? 1 : 2);
+    if (name != "bf16" && name != "fp8") throw std::runtime_error("--precision: '" + name + "' is not bf16 or fp8");
+    fp8.push_back(name == "fp8");
   }
-  return out;
+  return fp8;
 }
 
 // "hf,transposed" -> {false, true}: whether each listed layout is the transposed one.
@@ -223,7 +213,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> only;  // GEMMs to time; empty = all six
     int iters = 20, warmup = 3;
     std::vector<bool> layouts = {false};  // transposed?
-    std::vector<int> precisions = {0};  // parse_precisions
+    std::vector<bool> precisions = {false};  // fp8?
     bool interleaved = false;
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
@@ -234,9 +224,8 @@ int main(int argc, char** argv) {
       if (flag == "--help" || flag == "-h") {
         std::printf("leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]\n"
                     "                    [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]\n"
-                    "                    [--precision bf16|fp8|fp8q[,...]] [--iters N] [--warmup N]\n"
-                    "shapes: %s\nCONFIG: family:schedule:MxN:stages:epilogue:cM[xN][:pPROMOTE_N][:bBAND][:mMAX_CTAS], "
-                    "e.g. "
+                    "                    [--precision bf16|fp8[,...]] [--iters N] [--warmup N]\n"
+                    "shapes: %s\nCONFIG: family:schedule:MxN:stages:epilogue:cM[xN][:bBAND][:mMAX_CTAS], e.g. "
                     "gather:coop:128x256:s4:warp:c2:b8 (docs/kernels.md; with --layout transposed dw1 and dw2 run "
                     "each other's); compiled:\n",
                     leanmoe::tools::shape_names().c_str());
@@ -244,10 +233,6 @@ int main(int argc, char** argv) {
           for (lc::GemmKind kind : lc::kGemmKinds)
             for (const auto& k : lc::compiled_gemm_configs(kind, fp8))
               std::printf("  %s=%s%s\n", lc::gemm_kind_name(kind), lc::to_string(k).c_str(), fp8 ? " (fp8)" : "");
-        for (lc::GemmKind kind : lc::kGemmKinds)
-          for (const auto& k : lc::candidate_gemm_configs(kind))
-            std::printf("  %s=%s (fp8 candidate, default path only)\n", lc::gemm_kind_name(kind),
-                        lc::to_string(k).c_str());
         return 0;
       }
       const std::string v = leanmoe::tools::flag_value(argc, argv, i);
@@ -278,11 +263,11 @@ int main(int argc, char** argv) {
     for (const auto& shape : shapes)
       for (lc::GemmKind kind : lc::kGemmKinds)
         for (const bool transposed : layouts)
-          for (const int precision : precisions)
+          for (const bool fp8 : precisions)
             for (const lc::GemmConfig* want : requested[kind])
-              if (want && !(precision > 0 && kind != lc::GemmKind::Up && kind != lc::GemmKind::Dh)) {
+              if (want && !(fp8 && kind != lc::GemmKind::Up && kind != lc::GemmKind::Dh)) {
                 lc::ExpertShape s{shape.T, shape.d, shape.n, true, transposed};
-                s.fp8 = precision > 0;
+                s.fp8 = fp8;
                 lc::resolve_gemm_config(kind, s, shape.E, prop.multiProcessorCount, want);
               }
     std::printf("GPU: %s (%d SMs); median of %d launches after %d warm-up\n\n", prop.name, prop.multiProcessorCount,

@@ -183,7 +183,6 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels:
 struct Fp8Scales {
   const float* a = nullptr;
   const float* b = nullptr;
-  Fp8Output out_q;  // the epilogue's output also quantized (up: A, dH: dH), or none
 };
 template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed>
 void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const Fp8Scales& scales,
@@ -215,7 +214,7 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
                                  : operand_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, kFp8, what);
   kernels::GemmArgsOf<Tile> kernel_args{};
   if constexpr (kFp8)
-    kernel_args = kernels::Fp8GemmArgs{args, scales.a, scales.b, {scales.out_q.codes, scales.out_q.scales}};
+    kernel_args = kernels::Fp8GemmArgs{args, scales.a, scales.b};
   else
     kernel_args = args;
   if constexpr (kCluster) {
@@ -248,9 +247,8 @@ static_assert(in_enum_order(), "kActivations lists every Activation in enum orde
 // fixed at compile time (kernels::NoBiasGateUp); launch[swiglu] then runs only with b1 or interleaved.
 struct GatherKernel {
   GemmConfig config;
-  std::array<GatherLaunch, kNumActivations> launch, launch_transposed;  // null: a candidate
+  std::array<GatherLaunch, kNumActivations> launch, launch_transposed;
   GatherLaunch no_bias_gate_up;
-  bool candidate() const { return launch[0] == nullptr; }
 };
 template <GemmKind kKind, class Tile, bool kCluster, bool kTransposed, size_t... I>
 std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I...>) {
@@ -262,8 +260,7 @@ std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I.
   }
   return launches;
 }
-// kCandidate (FP8): the default path's instantiation only (candidate_gemm_configs).
-template <GemmKind kKind, class Tile, bool kCluster, bool kCandidate = false>
+template <GemmKind kKind, class Tile, bool kCluster>
 GatherKernel gather_kernel() {
   GemmConfig c;
   c.family = GemmFamily::Gather;
@@ -273,7 +270,6 @@ GatherKernel gather_kernel() {
   c.stages = Tile::kStages;
   c.epilogue = GemmEpilogue::Warp;
   c.cluster = kCluster ? 2 : 1;
-  c.promote_n = Tile::kFp8 && Tile::kPromoteN != 128 ? Tile::kPromoteN : 0;
   // FP8 reads K-major weights in either layout (the launchers take the K-major copy): up's kernel is
   // the HF layout's (W1 [E, W, d]), dH's the transposed layout's (W2t [E, n, d]).
   constexpr bool kFp8Transposed = Tile::kFp8 && kKind == GemmKind::Dh;
@@ -281,10 +277,7 @@ GatherKernel gather_kernel() {
   if constexpr (!kernels::is_varlen_k(kKind))
     no_bias_gate_up = &launch_gather<kKind, Tile, kCluster, kernels::NoBiasGateUp<kernels::SwiGLU>, kFp8Transposed>;
   constexpr auto activations = std::make_index_sequence<kNumActivations>();
-  if constexpr (kCandidate) {
-    static_assert(Tile::kFp8, "candidates are FP8 kernels being measured");
-    return {c, {}, {}, no_bias_gate_up};
-  } else if constexpr (Tile::kFp8) {
+  if constexpr (Tile::kFp8) {
     const auto launches = gather_launches<kKind, Tile, kCluster, kFp8Transposed>(activations);
     return {c, launches, launches, no_bias_gate_up};
   } else {
@@ -294,19 +287,11 @@ GatherKernel gather_kernel() {
 }
 
 // The gather kernel's instantiations: per kind the one that won the measurements (docs/kernels.md).
-// fp8: up's and dH's FP8 kernels, the first of each the bf16 schedule (up alone, dH in 2x1
-// clusters), for every function; the others are candidates being measured, for the default path
-// only (docs/kernels.md "FP8 up and dH"): up in 2x1 clusters, and the promotion pipelined per
-// 64-column quarter (p64). (All 11 functions each took the test binary's fatbin from 8 to 20 MB.)
+// fp8: up's and dH's FP8 kernels, both in 2x1 clusters (up's multicast W1 won, gemm_heuristics.cpp).
 const std::vector<GatherKernel>& gather_kernels(GemmKind kind, bool fp8) {
   if (fp8) {
-    using sm90::GatherTile128x256Fp8, sm90::GatherTile128x256Fp8P64;
-    static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, GatherTile128x256Fp8, false>(),
-                                                 gather_kernel<GemmKind::Up, GatherTile128x256Fp8, true, true>(),
-                                                 gather_kernel<GemmKind::Up, GatherTile128x256Fp8P64, false, true>(),
-                                                 gather_kernel<GemmKind::Up, GatherTile128x256Fp8P64, true, true>()};
-    static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, GatherTile128x256Fp8, true>(),
-                                                 gather_kernel<GemmKind::Dh, GatherTile128x256Fp8P64, true, true>()};
+    static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, sm90::GatherTile128x256Fp8, true>()};
+    static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, sm90::GatherTile128x256Fp8, true>()};
     static const std::vector<GatherKernel> none;
     return kind == GemmKind::Up ? up : kind == GemmKind::Dh ? dh : none;
   }
@@ -366,9 +351,6 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
       // (FP8 kernels read K-major weights in either layout: s.transposed changes nothing there.)
       const bool default_path = fn.activation == Activation::swiglu && !fn.interleaved && args.b1 == nullptr &&
                                 (!s.transposed || fp8);
-      if (kernel.candidate() && !default_path)
-        throw leanmoe::Error(std::string(what) + ": config '" + to_string(config) +
-                             "' is a candidate compiled for the default path only (SwiGLU without b1, [gate; up])");
       const auto& launches = s.transposed ? kernel.launch_transposed : kernel.launch;
       (default_path && kernel.no_bias_gate_up ? kernel.no_bias_gate_up
                                               : launches[static_cast<size_t>(fn.activation)])(
@@ -412,27 +394,13 @@ const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8) {
     std::vector<std::vector<GemmConfig>> per_kind;
     for (GemmKind k : kGemmKinds) {
       std::vector<GemmConfig> configs = fp8_table ? std::vector<GemmConfig>{} : cutlass_gemm_configs(k);
-      for (const GatherKernel& kernel : gather_kernels(k, fp8_table))
-        if (!kernel.candidate()) configs.push_back(kernel.config);
+      for (const GatherKernel& kernel : gather_kernels(k, fp8_table)) configs.push_back(kernel.config);
       per_kind.push_back(configs);
     }
     return per_kind;
   };
   static const auto bf16_configs = table(false), fp8_configs = table(true);
   return (fp8 ? fp8_configs : bf16_configs)[static_cast<size_t>(kind)];
-}
-
-const std::vector<GemmConfig>& candidate_gemm_configs(GemmKind kind) {
-  static const auto per_kind = [] {
-    std::vector<std::vector<GemmConfig>> out;
-    for (GemmKind k : kGemmKinds) {
-      out.emplace_back();
-      for (const GatherKernel& kernel : gather_kernels(k, true))
-        if (kernel.candidate()) out.back().push_back(kernel.config);
-    }
-    return out;
-  }();
-  return per_kind[static_cast<size_t>(kind)];
 }
 
 GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, int sm_count,
@@ -447,10 +415,7 @@ GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, 
                          rule);
   };
   const std::vector<GemmConfig>& compiled = compiled_gemm_configs(kind, runs_fp8(kind, s));
-  const std::vector<GemmConfig> none, &candidates = runs_fp8(kind, s) ? candidate_gemm_configs(kind) : none;
-  auto runs = [&](const GemmConfig& k) { return k.same_kernel(c); };
-  if (std::none_of(compiled.begin(), compiled.end(), runs) &&
-      std::none_of(candidates.begin(), candidates.end(), runs)) {
+  if (std::none_of(compiled.begin(), compiled.end(), [&](const GemmConfig& k) { return k.same_kernel(c); })) {
     std::string list;
     for (const GemmConfig& k : compiled) list += (list.empty() ? "" : ", ") + to_string(k);
     fail(std::string("not compiled; compiled for ") + gemm_kind_name(kind) + ": " + list);
@@ -501,8 +466,7 @@ void dh_act_bwd(const RoutedRows& rows, const ExpertShape& s, const ExpertFuncti
 
 namespace {
 // The FP8 launchers' operands: codes and scales both given, or neither (no rows to read: T = 0).
-template <class Codes>
-void check_fp8_operand(const Codes& op, const char* what, const char* name) {
+void check_fp8_operand(const Fp8Operand& op, const char* what, const char* name) {
   if ((op.codes == nullptr) != (op.scales == nullptr))
     throw leanmoe::Error(std::string(what) + ": " + name + ".codes and " + name +
                          ".scales must be given together (e4m3 codes with their block scales)");
@@ -514,14 +478,15 @@ void up_proj_act_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertF
                      const GemmConfig* config) {
   check_fp8_operand(x, "up_proj_act_fp8", "x");
   check_fp8_operand(w1, "up_proj_act_fp8", "w1");
-  check_fp8_operand(a_q, "up_proj_act_fp8", "a_q");
-  if (a == nullptr && a_q.codes == nullptr)
-    throw leanmoe::Error("up_proj_act_fp8: A goes nowhere: give `a` (bf16), a_q (codes and scales) or both");
+  if (a_q.codes != nullptr || a_q.scales != nullptr)
+    throw leanmoe::Error("up_proj_act_fp8: a_q (A quantized in the epilogue) is not implemented; pass a bf16 `a` "
+                         "and quantize it with fp8_quantize_rows");
+  if (a == nullptr) throw leanmoe::Error("up_proj_act_fp8: `a` must be given (a_q alone is not implemented)");
   GemmArgs args = make_args(x.codes, w1.codes);
   args.out = static_cast<kernels::bf16*>(h);
   args.out2 = static_cast<kernels::bf16*>(a);
   args.b1 = static_cast<const kernels::bf16*>(b1);
-  const Fp8Scales scales{x.scales, w1.scales, a_q};
+  const Fp8Scales scales{x.scales, w1.scales};
   launch<GemmKind::Up>(rows, s, args, config, stream, "up_proj_act_fp8", fn, &scales);
 }
 
@@ -530,14 +495,16 @@ void dh_act_bwd_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFu
                     cudaStream_t stream, const GemmConfig* config) {
   check_fp8_operand(d_out, "dh_act_bwd_fp8", "d_out");
   check_fp8_operand(w2t, "dh_act_bwd_fp8", "w2t");
-  check_fp8_operand(dh_q, "dh_act_bwd_fp8", "dh_q");
+  if (dh_q.codes != nullptr || dh_q.scales != nullptr)
+    throw leanmoe::Error("dh_act_bwd_fp8: dh_q (dH quantized in the epilogue) is not implemented; quantize the "
+                         "bf16 dh with fp8_quantize_rows");
   GemmArgs args = make_args(d_out.codes, w2t.codes);
   args.h = static_cast<const kernels::bf16*>(h);
   args.out = static_cast<kernels::bf16*>(dh);
   args.out2 = static_cast<kernels::bf16*>(a_prime);
   args.ds_partial = ds_partial;
   args.ds_tiles = ds_partials(s);
-  const Fp8Scales scales{d_out.scales, w2t.scales, dh_q};
+  const Fp8Scales scales{d_out.scales, w2t.scales};
   launch<GemmKind::Dh>(rows, s, args, config, stream, "dh_act_bwd_fp8", fn, &scales);
 }
 

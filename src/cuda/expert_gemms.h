@@ -62,9 +62,6 @@ constexpr int kMaxGemmExperts = 1024;
 // in either weight layout.
 // fp8: those of the *_fp8 launchers (up, down, dh, dx; none for dw1, dw2, which stay bf16).
 const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8 = false);
-// Candidates being measured (FP8 up and dh, docs/kernels.md "FP8 up and dH"): compiled for the default
-// path only (SwiGLU without b1, [gate; up]); another function with one of them is refused by name.
-const std::vector<GemmConfig>& candidate_gemm_configs(GemmKind kind);
 // The kind whose compiled kernels run `kind` on s: kind itself, but with transposed weights dW1 is
 // wanted as [d, W] = X[tok]ᵀ·dH, which is dW2's GEMM (gathered A, row-range B by TMA, 128x256
 // tiles with the TMA operand on the long side, as dW1's 256x128 in the HF layout), and dW2 as
@@ -152,8 +149,9 @@ void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const voi
 // Same math, epilogues and row conventions as their bf16 launchers; outputs bf16 unless quantized.
 // up: x codes [T, d]; w1: K-major [E, W, d] (the HF layout as stored, or the transposed layout's
 // copy). Writes H (bf16, saved) and A: bf16 into `a` when not null, and quantized into a_q (codes
-// [R, n], scales [R, n/128], the input of down_proj_fp8) when a_q.codes is not null: in the
-// epilogue, bit for bit fp8_quantize_rows of the bf16 A (one of the two at least).
+// [R, n], scales [R, n/128], the input of down_proj_fp8) when a_q.codes is not null: not implemented,
+// refused by name; quantize `a` with fp8_quantize_rows (in the epilogue it measured slower than that
+// separate pass, docs/kernels.md "FP8 up and dH").
 void up_proj_act_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, Fp8Operand x,
                      Fp8Operand w1, const void* b1, void* h, void* a, Fp8Output a_q, cudaStream_t stream,
                      const GemmConfig* config = nullptr);
@@ -162,9 +160,8 @@ void down_proj_fp8(const RoutedRows& rows, const ExpertShape& s, Fp8Operand a, F
                    cudaStream_t stream, void* workspace = nullptr, const GemmConfig* config = nullptr);
 // dH: d_out codes [T, d]; w2t: K-major [E, n, d] (the HF layout's transposed copy, or the transposed
 // layout as stored). Writes dh (bf16 [R, W], for dW1 and db1), a_prime, ds_partial as dh_act_bwd,
-// and dH quantized into dh_q (codes [R, W], scales [R, W/128] along dH's rows in W1's row order, the
-// input of dx_expert_fp8) when dh_q.codes is not null: in the epilogue, bit for bit
-// fp8_quantize_rows of the bf16 dh (which is still written).
+// and dH quantized into dh_q (codes [R, W], scales [R, W/128], the input of dx_expert_fp8) when
+// dh_q.codes is not null: not implemented, refused by name as a_q (quantize dh with fp8_quantize_rows).
 void dh_act_bwd_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, Fp8Operand d_out,
                     Fp8Operand w2t, const void* h, void* dh, void* a_prime, float* ds_partial, Fp8Output dh_q,
                     cudaStream_t stream, const GemmConfig* config = nullptr);

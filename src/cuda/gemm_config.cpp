@@ -12,10 +12,9 @@ namespace leanmoe::cuda {
 namespace {
 
 constexpr const char* kGrammar =
-    "family:schedule:MxN:stages:epilogue:cluster[:promote_n][:band][:max_ctas], e.g. "
-    "gather:coop:128x256:s4:warp:c2:b8:m132 (family gather|cutlass, schedule coop|pingpong, stages sK|auto, "
-    "epilogue warp|tma|tmaN (N: subtile width), cluster cM (Mx1) or cMxN, promote_n pK (FP8), band bK, "
-    "max_ctas mK)";
+    "family:schedule:MxN:stages:epilogue:cluster[:band][:max_ctas], e.g. gather:coop:128x256:s4:warp:c2:b8:m132 "
+    "(family gather|cutlass, schedule coop|pingpong, stages sK|auto, epilogue warp|tma|tmaN (N: subtile width), "
+    "cluster cM (Mx1) or cMxN, band bK, max_ctas mK)";
 
 [[noreturn]] void bad(std::string_view text, const std::string& rule) {
   throw Error("GemmConfig '" + std::string(text) + "': " + rule + "; expected " + kGrammar);
@@ -68,7 +67,7 @@ GemmKind parse_gemm_kind(std::string_view name) {
 bool GemmConfig::same_kernel(const GemmConfig& o) const {
   return family == o.family && schedule == o.schedule && tile_m == o.tile_m && tile_n == o.tile_n &&
          stages == o.stages && epilogue == o.epilogue && epilogue_n == o.epilogue_n && cluster == o.cluster &&
-         cluster_n == o.cluster_n && promote_n == o.promote_n;
+         cluster_n == o.cluster_n;
 }
 
 std::string to_string(const GemmConfig& c) {
@@ -87,7 +86,6 @@ std::string to_string(const GemmConfig& c) {
   if (c.epilogue_n > 0) s += std::to_string(c.epilogue_n);
   field(":c", c.cluster);
   if (c.cluster_n != 1) field("x", c.cluster_n);
-  if (c.promote_n > 0) field(":p", c.promote_n);
   if (c.band > 0) field(":b", c.band);
   if (c.max_ctas > 0) field(":m", c.max_ctas);
   return s;
@@ -100,7 +98,7 @@ GemmConfig parse_gemm_config(std::string_view text) {
     f.push_back(text.substr(b, e - b));
     b = e + 1;
   }
-  if (f.size() < 6 || f.size() > 9) bad(text, std::to_string(f.size()) + " fields");
+  if (f.size() < 6 || f.size() > 8) bad(text, std::to_string(f.size()) + " fields");
   GemmConfig c;
   if (f[0] == "gather") c.family = GemmFamily::Gather;
   else if (f[0] == "cutlass") c.family = GemmFamily::Cutlass;
@@ -119,15 +117,12 @@ GemmConfig parse_gemm_config(std::string_view text) {
   const bool one_dim = cl.find('x') == std::string_view::npos;
   if (one_dim ? (c.cluster = positive(cl)) < 0 : !pair(cl, c.cluster, c.cluster_n))
     bad(text, "cluster '" + std::string(f[5]) + "'");
-  // The optional fields in order: each key after the previous field's (promote_n p, band b, max_ctas m).
-  constexpr std::string_view kKeys = "pbm";
-  size_t next_key = 0;
   for (size_t i = 6; i < f.size(); ++i) {
-    const size_t key = f[i].empty() ? std::string_view::npos : kKeys.find(f[i][0], next_key);
-    int* const fields[] = {&c.promote_n, &c.band, &c.max_ctas};
-    if (key == std::string_view::npos || (*fields[key] = prefixed(f[i], kKeys[key])) < 0)
-      bad(text, "field '" + std::string(f[i]) + "' (promote_n pK, then band bK, then max_ctas mK, K >= 1)");
-    next_key = key + 1;
+    const char key = f[i].empty() ? '?' : f[i][0];
+    int& field = key == 'b' ? c.band : c.max_ctas;
+    const bool in_order = (key == 'b' && i == 6) || (key == 'm' && c.max_ctas == 0);
+    if (!in_order || (field = prefixed(f[i], key)) < 0)
+      bad(text, "field '" + std::string(f[i]) + "' (band bK, then max_ctas mK, K >= 1)");
   }
   return c;
 }

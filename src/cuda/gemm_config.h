@@ -48,9 +48,6 @@ struct GemmConfig {
   // CUTLASS: 2x1 pairs adjacent m-tiles (shared B tile), 1x2 adjacent n-tiles (shared A tile).
   int cluster = 1;
   int cluster_n = 1;
-  // FP8 gather kernel: columns per promotion group, 0 = the kernel's 128-column halves (one at a
-  // time); 64 = quarters pipelined two deep (sm90_grouped_gemm_gather.cuh, GatherTile::kPromoteN).
-  int promote_n = 0;
   // ---- run-time parameters of that kernel (0 = not given: resolve_gemm_config takes the heuristic's) ----
   int band = 0;      // gather up/dh: column tiles per band of the tile order (>= 1); other kinds: 0
   int max_ctas = 0;  // at most this many CTAs, rounded down to whole clusters (>= cluster_ctas())
@@ -62,8 +59,8 @@ struct GemmConfig {
 };
 
 // "gather:coop:128x256:s4:warp:c2:b8:m132" (family : schedule : tile : stages : epilogue : cluster
-// [: promote_n] [: band] [: max_ctas]; stages "auto" for 0; epilogue warp, tma or tmaN (N = epilogue_n);
-// cluster cM for Mx1, cMxN otherwise; promote_n pN, band and max_ctas left out when 0).
+// [: band] [: max_ctas]; stages "auto" for 0; epilogue warp, tma or tmaN (N = epilogue_n); cluster cM
+// for Mx1, cMxN otherwise; band and max_ctas left out when 0).
 std::string to_string(const GemmConfig& config);
 // The inverse of to_string; throws leanmoe::Error quoting the text and the rule it broke.
 GemmConfig parse_gemm_config(std::string_view text);

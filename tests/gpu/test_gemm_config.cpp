@@ -41,7 +41,6 @@ TEST(GemmConfig, TextRoundTrip) {
     ASSERT_FALSE(lc::compiled_gemm_configs(kind).empty()) << lc::gemm_kind_name(kind);
     std::vector<lc::GemmConfig> configs = lc::compiled_gemm_configs(kind);
     for (const lc::GemmConfig& c : lc::compiled_gemm_configs(kind, /*fp8=*/true)) configs.push_back(c);
-    for (const lc::GemmConfig& c : lc::candidate_gemm_configs(kind)) configs.push_back(c);
     for (lc::GemmConfig c : configs) {
       EXPECT_EQ(c.band, 0);
       EXPECT_EQ(c.max_ctas, 0);
@@ -65,13 +64,6 @@ TEST(GemmConfig, TextRoundTrip) {
   EXPECT_EQ(c.band, 8);
   EXPECT_EQ(c.max_ctas, 132);
   EXPECT_EQ(lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:m5").max_ctas, 5);
-  // FP8 promotion groups: pN before band and max_ctas, a different kernel from the default (0).
-  const lc::GemmConfig p64 = lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:p64:b8");
-  EXPECT_EQ(p64.promote_n, 64);
-  EXPECT_EQ(p64.band, 8);
-  EXPECT_EQ(lc::to_string(p64), "gather:coop:128x256:s4:warp:c2:p64:b8");
-  EXPECT_FALSE(p64.same_kernel(c));
-  EXPECT_EQ(c.promote_n, 0);
   // Clusters: cM is Mx1, written so; cMxN otherwise.
   const lc::GemmConfig n2 = lc::parse_gemm_config("cutlass:pingpong:128x192:auto:tma:c1x2:m128");
   EXPECT_EQ(n2.cluster, 1);
@@ -114,10 +106,7 @@ TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
       {"gather:coop:128x256:s4:warp:c1:m4:b8", "field 'b8'"},
       {"gather:coop:128x256:s4:warp:c1:b8:b8", "field 'b8'"},
       {"gather:coop:128x256:s4:warp:c1:x3", "field 'x3'"},
-      {"gather:coop:128x256:s4:warp:c1:p64:b8:m5:m5", "10 fields"},
-      {"gather:coop:128x256:s4:warp:c1:b8:m5:m5", "field 'm5'"},
-      {"gather:coop:128x256:s4:warp:c1:b8:p64", "field 'p64'"},
-      {"gather:coop:128x256:s4:warp:c1:p0", "field 'p0'"},
+      {"gather:coop:128x256:s4:warp:c1:b8:m5:m5", "9 fields"},
   };
   for (const auto& [text, rule] : bad) {
     SCOPED_TRACE(text);
@@ -174,6 +163,25 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
             << lc::gemm_kind_name(kind) << " d " << d << " n " << n;
       }
     }
+  }
+}
+
+// FP8 (s.fp8): up and dH both in 2x1 clusters (up's W1 multicast), the choice compiled for FP8 and
+// resolving to itself; up's bf16 kernel (no cluster) is not an FP8 one.
+TEST(GemmHeuristics, Fp8UpAndDhRunIn2x1Clusters) {
+  for (bool transposed : {false, true}) {
+    lc::ExpertShape s{32768, 2048, 1024, true, transposed};
+    s.fp8 = true;
+    for (GemmKind kind : {GemmKind::Up, GemmKind::Dh}) {
+      SCOPED_TRACE(std::string(lc::gemm_kind_name(kind)) + (transposed ? " transposed" : ""));
+      const lc::GemmConfig chosen = lc::choose_gemm_config(kind, s, kH200Sms);
+      EXPECT_EQ(lc::to_string(chosen), kind == GemmKind::Up ? "gather:coop:128x256:s4:warp:c2:b8:m132"
+                                                            : "gather:coop:128x256:s4:warp:c2:b4:m132");
+      EXPECT_EQ(lc::resolve_gemm_config(kind, s, 64, kH200Sms, nullptr), chosen);
+    }
+    const lc::GemmConfig bf16_up = lc::compiled_gemm_configs(GemmKind::Up).front();
+    expect_error([&] { lc::resolve_gemm_config(GemmKind::Up, s, 64, kH200Sms, &bf16_up); },
+                 {"not compiled", "compiled for up: gather:coop:128x256:s4:warp:c2"});
   }
 }
 

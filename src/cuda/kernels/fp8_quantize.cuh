@@ -1,14 +1,48 @@
-// Device bodies of the FP8 quantization kernels (docs/DESIGN.md "FP8"), per element through
-// fp8_codes.cuh (src/fp8.h's rules: bit for bit with fp8::quantize).
+// Device bodies of the FP8 quantization (docs/DESIGN.md "FP8"): e4m3 codes and power-of-two scales
+// bit for bit with fp8::quantize, because every rule is src/fp8.h's own function (amax_step,
+// scale_of, inverse_scale, encode), called here per element. The max is exact and fmax ignores NaN,
+// so the order of the amax reduction does not change the scale; v * inverse_scale(s) is one IEEE
+// multiply (no FTZ: the library is built without fast-math), the host's product.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "fp8_codes.cuh"
+#include "../../fp8.h"
 #include "warp.cuh"  // kFullMask
 
 namespace leanmoe::cuda::kernels {
+
+namespace fp8_detail {
+
+// The 8 bf16 of a 16-byte word as floats (a bf16 is the top half of its fp32: exact).
+__device__ __forceinline__ void unpack_bf16x8(const uint4& w, float (&v)[8]) {
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = fp8::float_of(words[i] << 16);
+    v[2 * i + 1] = fp8::float_of(words[i] & 0xffff0000u);
+  }
+}
+
+// Codes of 8 values scaled by inv, packed little-endian (value 0 in the lowest byte).
+__device__ __forceinline__ uint2 encode_x8(const float (&v)[8], float inv) {
+  uint32_t lo = 0, hi = 0;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    lo |= uint32_t(fp8::encode(v[i] * inv)) << (8 * i);
+    hi |= uint32_t(fp8::encode(v[i + 4] * inv)) << (8 * i);
+  }
+  return make_uint2(lo, hi);
+}
+
+__device__ __forceinline__ float amax_x8(float amax, const float (&v)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fp8::amax_step(amax, v[i]);
+  return amax;
+}
+
+}  // namespace fp8_detail
 
 // ---- 1 x 128 tiles of a row-major [rows, cols] matrix -------------------------------------------
 // With cols a multiple of 128 the tiles are consecutive runs of 128 values and tile t's scale is

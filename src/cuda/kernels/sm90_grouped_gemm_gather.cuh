@@ -64,14 +64,9 @@ namespace leanmoe::cuda::kernels::sm90 {
 // epilogue after them. A k-tile is 128 bytes of each K-major row: 64 bf16 values, or with kFp8 128
 // e4m3 codes, exactly one 128-deep scale block (docs/DESIGN.md "FP8"); stage layouts, swizzle and
 // descriptors are the same bytes either way.
-// kPromoteN (FP8): the columns of one promotion group: 128, a 128-column half of the consumer's
-// 64 x 256 slice summed by four wgmmas, waited for and promoted before the next half's are issued;
-// or 64, quarters pipelined two deep (a quarter promoted while the next one's wgmmas run).
-template <int kTileM_, int kTileN_, int kStages_, bool kFp8_ = false, int kPromoteN_ = 128>
+template <int kTileM_, int kTileN_, int kStages_, bool kFp8_ = false>
 struct GatherTile {
   static constexpr bool kFp8 = kFp8_;
-  static constexpr int kPromoteN = kPromoteN_;
-  static_assert(kPromoteN == 128 || (kFp8 && kPromoteN == 64));
   static constexpr int kElemBytes = kFp8 ? 1 : 2;
   static constexpr int kTileM = kTileM_, kTileN = kTileN_, kStages = kStages_, kTileK = 128 / kElemBytes;
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
@@ -99,8 +94,6 @@ using GatherTile128x256 = GatherTile<128, 256, 4>;
 using GatherTile256x128 = GatherTile<256, 128, 4>;
 // FP8 up and dH: 128 x 256 x 128, the same 48 KB stages (the A rows 128 codes deep).
 using GatherTile128x256Fp8 = GatherTile<128, 256, 4, true>;
-// The same with the promotion pipelined per 64-column quarter (kPromoteN above).
-using GatherTile128x256Fp8P64 = GatherTile<128, 256, 4, true, 64>;
 
 // Varlen-K producer copy of one operand's k-tile: [64 k-rows][kExtent columns] of a row-major
 // source (row stride ld) into the MN-major layout (sm90_ptx.cuh). k-row ρ is routed row
@@ -226,9 +219,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   static_assert(Tile::kTileM == 128 || is_varlen_k(kKind), "varlen-M tiles are 128 rows (the A gather, the tile table)");
   // What is compiled (docs/kernels.md): up without clusters, dH, dW2 and dW1 with them; the other
   // branch of each is not written.
-  // FP8 up runs either way (2x1 clusters multicast its W1 tile's two halves, as dH's W2t).
-  static_assert(kCluster == (kKind != GemmKind::Up) || (Tile::kFp8 && !kTransposed),
-                "up runs without clusters (FP8 also with), dH, dW2, dW1 in 2x1 clusters");
+  // FP8 up runs in 2x1 clusters too (they multicast its W1 tile's two halves, as dH's W2t).
+  static_assert(kCluster == (kKind != GemmKind::Up || Tile::kFp8),
+                "bf16 up runs without clusters; FP8 up, dH, dW2, dW1 in 2x1 clusters");
   static_assert(std::is_void_v<Act> == is_varlen_k(kKind), "up and dH apply an activation, dW1 and dW2 none");
   static_assert(!(kTransposed && is_varlen_k(kKind)), "transposed weights change dW1's and dW2's roles, not kernel");
   constexpr int kTileM = Tile::kTileM, kTileN = Tile::kTileN, kTileK = Tile::kTileK, kStages = Tile::kStages;
@@ -528,13 +521,6 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         // layout of half h is registers [64h, 64h + 64) of m64n256's, so the epilogues take acc as
         // it is. A second full 64x256 accumulator would need 256 registers; this needs 128 + 64.
         // The other consumer warpgroup's wgmmas run while this one promotes.
-        // kPromoteN 64: quarters g = 0..3 (64 columns, group g's scale) pipelined two deep through
-        // two 32-register parts: issue quarter g's four m64n64k32 into part[g % 2], commit, wait
-        // until only it is in flight, promote quarter g - 1; after the last, wait for it and promote
-        // it. So this warpgroup has wgmmas queued during three of its four promotions instead of
-        // none. Register j of m64n64 quarter g is m64n256's register 32g + j; 128 + 2 x 32
-        // accumulator registers. Within a k-tile: a group still in flight across the loop's back
-        // edge, promoted in the next iteration, made ptxas serialize every wgmma (C7514).
         const Fp8ScaleRefs refs = Fp8ScaleRefs::of<kKind, Act>(args, dims, tile_at(t), cwg, warp & 3, lane);
         float sa[2], sb[4];
         refs.load(args, 0, sa, sb);
@@ -547,56 +533,28 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           fence_proxy_async_smem();
           const uint32_t a_slice = smem_base + stage * Tile::kStageBytes + Tile::slice_row(cwg, 0) * kMNBlockBytes;
           const uint32_t b_smem = smem_base + stage * Tile::kStageBytes + Tile::kABytes;
-          if constexpr (Tile::kPromoteN == 64) {
-            float part[2][32];
-            auto promote = [&](int g) {
-              float (&p)[32] = part[g % 2];
-              fence_registers(p);
-              const float s0 = sa[0] * sb[g], s1 = sa[1] * sb[g];
 #pragma unroll
-              for (int j = 0; j < 32; ++j) acc[0][32 * g + j] += p[j] * (((j >> 1) & 1) ? s1 : s0);
-            };
+          for (int h = 0; h < 2; ++h) {
+            float part[64];
+            wgmma_fence();
 #pragma unroll
-            for (int g = 0; g < 4; ++g) {
-              float (&p)[32] = part[g % 2];
-              fence_registers(p);
-              wgmma_fence();
-#pragma unroll
-              for (int kk = 0; kk < kTileK / 32; ++kk)
-                wgmma_m64n64k32_e4m3(p, smem_desc(a_slice + kk * 32, 16, 1024),
-                                     smem_desc(b_smem + g * 64 * 128 + kk * 32, 16, 1024), kk > 0);
-              wgmma_commit();
-              if (g == 0) continue;
-              wgmma_wait<1>();
-              promote(g - 1);
-            }
+            for (int kk = 0; kk < kTileK / 32; ++kk)  // 32 codes = 32 B along the K-major rows per step
+              wgmma_m64n128k32_e4m3(part, smem_desc(a_slice + kk * 32, 16, 1024),
+                                    smem_desc(b_smem + h * 128 * 128 + kk * 32, 16, 1024), kk > 0);
+            wgmma_commit();
             wgmma_wait<0>();
-            if (lane == 0) release(stage);  // the k-tile's wgmmas retired
-            promote(3);
-          } else {
+            fence_registers(part);
+            float scale[2][2];  // [row i][column group c]
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              float part[64];
-              wgmma_fence();
+            for (int i = 0; i < 2; ++i)
 #pragma unroll
-              for (int kk = 0; kk < kTileK / 32; ++kk)  // 32 codes = 32 B along the K-major rows per step
-                wgmma_m64n128k32_e4m3(part, smem_desc(a_slice + kk * 32, 16, 1024),
-                                      smem_desc(b_smem + h * 128 * 128 + kk * 32, 16, 1024), kk > 0);
-              wgmma_commit();
-              wgmma_wait<0>();
-              fence_registers(part);
-              float scale[2][2];  // [row i][column group c]
+              for (int c = 0; c < 2; ++c) scale[i][c] = sa[i] * sb[2 * h + c];
+            // Register j: row lane/4 + 8·((j/2) % 2), column 8·(j/4) + 2·(lane%4) + j%2 of the half.
 #pragma unroll
-              for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int c = 0; c < 2; ++c) scale[i][c] = sa[i] * sb[2 * h + c];
-              // Register j: row lane/4 + 8·((j/2) % 2), column 8·(j/4) + 2·(lane%4) + j%2 of the half.
-#pragma unroll
-              for (int j = 0; j < 64; ++j) acc[0][64 * h + j] += part[j] * scale[(j >> 1) & 1][j >> 5];
-            }
-            // Both halves' wgmmas retired: the stage is free.
-            if (lane == 0) release(stage);
+            for (int j = 0; j < 64; ++j) acc[0][64 * h + j] += part[j] * scale[(j >> 1) & 1][j >> 5];
           }
+          // Both halves' wgmmas retired: the stage is free.
+          if (lane == 0) release(stage);
 #pragma unroll
           for (int i = 0; i < 2; ++i) sa[i] = next_sa[i];
 #pragma unroll
@@ -648,15 +606,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         const uint32_t staging = smem_base + kStages * Tile::kStageBytes + cwg * Tile::kStagingBytes;
         if constexpr (kVarlenK)
           store_dw_rows_warp_staged<kTileN>(args, dims, acc[s], m0, tile.n_tile, tile.expert, staging);
-        else if constexpr (kKind == GemmKind::Up && Tile::kFp8)  // A also quantized when args.out_q asks
-          store_up_rows_warp_staged<Act, kTileN, kTransposed, true>(args, acc[s], m0, tile.row_end, tile.n_tile,
-                                                                    tile.expert, staging, args.out_q);
         else if constexpr (kKind == GemmKind::Up)
           store_up_rows_warp_staged<Act, kTileN, kTransposed>(args, acc[s], m0, tile.row_end, tile.n_tile, tile.expert,
                                                               staging);
-        else if constexpr (Tile::kFp8)  // dH also quantized when args.out_q asks
-          store_dh_rows_warp_staged<Act, kTileN, true>(args, acc[s], m0, tile.row_end, tile.n_tile, staging,
-                                                       args.out_q);
         else
           store_dh_rows_warp_staged<Act, kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile, staging);
       }

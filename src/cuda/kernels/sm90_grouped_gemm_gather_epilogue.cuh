@@ -9,7 +9,6 @@
 // Device-only header.
 #pragma once
 #include "activation.cuh"
-#include "fp8_codes.cuh"
 #include "grouped_gemm_problem.cuh"
 #include "sm90_ptx.cuh"
 
@@ -82,14 +81,10 @@ __device__ __forceinline__ uint32_t high_halves(uint32_t w0, uint32_t w1) { retu
 //      columns at a time into its three tiles (H gate, H up, A = Act::forward(g, u)) and copies
 //      them out. kBias: b1 (in W1's row order) is added to the accumulators first, so H holds the
 //      biased pre-activation and A its activation. kInterleaved: H's columns in W1's interleaved
-//      row order, (g_j, u_j) pairs through the first two tiles. kQuant (FP8 kernels) with out_q.codes:
-//      A also quantized, the tile's kHalf = 128 columns of a row one 1x128 tile: a first pass takes
-//      the amax of the bf16 A values (the same expressions as the stored ones) per row, each lane
-//      quad holding whole rows; A's bf16 store is then optional (args.out2 null). ----
-template <class Act, int kTileN, bool kBias, bool kInterleaved, bool kQuant = false>
+//      row order, (g_j, u_j) pairs through the first two tiles. ----
+template <class Act, int kTileN, bool kBias, bool kInterleaved>
 __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float (&acc)[kTileN / 2], int64_t m0,
-                                               int row_end, int n_tile, int expert, uint32_t staging,
-                                               Fp8RowsOut out_q = {}) {
+                                               int row_end, int n_tile, int expert, uint32_t staging) {
   constexpr int kHalf = kTileN / 2;  // gate columns of the tile; acc block b + kHalf/8 holds the up ones
   const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
   const int64_t n = args.n, j0 = int64_t(n_tile) * kHalf;
@@ -97,61 +92,31 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
   const uint32_t gate_tile = staging + warp_in_wg * kWarpStagingBytes, up_tile = gate_tile + kWarpTileBytes,
                  a_tile = up_tile + kWarpTileBytes;
   const bf16* const b1 = kBias ? args.b1 + int64_t(expert) * 2 * n : nullptr;
-  // The gate and up values of fragment pair (c, h, bl), b1 added: what H holds and A is taken of.
-  auto pre_activation = [&](int c, int h, int bl, float& g0, float& g1, float& u0, float& u1) {
-    const int g = 4 * (4 * c + bl) + 2 * h, u = g + 4 * (kHalf / 8);
-    g0 = acc[g], g1 = acc[g + 1], u0 = acc[u], u1 = acc[u + 1];
-    if constexpr (kBias) {  // b1 of gate columns j, j+1 and of their up columns
-      const int64_t j = j0 + 8 * (4 * c + bl) + 2 * (lane % 4);
-      float2 bg = {0.f, 0.f}, bu = {0.f, 0.f};
-      if (j < n) {
-        if constexpr (kInterleaved) {
-          const float2 p0 = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + 2 * j));
-          const float2 p1 = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + 2 * j + 2));
-          bg = {p0.x, p1.x};
-          bu = {p0.y, p1.y};
-        } else {
-          bg = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + j));
-          bu = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + n + j));
-        }
-      }
-      g0 += bg.x, g1 += bg.y, u0 += bu.x, u1 += bu.y;
-    }
-  };
-  auto a_pair = [&](float g0, float g1, float u0, float u1) {
-    return pack_bf16x2(Act::forward(args.act, g0, u0), Act::forward(args.act, g1, u1));
-  };
-  // FP8: the scale of row lane/4 + 8h's tile (h = 0, 1) and its inverse.
-  float q_scale[2] = {0.f, 0.f}, q_inv[2] = {0.f, 0.f};
-  const bool quant = kQuant && out_q.codes != nullptr;
-  if constexpr (kQuant) {
-    static_assert(kHalf == 128, "a tile's A columns are one 1x128 scale tile");
-    if (quant) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float amax = 0.f;
-#pragma unroll
-        for (int c = 0; c < kHalf / 32; ++c)
-#pragma unroll
-          for (int bl = 0; bl < 4; ++bl) {
-            float g0, g1, u0, u1;
-            pre_activation(c, h, bl, g0, g1, u0, u1);
-            amax = fp8_detail::amax_bf16x2(amax, a_pair(g0, g1, u0, u1));
-          }
-        q_scale[h] = fp8::scale_of(fp8_detail::quad_amax(amax));
-        q_inv[h] = fp8::inverse_scale(q_scale[h]);
-      }
-    }
-  }
 #pragma unroll
   for (int c = 0; c < kHalf / 32; ++c) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int bl = 0; bl < 4; ++bl) {  // the default path's order (kernels.md: its SASS as before biases)
+        const int g = 4 * (4 * c + bl) + 2 * h, u = g + 4 * (kHalf / 8);
         const uint32_t at = warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * (lane % 4);
-        float g0, g1, u0, u1;
-        pre_activation(c, h, bl, g0, g1, u0, u1);
+        float g0 = acc[g], g1 = acc[g + 1], u0 = acc[u], u1 = acc[u + 1];
+        if constexpr (kBias) {  // b1 of gate columns j, j+1 and of their up columns
+          const int64_t j = j0 + 8 * (4 * c + bl) + 2 * (lane % 4);
+          float2 bg = {0.f, 0.f}, bu = {0.f, 0.f};
+          if (j < n) {
+            if constexpr (kInterleaved) {
+              const float2 p0 = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + 2 * j));
+              const float2 p1 = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + 2 * j + 2));
+              bg = {p0.x, p1.x};
+              bu = {p0.y, p1.y};
+            } else {
+              bg = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + j));
+              bu = unpack_bf16x2(*reinterpret_cast<const uint32_t*>(b1 + n + j));
+            }
+          }
+          g0 += bg.x, g1 += bg.y, u0 += bu.x, u1 += bu.y;
+        }
         if constexpr (kInterleaved) {
           const uint32_t tile = bl < 2 ? gate_tile : up_tile;
           st_shared_b32(tile + interleaved_pair_offset(lane / 4 + 8 * h, bl, lane % 4, 0), pack_bf16x2(g0, u0));
@@ -160,7 +125,7 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
           st_shared_b32(gate_tile + at, pack_bf16x2(g0, g1));
           st_shared_b32(up_tile + at, pack_bf16x2(u0, u1));
         }
-        st_shared_b32(a_tile + at, a_pair(g0, g1, u0, u1));
+        st_shared_b32(a_tile + at, pack_bf16x2(Act::forward(args.act, g0, u0), Act::forward(args.act, g1, u1)));
       }
     __syncwarp();
     const int chunk = lane % 4;
@@ -182,11 +147,7 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
           *reinterpret_cast<uint4*>(args.out + r * 2 * n + col) = v[0];
           *reinterpret_cast<uint4*>(args.out + r * 2 * n + n + col) = v[1];
         }
-        if (!kQuant || args.out2 != nullptr) *reinterpret_cast<uint4*>(args.out2 + r * n + col) = v[2];
-        if (quant) {  // this lane's row is lane/4 + 8j: its quad's scale j
-          *reinterpret_cast<uint2*>(out_q.codes + r * n + col) = fp8_detail::encode_bf16x8(v[2], q_inv[j]);
-          if (c == 0 && chunk == 0) out_q.scales[r * (n / 128) + n_tile] = q_scale[j];
-        }
+        *reinterpret_cast<uint4*>(args.out2 + r * n + col) = v[2];
       }
     }
     __syncwarp();  // the next chunk overwrites the tiles
@@ -196,43 +157,30 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
 // ---- up, plain (H [R, n], A = f(h)): the tile's kTileN columns are n-columns j0 .. j0 + kTileN,
 //      acc block b the first half's, b + kHalf/8 the second half's. Per 32-column chunk: the two
 //      halves' H and the first half's A through the three tiles, then the second half's A through
-//      the first. kQuant with out_q.codes: A also quantized, each half's 128 columns one 1x128 tile of
-//      the row (amax first, as store_up_gated). ----
-template <class Act, int kTileN, bool kBias, bool kQuant = false>
+//      the first. ----
+template <class Act, int kTileN, bool kBias>
 __device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float (&acc)[kTileN / 2], int64_t m0,
-                                               int row_end, int n_tile, int expert, uint32_t staging,
-                                               Fp8RowsOut out_q = {}) {
+                                               int row_end, int n_tile, int expert, uint32_t staging) {
   constexpr int kHalf = kTileN / 2;
   const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3, q = lane % 4;
   const int64_t n = args.n, j0 = int64_t(n_tile) * kTileN;
   const int64_t row0 = m0 + warp_in_wg * 16;
   const uint32_t tile0 = staging + warp_in_wg * kWarpStagingBytes;
   const bf16* const b1 = kBias ? args.b1 + int64_t(expert) * n : nullptr;
-  // FP8: the scale of row lane/4 + 8h's tile in half `half` ([half][h]) and its inverse.
-  float q_scale[2][2] = {}, q_inv[2][2] = {};
-  const bool quant = kQuant && out_q.codes != nullptr;
-  // The tile's 16 rows to columns col ..; a_half >= 0: they are A of that half (optional with
-  // kQuant, and quantized when asked).
-  auto copy_out = [&](uint32_t tile, bf16* dst, int64_t col, int a_half) {
+  auto copy_out = [&](uint32_t tile, bf16* dst, int64_t col) {  // the tile's 16 rows to columns col ..
     __syncwarp();
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int row = lane / 4 + 8 * j;
       const uint4 v = ld_shared_v4(tile + warp_tile_offset(row, q));
       const int64_t r = row0 + row;
-      if (r < row_end && col + 8 * q < n) {
-        if (!kQuant || a_half < 0 || dst != nullptr) *reinterpret_cast<uint4*>(dst + r * n + col + 8 * q) = v;
-        if (quant && a_half >= 0) {
-          *reinterpret_cast<uint2*>(out_q.codes + r * n + col + 8 * q) =
-              fp8_detail::encode_bf16x8(v, q_inv[a_half][j]);
-          if (col % 128 == 0 && q == 0) out_q.scales[r * (n / 128) + col / 128] = q_scale[a_half][j];
-        }
-      }
+      if (r < row_end && col + 8 * q < n) *reinterpret_cast<uint4*>(dst + r * n + col + 8 * q) = v;
     }
     __syncwarp();
   };
-  // H of chunk c (b1 added), [half][h][bl][v]: what H holds and A is taken of.
-  auto load_hv = [&](int c, float (&hv)[2][2][4][2]) {
+#pragma unroll
+  for (int c = 0; c < kHalf / 32; ++c) {
+    float hv[2][2][4][2];  // [half][h][bl][v]
 #pragma unroll
     for (int half = 0; half < 2; ++half)
 #pragma unroll
@@ -249,39 +197,6 @@ __device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float
           hv[half][h][bl][1] = acc[i + 1] + b.y;
         }
       }
-  };
-  auto a_pair = [&](float x0, float x1) {
-    return pack_bf16x2(Act::forward(args.act, x0, 0.f), Act::forward(args.act, x1, 0.f));
-  };
-  if constexpr (kQuant) {
-    static_assert(kHalf == 128, "a half's columns are one 1x128 scale tile");
-    if (quant) {
-      float amax[2][2] = {};
-#pragma unroll
-      for (int c = 0; c < kHalf / 32; ++c) {
-        float hv[2][2][4][2];
-        load_hv(c, hv);
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int bl = 0; bl < 4; ++bl)
-              amax[half][h] = fp8_detail::amax_bf16x2(amax[half][h], a_pair(hv[half][h][bl][0], hv[half][h][bl][1]));
-      }
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          q_scale[half][h] = fp8::scale_of(fp8_detail::quad_amax(amax[half][h]));
-          q_inv[half][h] = fp8::inverse_scale(q_scale[half][h]);
-        }
-    }
-  }
-#pragma unroll
-  for (int c = 0; c < kHalf / 32; ++c) {
-    float hv[2][2][4][2];  // [half][h][bl][v]
-    load_hv(c, hv);
     auto stage = [&](uint32_t tile, int half, bool activated) {
 #pragma unroll
       for (int h = 0; h < 2; ++h)
@@ -289,18 +204,19 @@ __device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float
         for (int bl = 0; bl < 4; ++bl) {
           const float x0 = hv[half][h][bl][0], x1 = hv[half][h][bl][1];
           st_shared_b32(tile + warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * q,
-                        activated ? a_pair(x0, x1) : pack_bf16x2(x0, x1));
+                        activated ? pack_bf16x2(Act::forward(args.act, x0, 0.f), Act::forward(args.act, x1, 0.f))
+                                  : pack_bf16x2(x0, x1));
         }
     };
     const int64_t col0 = j0 + 32 * c, col1 = col0 + kHalf;
     stage(tile0, 0, false);
     stage(tile0 + kWarpTileBytes, 1, false);
     stage(tile0 + 2 * kWarpTileBytes, 0, true);
-    copy_out(tile0, args.out, col0, -1);
-    copy_out(tile0 + kWarpTileBytes, args.out, col1, -1);
-    copy_out(tile0 + 2 * kWarpTileBytes, args.out2, col0, 0);
+    copy_out(tile0, args.out, col0);
+    copy_out(tile0 + kWarpTileBytes, args.out, col1);
+    copy_out(tile0 + 2 * kWarpTileBytes, args.out2, col0);
     stage(tile0, 1, true);
-    copy_out(tile0, args.out2, col1, 1);
+    copy_out(tile0, args.out2, col1);
   }
 }
 
@@ -359,37 +275,36 @@ __device__ __forceinline__ void store_up_pairs(const GemmArgs& args, const float
 // up's epilogue: the variant for the activation's kind (compile time) and for the bias and W1's
 // row order (compile time on the default path, Act::kNoBiasGateUp; else run time, uniform per launch).
 // Transposed weights change only interleaved H's columns in the tile (store_up_pairs).
-template <class Act, int kTileN, bool kTransposed, bool kQuant = false>
+template <class Act, int kTileN, bool kTransposed>
 __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, const float (&acc)[kTileN / 2],
                                                           int64_t m0, int row_end, int n_tile, int expert,
-                                                          uint32_t staging, Fp8RowsOut out_q = {}) {
+                                                          uint32_t staging) {
   if constexpr (Act::kNoBiasGateUp) {
     static_assert(!kTransposed, "the default path is the HF layout");
-    store_up_gated<Act, kTileN, false, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
+    store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
   } else if constexpr (Act::kGated && kTransposed) {  // [gate; up] lands as in the HF layout
-    static_assert(!kQuant, "FP8 up reads W1 K-major: the HF layout's kernel");
     if (args.b1 == nullptr && !args.interleaved)
-      store_up_gated<Act, kTileN, false, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
+      store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
     else if (!args.interleaved)
-      store_up_gated<Act, kTileN, true, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
+      store_up_gated<Act, kTileN, true, false>(args, acc, m0, row_end, n_tile, expert, staging);
     else if (args.b1 == nullptr)
       store_up_pairs<Act, kTileN, false>(args, acc, m0, row_end, n_tile, expert, staging);
     else
       store_up_pairs<Act, kTileN, true>(args, acc, m0, row_end, n_tile, expert, staging);
   } else if constexpr (Act::kGated) {
     if (args.b1 == nullptr && !args.interleaved)
-      store_up_gated<Act, kTileN, false, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
+      store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
     else if (!args.interleaved)
-      store_up_gated<Act, kTileN, true, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
+      store_up_gated<Act, kTileN, true, false>(args, acc, m0, row_end, n_tile, expert, staging);
     else if (args.b1 == nullptr)
-      store_up_gated<Act, kTileN, false, true, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
+      store_up_gated<Act, kTileN, false, true>(args, acc, m0, row_end, n_tile, expert, staging);
     else
-      store_up_gated<Act, kTileN, true, true, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
+      store_up_gated<Act, kTileN, true, true>(args, acc, m0, row_end, n_tile, expert, staging);
   } else {
     if (args.b1 == nullptr)
-      store_up_plain<Act, kTileN, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
+      store_up_plain<Act, kTileN, false>(args, acc, m0, row_end, n_tile, expert, staging);
     else
-      store_up_plain<Act, kTileN, true, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
+      store_up_plain<Act, kTileN, true>(args, acc, m0, row_end, n_tile, expert, staging);
   }
 }
 
@@ -401,13 +316,10 @@ __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, 
 //      rows into L2 (prefetch_h_row_l2). Rows past the expert's and columns past n get no ds term
 //      and no store. kInterleaved: H and dH in W1's interleaved row order (a chunk's 64 H columns
 //      through the two tiles, (dg_j, du_j) pairs out in two passes). A plain activation: H and dH
-//      [R, n], one tile in, dg and A' out. kQuant with out_q.codes: dH also quantized, 1x128 tiles
-//      of its rows (W1's row order): each lane keeps the amax of its bf16 dg / du per row and dH
-//      tile of the column tile, then the warp reads its rows' dH back (its own stores, ordered by
-//      __syncwarp) and writes their codes; dH itself stays (dW1 and db1 read it). ----
-template <class Act, int kTileN, bool kInterleaved, bool kQuant = false>
+//      [R, n], one tile in, dg and A' out. ----
+template <class Act, int kTileN, bool kInterleaved>
 __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0, int row_end,
-                                              int n_tile, uint32_t staging, Fp8RowsOut out_q = {}) {
+                                              int n_tile, uint32_t staging) {
   constexpr int kChunks = kTileN / 32, kParts = kTileN / 128;
   constexpr bool kGated = Act::kGated;
   static_assert(kGated || !kInterleaved, "a plain activation has one row order");
@@ -447,11 +359,6 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
     __syncwarp();
   };
   float gate[2], ds[2][kParts] = {};
-  // FP8: the column tile's dH columns as 1x128 tiles k of each row: [gate; up] dg k = 0, 1 (n0,
-  // n0 + 128), du k = 2, 3 (n + n0 ..); interleaved k = 0..3 (2·n0 + 128k, 64 (dg, du) pairs each);
-  // plain k = 0, 1. q_amax[h][k]: this lane's part of row lane/4 + 8h.
-  static_assert(!kQuant || kTileN == 256, "a column tile's dH is 2 (plain) or 4 tiles of 128");
-  float q_amax[2][4] = {};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t r = row0 + lane / 4 + 8 * h;
@@ -492,14 +399,6 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
         if (row0 + lane / 4 + 8 * h >= row_end || n0 + 8 * b >= n) continue;  // no ds term
         activation_backward_pair<Act>(args.act, gate[h], g2[h][bl], u2[h][bl], acc[4 * b + 2 * h],
                                       acc[4 * b + 2 * h + 1], dg2[h][bl], du2[h][bl], ds[h][b / 16]);
-        if constexpr (kQuant) {  // chunk c's 32 j's: [gate; up] and plain tile c/4, interleaved c/2
-          const int k = kInterleaved ? c / 2 : c / 4;
-          q_amax[h][k] = fp8_detail::amax_bf16x2(q_amax[h][k], dg2[h][bl]);
-          if constexpr (kGated) {
-            const int ku = kInterleaved ? k : 2 + k;
-            q_amax[h][ku] = fp8_detail::amax_bf16x2(q_amax[h][ku], du2[h][bl]);
-          }
-        }
       }
     if constexpr (kInterleaved) {
       // (dg_j, du_j) pairs: dH columns 2(n0 + 32c) + [0, 32) from blocks 0, 1, then + [32, 64) from 2, 3.
@@ -543,48 +442,20 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
     }
   }
   store_ds_partials<kParts>(args, ds, row0 + lane / 4, row_end, n_tile);
-  if constexpr (kQuant) {
-    if (out_q.codes == nullptr) return;
-    __syncwarp();  // the warp's dH stores before its own reads of them
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) q_amax[h][k] = fp8_detail::quad_amax(q_amax[h][k]);
-    // Half a warp per row and tile (lane l: 8 columns 8·(l % 16) ..), rows 2p + l/16, p < 8.
-    const int sub = lane % 16;
-#pragma unroll
-    for (int k = 0; k < (kGated ? 4 : 2); ++k) {
-      const int64_t j_first = kInterleaved ? n0 + 64 * k : n0 + 128 * (k % 2);  // the tile's first j
-      if (j_first >= n) continue;  // the last column tile's half past n (uniform)
-      const int64_t col = kInterleaved ? 2 * n0 + 128 * k : (k < 2 ? 0 : n) + n0 + 128 * (k % 2);
-#pragma unroll
-      for (int p = 0; p < 8; ++p) {
-        const int row = 2 * p + lane / 16;  // row / 8 = p / 4: its amax is q_amax[p / 4] of quad row % 8
-        const float s = fp8::scale_of(__shfl_sync(0xffffffffu, q_amax[p / 4][k], 4 * (row % 8)));
-        const int64_t r = row0 + row;
-        if (r >= row_end) continue;
-        const uint4 v = *reinterpret_cast<const uint4*>(args.out + r * w + col + 8 * sub);
-        *reinterpret_cast<uint2*>(out_q.codes + r * w + col + 8 * sub) =
-            fp8_detail::encode_bf16x8(v, fp8::inverse_scale(s));
-        if (sub == 0) out_q.scales[r * (w / 128) + col / 128] = s;
-      }
-    }
-  }
 }
 
-template <class Act, int kTileN, bool kQuant = false>
+template <class Act, int kTileN>
 __device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0,
-                                                          int row_end, int n_tile, uint32_t staging,
-                                                          Fp8RowsOut out_q = {}) {
+                                                          int row_end, int n_tile, uint32_t staging) {
   if constexpr (Act::kNoBiasGateUp) {
-    store_dh_rows<Act, kTileN, false, kQuant>(args, acc, m0, row_end, n_tile, staging, out_q);
+    store_dh_rows<Act, kTileN, false>(args, acc, m0, row_end, n_tile, staging);
   } else if constexpr (Act::kGated) {
     if (args.interleaved)
-      store_dh_rows<Act, kTileN, true, kQuant>(args, acc, m0, row_end, n_tile, staging, out_q);
+      store_dh_rows<Act, kTileN, true>(args, acc, m0, row_end, n_tile, staging);
     else
-      store_dh_rows<Act, kTileN, false, kQuant>(args, acc, m0, row_end, n_tile, staging, out_q);
+      store_dh_rows<Act, kTileN, false>(args, acc, m0, row_end, n_tile, staging);
   } else {
-    store_dh_rows<Act, kTileN, false, kQuant>(args, acc, m0, row_end, n_tile, staging, out_q);
+    store_dh_rows<Act, kTileN, false>(args, acc, m0, row_end, n_tile, staging);
   }
 }
 
