@@ -62,6 +62,8 @@ constexpr int kMaxGemmExperts = 1024;
 // in either weight layout.
 // fp8: those of the *_fp8 launchers (up, down, dh, dx; none for dw1, dw2, which stay bf16).
 const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8 = false);
+// Whether `kind` runs its FP8 kernel on s: s.fp8 for up, down, dh and dx (dW1, dW2 stay bf16).
+bool runs_fp8(GemmKind kind, const ExpertShape& s);
 // The kind whose compiled kernels run `kind` on s: kind itself, but with transposed weights dW1 is
 // wanted as [d, W] = X[tok]ᵀ·dH, which is dW2's GEMM (gathered A, row-range B by TMA, 128x256
 // tiles with the TMA operand on the long side, as dW1's 256x128 in the HF layout), and dW2 as

@@ -47,6 +47,31 @@ GemmConfig cutlass_pingpong(GemmKind kind, const ExpertShape& s) {
   return c;
 }
 
+// CUTLASS's FP8 blockwise grouped GEMM for down and dx (tiles at most 128 wide; dev/fp8_grouped
+// measured the candidates, TFLOP/s bf16-equivalent): cooperative 128x128 in clusters of two, 1x2
+// (pairs of n-tiles sharing the A tile) at small d, 2x1 (pairs of m-tiles sharing the weight tile)
+// at large d: down 1x2 at d <= 2048 (7B-n1024 787 vs 769, qwen3-30b-a3b 773 vs 691), 2x1 above
+// (120B-n2048 912 vs 862); dx 1x2 at d < 2048 (7B-n1024 988 vs 892), 2x1 from 2048 (qwen3-30b-a3b 823
+// vs 781, 120B-n2048 941 vs 871). Down at d > 2048 with n <= 1024 (K = n: 8 k-tiles, short mainloops)
+// runs ping-pong 64x128 2x1, one tile's epilogue under the other's MMAs: 30B-n1024 817 vs 790.
+GemmConfig cutlass_fp8_config(GemmKind kind, const ExpertShape& s) {
+  GemmConfig c;
+  c.family = GemmFamily::Cutlass;
+  c.schedule = GemmSchedule::Cooperative;
+  c.tile_m = 128;
+  c.tile_n = 128;
+  c.stages = 0;
+  c.epilogue = GemmEpilogue::Tma;
+  const bool small_d = kind == GemmKind::Down ? s.d <= 2048 : s.d < 2048;
+  c.cluster = small_d ? 1 : 2;
+  c.cluster_n = small_d ? 2 : 1;
+  if (kind == GemmKind::Down && !small_d && s.n <= 1024) {
+    c.schedule = GemmSchedule::Pingpong;
+    c.tile_m = 64;
+  }
+  return c;
+}
+
 // Varlen-M tile order of up and dH: bands of 8 column tiles (about 16 m-tiles x 8 column tiles run
 // together on 132 SMs: each gathered A tile is read once per band); 4 and 16 measured within 1.6%.
 int band_of(GemmKind kind, const ExpertShape& s, const GemmConfig& c) {
@@ -84,7 +109,7 @@ GemmConfig choose_gemm_config(GemmKind kind, const ExpertShape& s, int sm_count)
       // Summed over the 20 grid shapes: down 35.02 -> 33.20 ms, dx 66.65 -> 62.43 ms against the former
       // cooperative 128x256 / ping-pong 128x128 (per-shape best of 9 resp. 6 candidates: 32.28, 62.00;
       // 1x2 everywhere: 33.49, 63.44). Worst row: down at 30B-n256, 362 vs 403 for cooperative 128x256.
-      c = cutlass_pingpong(kind, s);
+      c = runs_fp8(kind, s) ? cutlass_fp8_config(kind, s) : cutlass_pingpong(kind, s);
       break;
   }
   // Persistent kernels: at most one CTA per SM (fewer when there are fewer tiles or clusters fit).
