@@ -93,7 +93,9 @@ Routing routing_of(const std::vector<int32_t>& counts) {
 struct HostFp8 {
   std::vector<uint8_t> codes;
   std::vector<float> scales;
-  double value(int64_t i, int64_t scale_index) const { return double(fp8::decode(codes[size_t(i)])) * scales[size_t(scale_index)]; }
+  double value(int64_t i, int64_t scale_index) const {
+    return double(fp8::decode(codes[size_t(i)])) * scales[size_t(scale_index)];
+  }
 };
 
 // D[r, j] = sum_k A[r, k] B_e[j, k] over the dequantized operands (A [R, K] 1x128 scales, B K-major
