@@ -110,8 +110,9 @@ void up_proj_act(const RoutedRows& rows, const ExpertShape& s, const ExpertFunct
                  const void* w1, const void* b1, void* h, void* a, cudaStream_t stream,
                  const GemmConfig* config = nullptr);
 
-// Device scratch of down_proj and dx_expert (CUTLASS grouped GEMM: per-expert shape/pointer/stride
-// arrays, 60 bytes per expert, and 4 TMA descriptors of 128 bytes per SM, 68 KB on 132 SMs).
+// Device scratch of down_proj, dx_expert and their FP8 launchers (CUTLASS grouped GEMM: per-expert
+// shape/pointer/stride arrays, 60 bytes per expert, FP8 76 with the scale pointers, and 4 TMA
+// descriptors of 128 bytes per SM, 68 KB on 132 SMs).
 // Depends on E and the current device's SM count only. Any alignment (the launchers align inside).
 size_t expert_gemm_workspace_bytes(int64_t E);
 
