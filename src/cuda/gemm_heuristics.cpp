@@ -75,6 +75,8 @@ int band_of(GemmKind kind, const ExpertShape& s, const GemmConfig& c) {
 GemmConfig choose_gemm_config(GemmKind kind, const ExpertShape& s, int sm_count) {
   GemmConfig c;
   switch (kind) {
+    // FP8 (s.fp8) up and dH: the same tile, schedule and band on the FP8 kernel (128x256 with 128-deep
+    // k-tiles, compiled_gemm_configs(kind, true): its one configuration per kind).
     case GemmKind::Up:
       // No cluster: multicasting W1 never paid (7B-n256 481 vs 500 TFLOP/s, the others within 1%).
       c = gather(128, 256, 1);

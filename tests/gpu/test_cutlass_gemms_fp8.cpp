@@ -222,9 +222,9 @@ std::vector<const lc::GemmConfig*> pointers(const std::vector<lc::GemmConfig>& v
 // Ragged, an empty expert, counts off the 128-row tile (1, 3, 129, 257, 300).
 const std::vector<int32_t> kRagged = {130, 0, 1, 257, 64, 3, 300, 129};
 
-TEST(ExpertGemmsFp8, CompiledForDownAndDxOnly) {
-  EXPECT_GE(lc::compiled_gemm_configs(lc::GemmKind::Down, true).size(), 1u);
-  EXPECT_GE(lc::compiled_gemm_configs(lc::GemmKind::Dx, true).size(), 1u);
+TEST(ExpertGemmsFp8, CompiledForUpDownDhDxOnly) {
+  for (lc::GemmKind kind : {lc::GemmKind::Up, lc::GemmKind::Down, lc::GemmKind::Dh, lc::GemmKind::Dx})
+    EXPECT_GE(lc::compiled_gemm_configs(kind, true).size(), 1u) << lc::gemm_kind_name(kind);
   EXPECT_TRUE(lc::compiled_gemm_configs(lc::GemmKind::Dw1, true).empty());
   EXPECT_TRUE(lc::compiled_gemm_configs(lc::GemmKind::Dw2, true).empty());
   for (lc::GemmKind kind : {lc::GemmKind::Down, lc::GemmKind::Dx})
@@ -232,6 +232,8 @@ TEST(ExpertGemmsFp8, CompiledForDownAndDxOnly) {
       EXPECT_EQ(c.family, lc::GemmFamily::Cutlass) << lc::to_string(c);
       EXPECT_LE(c.tile_n, 128) << lc::to_string(c);  // one weight scale per accumulator tile
     }
+  for (lc::GemmKind kind : {lc::GemmKind::Up, lc::GemmKind::Dh})
+    for (const auto& c : lc::compiled_gemm_configs(kind, true)) EXPECT_EQ(c.family, lc::GemmFamily::Gather);
 }
 
 TEST(ExpertGemmsFp8, DownRagged) { run_fp8(Which::Down, 384, 256, kRagged, heuristic()); }
