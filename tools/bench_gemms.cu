@@ -6,13 +6,18 @@
 //
 //   leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]
 //                       [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]
-//                       [--iters N] [--warmup N]
+//                       [--precision bf16|fp8[,...]] [--iters N] [--warmup N]
 //
 // --layout: the weights' layout (hf: W1 [E, 2n, d], W2 [E, d, n]; transposed: gpt-oss's [E, d, 2n],
 // [E, n, d], dW1 and dW2 written so); a list times each GEMM in every layout in turn (interleaved
 // rounds for an A/B). --interleaved: W1's gate/up rows (columns) alternate, as gpt-oss's. The expert
 // function is SwiGLU without biases; the HF layout without --interleaved is the default path, which
 // has its own up and dH kernels (docs/kernels.md), the other combinations run the general ones.
+// --precision: fp8 runs up, down, dH and dX through their *_fp8 launchers on e4m3 codes of the same
+// x, dO, A, dH, W1 and W2 (quantized once per shape, untimed, by fp8_quantize_rows /
+// fp8_quantize_blocks, the transposed copies for dH and dX), layout column "<layout>-fp8", TFLOP/s
+// counted as bf16's 2·M·N·K; dW1 and dW2 have no FP8 kernel and are skipped. A list alternates per
+// GEMM (an A/B).
 //
 // --config runs the given kernel configuration (src/cuda/gemm_config.h, e.g.
 // up=gather:coop:128x256:s4:warp:c1:b4) for that GEMM kind on every shape, the heuristic's for the
@@ -34,6 +39,7 @@
 
 #include "../src/cuda/expert_gemms.h"
 #include "../src/cuda/gemm_config.h"
+#include "../src/cuda/launchers.h"
 #include "bench_data.cuh"
 #include "configs.h"
 #include "cuda_bench.h"
@@ -79,7 +85,8 @@ Requested parse_requested(const std::string& list) {
 }
 
 void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, const Requested& requested,
-                 const std::vector<bool>& layouts, bool interleaved, int sms, int iters, int warmup) {
+                 const std::vector<bool>& layouts, const std::vector<bool>& precisions, bool interleaved, int sms,
+                 int iters, int warmup) {
   const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
   const auto tokens_of = leanmoe::tools::uniform_topk_tokens(T, E, K, 1234);
   const std::vector<int32_t> offsets = leanmoe::tools::expert_offsets_of(tokens_of);
@@ -97,6 +104,25 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
   auto h = random_bf16(R * 2 * n, 1.f, 5), a = random_bf16(R * n, 1.f, 6), y = random_bf16(R * d, 1.f, 7);
   auto dh = random_bf16(R * 2 * n, 1.f, 8), a_prime = random_bf16(R * n, 1.f, 9);
   auto dx = random_bf16(R * d, 1.f, 10), dw1 = random_bf16(E * 2 * n * d, 1.f, 11), dw2 = random_bf16(E * d * n, 1.f, 12);
+  // FP8 operands (--precision fp8), quantized once here, outside the timing: codes and scales of x, dO,
+  // A [R, n] and dH [R, 2n] (down's and dx's inputs), W1 [E, 2n, d] with its transposed copy W1t
+  // [E, d, 2n] (dx's K-major operand), W2 [E, d, n] with W2t [E, n, d] (dH's).
+  const bool fp8 = std::find(precisions.begin(), precisions.end(), true) != precisions.end();
+  auto sizes = [&](int64_t count) { return size_t(fp8 ? count : 0); };
+  const int64_t w1n = E * 2 * n * d, w2n = E * d * n;
+  DeviceBuffer<uint8_t> x_q(sizes(T * d)), dout_q(sizes(T * d)), a_q(sizes(R * n)), dh_q(sizes(R * 2 * n)),
+      w1_q(sizes(w1n)), w1t_q(sizes(w1n)), w2_q(sizes(w2n)), w2t_q(sizes(w2n));
+  DeviceBuffer<float> x_s(sizes(T * d / 128)), dout_s(sizes(T * d / 128)), a_s(sizes(R * n / 128)),
+      dh_s(sizes(R * 2 * n / 128)), w1_s(sizes(w1n / 128 / 128)), w1t_s(sizes(w1n / 128 / 128)),
+      w2_s(sizes(w2n / 128 / 128)), w2t_s(sizes(w2n / 128 / 128));
+  if (fp8) {
+    lc::fp8_quantize_rows(x.ptr, T, d, x_q.ptr, x_s.ptr, nullptr);
+    lc::fp8_quantize_rows(d_out.ptr, T, d, dout_q.ptr, dout_s.ptr, nullptr);
+    lc::fp8_quantize_rows(a.ptr, R, n, a_q.ptr, a_s.ptr, nullptr);
+    lc::fp8_quantize_rows(dh.ptr, R, 2 * n, dh_q.ptr, dh_s.ptr, nullptr);
+    lc::fp8_quantize_blocks(w1.ptr, E, 2 * n, d, w1_q.ptr, w1_s.ptr, w1t_q.ptr, w1t_s.ptr, nullptr);
+    lc::fp8_quantize_blocks(w2.ptr, E, d, n, w2_q.ptr, w2_s.ptr, w2t_q.ptr, w2t_s.ptr, nullptr);
+  }
   check_cuda(cudaDeviceSynchronize(), "fill");
 
   const lc::RoutedRows rows{d_offsets.ptr, d_row_token.ptr, d_gate.ptr, R, E};
@@ -108,41 +134,71 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
     GemmKind kind;
     double flops;
     std::function<void(const lc::ExpertShape&, const lc::GemmConfig*)> launch;
+    std::function<void(const lc::ExpertShape&, const lc::GemmConfig*)> launch_fp8 = nullptr;
   };
   using S = const lc::ExpertShape&;
   const std::vector<Gemm> gemms = {
       {GemmKind::Up, 4 * mnk,
        [&](S s, const lc::GemmConfig* k) {
          lc::up_proj_act(rows, s, fn, x.ptr, w1.ptr, nullptr, h.ptr, a.ptr, nullptr, k);
+       },
+       [&](S s, const lc::GemmConfig* k) {
+         lc::up_proj_act_fp8(rows, s, fn, {x_q.ptr, x_s.ptr}, {w1_q.ptr, w1_s.ptr}, nullptr, h.ptr, a.ptr, {}, nullptr,
+                             k);
        }},
       {GemmKind::Down, 2 * mnk,
-       [&](S s, const lc::GemmConfig* k) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, k); }},
+       [&](S s, const lc::GemmConfig* k) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, k); },
+       [&](S s, const lc::GemmConfig* k) {
+         lc::down_proj_fp8(rows, s, {a_q.ptr, a_s.ptr}, {w2_q.ptr, w2_s.ptr}, y.ptr, nullptr, nullptr, k);
+       }},
       {GemmKind::Dh, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) {
          lc::dh_act_bwd(rows, s, fn, d_out.ptr, w2.ptr, h.ptr, dh.ptr, a_prime.ptr, ds_partial.ptr, nullptr, k);
+       },
+       [&](S s, const lc::GemmConfig* k) {
+         lc::dh_act_bwd_fp8(rows, s, fn, {dout_q.ptr, dout_s.ptr}, {w2t_q.ptr, w2t_s.ptr}, h.ptr, dh.ptr, a_prime.ptr,
+                            ds_partial.ptr, {}, nullptr, k);
        }},
       {GemmKind::Dw2, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr, k); }},
       {GemmKind::Dx, 4 * mnk,
-       [&](S s, const lc::GemmConfig* k) { lc::dx_expert(rows, s, dh.ptr, w1.ptr, dx.ptr, nullptr, nullptr, k); }},
+       [&](S s, const lc::GemmConfig* k) { lc::dx_expert(rows, s, dh.ptr, w1.ptr, dx.ptr, nullptr, nullptr, k); },
+       [&](S s, const lc::GemmConfig* k) {
+         lc::dx_expert_fp8(rows, s, {dh_q.ptr, dh_s.ptr}, {w1t_q.ptr, w1t_s.ptr}, dx.ptr, nullptr, nullptr, k);
+       }},
       {GemmKind::Dw1, 4 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::dw1(rows, s, dh.ptr, x.ptr, dw1.ptr, nullptr, k); }},
   };
   for (const auto& g : gemms) {
     if (!only.empty() && std::find(only.begin(), only.end(), lc::gemm_kind_name(g.kind)) == only.end()) continue;
-    for (const bool transposed : layouts) {
-      const lc::ExpertShape s{T, d, n, true, transposed};
-      const lc::GemmConfig* want = requested[g.kind];
+    for (const bool transposed : layouts)
+    for (const bool use_fp8 : precisions) {
+      if (use_fp8 && !g.launch_fp8) continue;
+      lc::ExpertShape s{T, d, n, true, transposed};
+      s.fp8 = use_fp8;
+      const lc::GemmConfig* want = requested[g.kind];  // checked in either precision asked (main)
       const std::string ran = lc::to_string(lc::resolve_gemm_config(g.kind, s, E, sms, want));
+      const auto& launch = use_fp8 ? g.launch_fp8 : g.launch;
       const double ms =
-          leanmoe::tools::median_launch_ms(iters, warmup, [&](int) { g.launch(s, want); }, "GEMM launches");
-      const std::string layout = std::string(transposed ? "transposed" : "hf") + (interleaved ? "-interleaved" : "");
+          leanmoe::tools::median_launch_ms(iters, warmup, [&](int) { launch(s, want); }, "GEMM launches");
+      const std::string layout = std::string(transposed ? "transposed" : "hf") + (interleaved ? "-interleaved" : "") +
+                                 (use_fp8 ? "-fp8" : "");
       std::printf("| %s | %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", c.name.c_str(),
                   layout.c_str(), (long long)T, (long long)d, (long long)n, (long long)E, (long long)K,
                   lc::gemm_kind_name(g.kind), ran.c_str(), ms, g.flops / (ms * 1e9));
       std::fflush(stdout);
     }
   }
+}
+
+// "bf16,fp8" -> {false, true}: whether each listed precision is fp8.
+std::vector<bool> parse_precisions(const std::string& list) {
+  std::vector<bool> fp8;
+  for (const auto& name : split_commas(list)) {
+    if (name != "bf16" && name != "fp8") throw std::runtime_error("--precision: '" + name + "' is not bf16 or fp8");
+    fp8.push_back(name == "fp8");
+  }
+  return fp8;
 }
 
 // "hf,transposed" -> {false, true}: whether each listed layout is the transposed one.
@@ -165,6 +221,7 @@ int main(int argc, char** argv) {
     std::vector<std::string> only;  // GEMMs to time; empty = all six
     int iters = 20, warmup = 3;
     std::vector<bool> layouts = {false};  // transposed?
+    std::vector<bool> precisions = {false};  // fp8?
     bool interleaved = false;
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
@@ -175,14 +232,15 @@ int main(int argc, char** argv) {
       if (flag == "--help" || flag == "-h") {
         std::printf("leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]\n"
                     "                    [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]\n"
-                    "                    [--iters N] [--warmup N]\n"
+                    "                    [--precision bf16|fp8[,...]] [--iters N] [--warmup N]\n"
                     "shapes: %s\nCONFIG: family:schedule:MxN:stages:epilogue:cM[xN][:bBAND][:mMAX_CTAS], e.g. "
                     "gather:coop:128x256:s4:warp:c2:b8 (docs/kernels.md; with --layout transposed dw1 and dw2 run "
                     "each other's); compiled:\n",
                     leanmoe::tools::shape_names().c_str());
-        for (lc::GemmKind kind : lc::kGemmKinds)
-          for (const auto& k : lc::compiled_gemm_configs(kind))
-            std::printf("  %s=%s\n", lc::gemm_kind_name(kind), lc::to_string(k).c_str());
+        for (const bool fp8 : {false, true})
+          for (lc::GemmKind kind : lc::kGemmKinds)
+            for (const auto& k : lc::compiled_gemm_configs(kind, fp8))
+              std::printf("  %s=%s%s\n", lc::gemm_kind_name(kind), lc::to_string(k).c_str(), fp8 ? " (fp8)" : "");
         return 0;
       }
       const std::string v = leanmoe::tools::flag_value(argc, argv, i);
@@ -190,6 +248,7 @@ int main(int argc, char** argv) {
       else if (flag == "--config") requested = parse_requested(v);
       else if (flag == "--gemms") only = split_commas(v);
       else if (flag == "--layout") layouts = parse_layouts(v);
+      else if (flag == "--precision") precisions = parse_precisions(v);
       else if (flag == "--iters") iters = int(leanmoe::tools::to_int(flag, v));
       else if (flag == "--warmup") warmup = int(leanmoe::tools::to_int(flag, v));
       else throw std::runtime_error("unknown flag " + flag + " (see --help)");
@@ -212,15 +271,18 @@ int main(int argc, char** argv) {
     for (const auto& shape : shapes)
       for (lc::GemmKind kind : lc::kGemmKinds)
         for (const bool transposed : layouts)
-          if (requested[kind])
-            lc::resolve_gemm_config(kind, {shape.T, shape.d, shape.n, true, transposed}, shape.E,
-                                    prop.multiProcessorCount, requested[kind]);
+          for (const bool fp8 : precisions)
+            if (requested[kind]) {
+              lc::ExpertShape s{shape.T, shape.d, shape.n, true, transposed};
+              s.fp8 = fp8 && kind != lc::GemmKind::Dw1 && kind != lc::GemmKind::Dw2;  // dW1, dW2 stay bf16
+              lc::resolve_gemm_config(kind, s, shape.E, prop.multiProcessorCount, requested[kind]);
+            }
     std::printf("GPU: %s (%d SMs); median of %d launches after %d warm-up\n\n", prop.name, prop.multiProcessorCount,
                 iters, warmup);
     std::printf("| shape | layout | T | d | n | E | K | GEMM | kernel | ms | TFLOP/s |\n"
                 "|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (const auto& s : shapes)
-      bench_shape(s, only, requested, layouts, interleaved, prop.multiProcessorCount, iters, warmup);
+      bench_shape(s, only, requested, layouts, precisions, interleaved, prop.multiProcessorCount, iters, warmup);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_gemms: %s\n", e.what());

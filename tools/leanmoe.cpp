@@ -65,6 +65,8 @@ bench options:
   --rounding nearest|up|down token-rounding mode (default nearest)
   --layout hf|transposed     expert weights as gate_up_proj [E, 2n, d], down_proj [E, d, n] (default) or
                              transposed, gpt-oss's [E, d, 2n], [E, n, d] (read in place)
+  --precision storage|fp8    expert GEMM operands: the storage dtype's values (default) or e4m3 with
+                             block scales (bf16 storage, d and n multiples of 128; docs/DESIGN.md "FP8")
   --iters N --warmup N       timed and untimed iterations (default 20/3 on cuda, 5/1 on cpu)
   --graph                    also time forward and backward as CUDA-graph replays (cuda only)
   --bwd-overlap off|auto|N   cuda backward: off runs every step on one stream; otherwise the expert
@@ -120,7 +122,8 @@ V parse_choice(const std::string& flag, const std::string& v, std::initializer_l
 Options parse_options(const std::string& cmd, const std::vector<std::string>& args) {
   const std::vector<std::string> bench_flags = {"config", "T", "d", "n", "E", "K", "grid", "device", "dtype",
                                                 "router", "norm-topk-prob", "routing", "tile", "rounding",
-                                                "layout", "iters", "warmup", "graph", "json", "bwd-overlap"};
+                                                "layout", "precision", "iters", "warmup", "graph", "json",
+                                                "bwd-overlap"};
   const std::vector<std::string> check_flags = {"T", "d", "n", "E", "K", "device", "dtype", "seeds", "tile"};
   const auto& allowed = cmd == "bench" ? bench_flags : check_flags;
   Options o;
@@ -168,6 +171,9 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
                                                           {"down", RoundingMode::down}});
     else if (name == "layout")
       o.layer.transposed = parse_choice<bool>(name, take(), {{"hf", false}, {"transposed", true}});
+    else if (name == "precision")
+      o.layer.precision = parse_choice<Precision>(name, take(), {{precision_name(Precision::storage), Precision::storage},
+                                                                 {precision_name(Precision::fp8), Precision::fp8}});
     else if (name == "iters") o.iters = int(parse_int(name, take(), 1));
     else if (name == "warmup") o.warmup = int(parse_int(name, take(), 0));
     else if (name == "seeds") o.seeds = int(parse_int(name, take(), 1));
@@ -555,6 +561,7 @@ void write_json(const std::string& path, const std::string& command, Device dev,
       << (c.norm_topk_prob ? "true" : "false") << ", \"routing\": \"" << routing_label(c, r.balanced)
       << "\", \"tile\": " << c.tile << ", \"rounding\": \"" << rounding_mode_name(c.rounding_mode)
       << "\", \"layout\": \"" << (c.transposed ? "transposed" : "hf")
+      << "\", \"precision\": \"" << precision_name(c.precision)
       << "\", \"device\": \"" << device_name(dev) << "\", \"dtype\": \"" << dtype_name(dt) << "\", \"rows\": " << r.rows
       << ", \"rows_topk\": " << r.shape.T * c.K << ", \"expert_rows_min\": " << r.expert_rows_min
       << ", \"expert_rows_max\": " << r.expert_rows_max << ", \"tiles\": " << r.tiles << ", \"fwd_ms\": " << r.fwd_ms << ", \"bwd_ms\": " << r.bwd_ms

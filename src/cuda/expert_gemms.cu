@@ -67,11 +67,11 @@ dim3 grid_for(const RoutedRows& rows, const ExpertShape& s, int tile_m, int tile
   }
 }
 
-// TMA map over a bf16 tensor of `rank` dimensions (innermost first, dims[0] contiguous; strides in
-// elements of dimensions 1..rank-1), 128B swizzle, box `box`. The driver entry point is fetched
-// through the runtime (no -lcuda).
-CUtensorMap bf16_tensor_map(const void* w, int rank, const int64_t* dims, const int64_t* strides, const int* box,
-                            const char* what) {
+// TMA map over a bf16 (fp8: e4m3 codes, one byte) tensor of `rank` dimensions (innermost first,
+// dims[0] contiguous; strides in elements of dimensions 1..rank-1), 128B swizzle, box `box`. The
+// driver entry point is fetched through the runtime (no -lcuda).
+CUtensorMap operand_tensor_map(const void* w, int rank, const int64_t* dims, const int64_t* strides, const int* box,
+                               bool fp8, const char* what) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -89,9 +89,10 @@ CUtensorMap bf16_tensor_map(const void* w, int rank, const int64_t* dims, const 
     dim[i] = cuuint64_t(dims[i]);
     boxes[i] = cuuint32_t(box[i]);
     elem_strides[i] = 1;
-    if (i > 0) stride_bytes[i - 1] = cuuint64_t(strides[i - 1]) * 2;
+    if (i > 0) stride_bytes[i - 1] = cuuint64_t(strides[i - 1]) * (fp8 ? 1 : 2);
   }
-  const CUresult res = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, cuuint32_t(rank), const_cast<void*>(w), dim,
+  const CUtensorMapDataType type = fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  const CUresult res = encode(&map, type, cuuint32_t(rank), const_cast<void*>(w), dim,
                               stride_bytes, boxes, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                               CU_TENSOR_MAP_SWIZZLE_128B,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -102,26 +103,29 @@ CUtensorMap bf16_tensor_map(const void* w, int rank, const int64_t* dims, const 
 }
 // 2D: a row-major matrix [rows, cols] (all experts' weights stacked, or routed rows), box
 // {box_cols, box_rows}.
-CUtensorMap bf16_tensor_map(const void* w, int64_t rows, int64_t cols, int box_cols, int box_rows, const char* what) {
+CUtensorMap operand_tensor_map(const void* w, int64_t rows, int64_t cols, int box_cols, int box_rows, bool fp8,
+                               const char* what) {
   const int64_t dims[2] = {cols, rows}, strides[1] = {cols};
   const int box[2] = {box_cols, box_rows};
-  return bf16_tensor_map(w, 2, dims, strides, box, what);
+  return operand_tensor_map(w, 2, dims, strides, box, fp8, what);
 }
 // up's W1 [E, W, d] as a 4-D tensor with strides in increasing order: (k < d, j < n, half, expert)
-// for [gate; up] (rows j and n + j; plain: one half, row j), box {64, box_rows, 1, 1}; interleaved
-// (rows 2j and 2j + 1) as (k, half, j, expert), box {64, 1, box_rows, 1}. Either box lands as
-// box_rows K-major rows of 128 B; the kernel swaps its two middle coordinates for interleaved.
+// for [gate; up] (rows j and n + j; plain: one half, row j), box {box_k, box_rows, 1, 1};
+// interleaved (rows 2j and 2j + 1) as (k, half, j, expert), box {box_k, 1, box_rows, 1}. Either box
+// lands as box_rows K-major rows of 128 B (box_k: 64 bf16 or 128 fp8 codes); the kernel swaps its
+// two middle coordinates for interleaved.
 CUtensorMap up_weight_tensor_map(const void* w1, const ExpertShape& s, bool interleaved, int64_t E, int box_rows,
-                                 const char* what) {
+                                 bool fp8, const char* what) {
   const int64_t d = s.d, n = s.n, halves = s.gated ? 2 : 1;
+  const int box_k = fp8 ? 128 : 64;
   if (interleaved) {
     const int64_t dims[4] = {d, 2, n, E}, strides[3] = {d, 2 * d, 2 * n * d};
-    const int box[4] = {64, 1, box_rows, 1};
-    return bf16_tensor_map(w1, 4, dims, strides, box, what);
+    const int box[4] = {box_k, 1, box_rows, 1};
+    return operand_tensor_map(w1, 4, dims, strides, box, fp8, what);
   }
   const int64_t dims[4] = {d, n, halves, E}, strides[3] = {d, n * d, s.width() * d};
-  const int box[4] = {64, box_rows, 1, 1};
-  return bf16_tensor_map(w1, 4, dims, strides, box, what);
+  const int box[4] = {box_k, box_rows, 1, 1};
+  return operand_tensor_map(w1, 4, dims, strides, box, fp8, what);
 }
 
 // Cluster launch of the gather kernel: a cluster per pair of SMs that can hold one
@@ -129,7 +133,8 @@ CUtensorMap up_weight_tensor_map(const void* w1, const ExpertShape& s, bool inte
 // clusters than cluster tiles (varlen-M: 256-row pair slots x n-tiles; varlen-K: experts x tile
 // pairs) or than config.max_ctas allows (rounded down to whole clusters).
 template <GemmKind kKind, class Tile, class Act, bool kTransposed>
-void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const GemmArgs& args, const CUtensorMap& map,
+void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels::GemmArgsOf<Tile>& args,
+                    const CUtensorMap& map,
                     const GemmConfig& config, cudaStream_t stream, const char* what) {
   const auto kernel = sm90::gather_grouped_gemm_kernel<kKind, Tile, true, Act, kTransposed>;
   cudaLaunchAttribute cluster{};
@@ -174,9 +179,16 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const GemmArgs
 // The operand loaded with TMA: the weights (varlen-M; kTransposed: stored [E, d, W] and [E, n, d])
 // or the row-range operand (varlen-K: dH for dW1, A' for dW2, over the rows_capacity rows the caller
 // allocated; none: every expert is empty, no k-tile is loaded and the kernel only stores zero gradients).
+// FP8 (Tile::kFp8): the codes' scales, and the TMA maps over e4m3 codes (128-code boxes along K).
+struct Fp8Scales {
+  const float* a = nullptr;
+  const float* b = nullptr;
+};
 template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed>
-void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const GemmConfig& config,
-                   cudaStream_t stream, const char* what) {
+void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const Fp8Scales& scales,
+                   const GemmConfig& config, cudaStream_t stream, const char* what) {
+  constexpr bool kFp8 = Tile::kFp8;
+  constexpr int kBoxK = Tile::kTileK;  // a K-major box: 128 B of each row
   static const bool ready = raise_smem_limit(sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>,
                                              Tile::kSmemBytes, what);
   (void)ready;
@@ -187,34 +199,39 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   CUtensorMap map{};
   if constexpr (kKind == GemmKind::Up) {
     if constexpr (kTransposed)  // W1 as [E·d rows, W cols], 64-wide MN blocks
-      map = bf16_tensor_map(args.b, rows.E * s.d, s.width(), 64, 64, what);
+      map = operand_tensor_map(args.b, rows.E * s.d, s.width(), 64, 64, kFp8, what);
     else if constexpr (Act::kNoBiasGateUp)  // W1 as [E·2n rows, d cols] (the kernel's 2D loads)
-      map = bf16_tensor_map(args.b, rows.E * 2 * s.n, s.d, 64, Tile::kTileN / 2, what);
+      map = operand_tensor_map(args.b, rows.E * 2 * s.n, s.d, kBoxK, Tile::kTileN / 2, kFp8, what);
     else
-      map = up_weight_tensor_map(args.b, s, args.interleaved, rows.E, Tile::kTileN / 2, what);
+      map = up_weight_tensor_map(args.b, s, args.interleaved, rows.E, Tile::kTileN / 2, kFp8, what);
   } else if constexpr (kKind == GemmKind::Dh) {
     if constexpr (kTransposed)  // W2 as [E·n rows, d cols], K-major halves of the tile
-      map = bf16_tensor_map(args.b, rows.E * s.n, s.d, 64, Tile::kTileN / 2, what);
+      map = operand_tensor_map(args.b, rows.E * s.n, s.d, kBoxK, Tile::kTileN / 2, kFp8, what);
     else
-      map = bf16_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, what);
+      map = operand_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, kFp8, what);
   } else if (rows.rows_capacity > 0)
-    map = kKind == GemmKind::Dw1 ? bf16_tensor_map(args.a, rows.rows_capacity, s.width(), 64, 64, what)
-                                 : bf16_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, what);
+    map = kKind == GemmKind::Dw1 ? operand_tensor_map(args.a, rows.rows_capacity, s.width(), 64, 64, kFp8, what)
+                                 : operand_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, kFp8, what);
+  kernels::GemmArgsOf<Tile> kernel_args{};
+  if constexpr (kFp8)
+    kernel_args = kernels::Fp8GemmArgs{args, scales.a, scales.b};
+  else
+    kernel_args = args;
   if constexpr (kCluster) {
-    launch_cluster<kKind, Tile, Act, kTransposed>(rows, s, args, map, config, stream, what);
+    launch_cluster<kKind, Tile, Act, kTransposed>(rows, s, kernel_args, map, config, stream, what);
   } else {
     const int64_t ctas = std::min<int64_t>({int64_t(tiles.x) * tiles.y * tiles.z, multiprocessor_count(),
                                             int64_t(config.max_ctas)});
     sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>
-        <<<static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream>>>(args, map);
+        <<<static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream>>>(kernel_args, map);
   }
 }
 
 // One compiled configuration of the gather kernel: up and dH one instantiation per activation and
 // weight layout (launch[activation], launch_transposed[activation]), dW1 and dW2 one for all
 // (launch only: with transposed weights they exchange roles, gemm_kernel_kind).
-using GatherLaunch = void (*)(const RoutedRows&, const ExpertShape&, GemmArgs, const GemmConfig&, cudaStream_t,
-                              const char*);
+using GatherLaunch = void (*)(const RoutedRows&, const ExpertShape&, GemmArgs, const Fp8Scales&, const GemmConfig&,
+                              cudaStream_t, const char*);
 constexpr Activation kActivations[] = {Activation::swiglu, Activation::geglu, Activation::geglu_tanh,
                                        Activation::reglu,  Activation::swiglu_clamped, Activation::gelu,
                                        Activation::gelu_tanh, Activation::silu, Activation::relu,
@@ -253,16 +270,31 @@ GatherKernel gather_kernel() {
   c.stages = Tile::kStages;
   c.epilogue = GemmEpilogue::Warp;
   c.cluster = kCluster ? 2 : 1;
+  // FP8 reads K-major weights in either layout (the launchers take the K-major copy): up's kernel is
+  // the HF layout's (W1 [E, W, d]), dH's the transposed layout's (W2t [E, n, d]).
+  constexpr bool kFp8Transposed = Tile::kFp8 && kKind == GemmKind::Dh;
   GatherLaunch no_bias_gate_up = nullptr;
   if constexpr (!kernels::is_varlen_k(kKind))
-    no_bias_gate_up = &launch_gather<kKind, Tile, kCluster, kernels::NoBiasGateUp<kernels::SwiGLU>, false>;
+    no_bias_gate_up = &launch_gather<kKind, Tile, kCluster, kernels::NoBiasGateUp<kernels::SwiGLU>, kFp8Transposed>;
   constexpr auto activations = std::make_index_sequence<kNumActivations>();
-  return {c, gather_launches<kKind, Tile, kCluster, false>(activations),
-          gather_launches<kKind, Tile, kCluster, true>(activations), no_bias_gate_up};
+  if constexpr (Tile::kFp8) {
+    const auto launches = gather_launches<kKind, Tile, kCluster, kFp8Transposed>(activations);
+    return {c, launches, launches, no_bias_gate_up};
+  } else {
+    return {c, gather_launches<kKind, Tile, kCluster, false>(activations),
+            gather_launches<kKind, Tile, kCluster, true>(activations), no_bias_gate_up};
+  }
 }
 
 // The gather kernel's instantiations: per kind the one that won the measurements (docs/kernels.md).
-const std::vector<GatherKernel>& gather_kernels(GemmKind kind) {
+// fp8: up's and dH's FP8 kernels (the same schedule as bf16's: up alone, dH in 2x1 clusters).
+const std::vector<GatherKernel>& gather_kernels(GemmKind kind, bool fp8) {
+  if (fp8) {
+    static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, sm90::GatherTile128x256Fp8, false>()};
+    static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, sm90::GatherTile128x256Fp8, true>()};
+    static const std::vector<GatherKernel> none;
+    return kind == GemmKind::Up ? up : kind == GemmKind::Dh ? dh : none;
+  }
   static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, sm90::GatherTile128x256, false>()};
   static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, sm90::GatherTile128x256, true>()};
   static const std::vector<GatherKernel> dw2 = {gather_kernel<GemmKind::Dw2, sm90::GatherTile128x256, true>()};
@@ -277,10 +309,28 @@ const std::vector<GatherKernel>& gather_kernels(GemmKind kind) {
   }
 }
 
-// Resolves the configuration and launches the gather kernel that runs it.
+// A launcher runs one precision: the bf16 ones refuse s.fp8, the *_fp8 ones a bf16 shape and d or n
+// off the 128-value scale blocks (every FP8 GEMM's K and N are d, n or 2n).
+void require_precision(const ExpertShape& s, bool fp8_launcher, const char* what) {
+  if (s.fp8 != fp8_launcher)
+    throw leanmoe::Error(std::string(what) + ": s.fp8 is " + (s.fp8 ? "true" : "false") + "; " +
+                         (s.fp8 ? "an FP8 shape runs the *_fp8 launchers" : "the *_fp8 launchers need s.fp8"));
+  if (fp8_launcher && (s.d % 128 != 0 || s.n % 128 != 0))
+    throw leanmoe::Error(std::string(what) + ": d = " + std::to_string(s.d) + ", n = " + std::to_string(s.n) +
+                         ": FP8 needs d and n multiples of 128 (the scale block)");
+}
+
+// Resolves the configuration and launches the gather kernel that runs it. fp8: up and dH on e4m3
+// codes (args.a, args.b) with these scales; null for the bf16 launchers.
 template <GemmKind kKind>
 void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const GemmConfig* requested,
-            cudaStream_t stream, const char* what, const ExpertFunction& fn = {}) {  // fn: up and dH only
+            cudaStream_t stream, const char* what, const ExpertFunction& fn = {},  // fn: up and dH only
+            const Fp8Scales* fp8 = nullptr) {
+  if (runs_fp8(kKind, s) != (fp8 != nullptr))
+    throw leanmoe::Error(std::string(what) + ": the shape has fp8 = " + (s.fp8 ? "true" : "false") + "; " +
+                         (s.fp8 ? "up and dH with fp8 run up_proj_act_fp8 and dh_act_bwd_fp8"
+                                : "the FP8 launchers need ExpertShape::fp8"));
+  if (fp8) require_precision(s, true, what);
   if (!kernels::is_varlen_k(kKind) && activation_is_gated(fn.activation) != s.gated)
     throw leanmoe::Error(std::string(what) + ": activation " + activation_name(fn.activation) + " is " +
                          (s.gated ? "plain" : "gated") + " but the shape says " + (s.gated ? "gated" : "plain"));
@@ -300,14 +350,15 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
   args.gated = s.gated;
   args.act = {fn.alpha, fn.limit};
   args.interleaved = fn.interleaved;
-  for (const GatherKernel& kernel : gather_kernels(kKind))
+  for (const GatherKernel& kernel : gather_kernels(kKind, fp8 != nullptr))
     if (kernel.config.same_kernel(config)) {
-      const bool default_path =
-          fn.activation == Activation::swiglu && !fn.interleaved && args.b1 == nullptr && !s.transposed;
+      // (FP8 kernels read K-major weights in either layout: s.transposed changes nothing there.)
+      const bool default_path = fn.activation == Activation::swiglu && !fn.interleaved && args.b1 == nullptr &&
+                                (!s.transposed || fp8);
       const auto& launches = s.transposed ? kernel.launch_transposed : kernel.launch;
       (default_path && kernel.no_bias_gate_up ? kernel.no_bias_gate_up
-                                              : launches[static_cast<size_t>(fn.activation)])(rows, s, args, config,
-                                                                                               stream, what);
+                                              : launches[static_cast<size_t>(fn.activation)])(
+          rows, s, args, fp8 ? *fp8 : Fp8Scales{}, config, stream, what);
       check_launch(what);
       return;
     }
@@ -320,6 +371,7 @@ GemmArgs make_args(const void* a, const void* b) {
   args.b = static_cast<const kernels::bf16*>(b);
   return args;
 }
+
 
 }  // namespace
 
@@ -342,20 +394,21 @@ int64_t gemm_column_tiles(GemmKind kind, const ExpertShape& s, const GemmConfig&
 }
 
 const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8) {
-  if (fp8) {  // the FP8 kernels are not compiled yet
-    static const std::vector<GemmConfig> none;
-    return none;
-  }
-  static const auto table = [] {
+  static const auto table = [](bool fp8_table) {
     std::vector<std::vector<GemmConfig>> per_kind;
     for (GemmKind k : kGemmKinds) {
-      std::vector<GemmConfig> configs = cutlass_gemm_configs(k);
-      for (const GatherKernel& kernel : gather_kernels(k)) configs.push_back(kernel.config);
+      std::vector<GemmConfig> configs = cutlass_gemm_configs(k, fp8_table);
+      for (const GatherKernel& kernel : gather_kernels(k, fp8_table)) configs.push_back(kernel.config);
       per_kind.push_back(configs);
     }
     return per_kind;
-  }();
-  return table[static_cast<size_t>(kind)];
+  };
+  static const auto bf16_configs = table(false), fp8_configs = table(true);
+  return (fp8 ? fp8_configs : bf16_configs)[static_cast<size_t>(kind)];
+}
+
+bool runs_fp8(GemmKind kind, const ExpertShape& s) {
+  return s.fp8 && kind != GemmKind::Dw1 && kind != GemmKind::Dw2;
 }
 
 GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, int sm_count,
@@ -369,7 +422,7 @@ GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, 
     throw leanmoe::Error(std::string(gemm_kind_name(asked)) + " GEMM config '" + to_string(c) + "'" + runs + ": " +
                          rule);
   };
-  const std::vector<GemmConfig>& compiled = compiled_gemm_configs(kind, s.fp8);
+  const std::vector<GemmConfig>& compiled = compiled_gemm_configs(kind, runs_fp8(kind, s));
   if (std::none_of(compiled.begin(), compiled.end(), [&](const GemmConfig& k) { return k.same_kernel(c); })) {
     std::string list;
     for (const GemmConfig& k : compiled) list += (list.empty() ? "" : ", ") + to_string(k);
@@ -403,6 +456,7 @@ void up_proj_act(const RoutedRows& rows, const ExpertShape& s, const ExpertFunct
 
 void down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
                cudaStream_t stream, void* workspace, const GemmConfig* config) {
+  require_precision(s, false, "down_proj");
   const GemmConfig c = resolve_gemm_config(GemmKind::Down, s, rows.E, multiprocessor_count(), config);
   cutlass_down_proj(rows, s, a, w2, y, workspace, c, stream);
 }
@@ -417,6 +471,50 @@ void dh_act_bwd(const RoutedRows& rows, const ExpertShape& s, const ExpertFuncti
   args.ds_partial = ds_partial;
   args.ds_tiles = ds_partials(s);
   launch<GemmKind::Dh>(rows, s, args, config, stream, "dh_act_bwd", fn);
+}
+
+namespace {
+// The FP8 launchers' operands: codes and scales both given, or neither (no rows to read: T = 0).
+void check_fp8_operand(const Fp8Operand& op, const char* what, const char* name) {
+  if ((op.codes == nullptr) != (op.scales == nullptr))
+    throw leanmoe::Error(std::string(what) + ": " + name + ".codes and " + name +
+                         ".scales must be given together (e4m3 codes with their block scales)");
+}
+}  // namespace
+
+void up_proj_act_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, Fp8Operand x,
+                     Fp8Operand w1, const void* b1, void* h, void* a, Fp8Output a_q, cudaStream_t stream,
+                     const GemmConfig* config) {
+  check_fp8_operand(x, "up_proj_act_fp8", "x");
+  check_fp8_operand(w1, "up_proj_act_fp8", "w1");
+  if (a_q.codes != nullptr || a_q.scales != nullptr)
+    throw leanmoe::Error("up_proj_act_fp8: a_q (A quantized in the epilogue) is not implemented; pass a bf16 `a` "
+                         "and quantize it with fp8_quantize_rows");
+  if (a == nullptr) throw leanmoe::Error("up_proj_act_fp8: `a` must be given (a_q alone is not implemented)");
+  GemmArgs args = make_args(x.codes, w1.codes);
+  args.out = static_cast<kernels::bf16*>(h);
+  args.out2 = static_cast<kernels::bf16*>(a);
+  args.b1 = static_cast<const kernels::bf16*>(b1);
+  const Fp8Scales scales{x.scales, w1.scales};
+  launch<GemmKind::Up>(rows, s, args, config, stream, "up_proj_act_fp8", fn, &scales);
+}
+
+void dh_act_bwd_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, Fp8Operand d_out,
+                    Fp8Operand w2t, const void* h, void* dh, void* a_prime, float* ds_partial, Fp8Output dh_q,
+                    cudaStream_t stream, const GemmConfig* config) {
+  check_fp8_operand(d_out, "dh_act_bwd_fp8", "d_out");
+  check_fp8_operand(w2t, "dh_act_bwd_fp8", "w2t");
+  if (dh_q.codes != nullptr || dh_q.scales != nullptr)
+    throw leanmoe::Error("dh_act_bwd_fp8: dh_q (dH quantized in the epilogue) is not implemented; quantize the "
+                         "bf16 dh with fp8_quantize_rows");
+  GemmArgs args = make_args(d_out.codes, w2t.codes);
+  args.h = static_cast<const kernels::bf16*>(h);
+  args.out = static_cast<kernels::bf16*>(dh);
+  args.out2 = static_cast<kernels::bf16*>(a_prime);
+  args.ds_partial = ds_partial;
+  args.ds_tiles = ds_partials(s);
+  const Fp8Scales scales{d_out.scales, w2t.scales};
+  launch<GemmKind::Dh>(rows, s, args, config, stream, "dh_act_bwd_fp8", fn, &scales);
 }
 
 void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,
@@ -436,6 +534,7 @@ void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const 
 
 void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
                cudaStream_t stream, void* workspace, const GemmConfig* config) {
+  require_precision(s, false, "dx_expert");
   const GemmConfig c = resolve_gemm_config(GemmKind::Dx, s, rows.E, multiprocessor_count(), config);
   cutlass_dx_expert(rows, s, dh, w1, dx_exp, workspace, c, stream);
 }
@@ -452,6 +551,22 @@ void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const voi
   GemmArgs args = make_args(dh, x);
   args.out = static_cast<kernels::bf16*>(dw1);
   launch<GemmKind::Dw1>(rows, s, args, config, stream, "dw1");
+}
+
+// FP8: both weight layouts reach the kernel K-major (the caller passes the copy named in expert_gemms.h),
+// so s.transposed changes nothing here.
+void down_proj_fp8(const RoutedRows& rows, const ExpertShape& s, Fp8Operand a, Fp8Operand w2, void* y,
+                   cudaStream_t stream, void* workspace, const GemmConfig* config) {
+  require_precision(s, true, "down_proj_fp8");
+  const GemmConfig c = resolve_gemm_config(GemmKind::Down, s, rows.E, multiprocessor_count(), config);
+  cutlass_fp8(rows, s.d, s.n, a, w2, y, workspace, c, stream, "down_proj_fp8");
+}
+
+void dx_expert_fp8(const RoutedRows& rows, const ExpertShape& s, Fp8Operand dh, Fp8Operand w1t, void* dx_exp,
+                   cudaStream_t stream, void* workspace, const GemmConfig* config) {
+  require_precision(s, true, "dx_expert_fp8");
+  const GemmConfig c = resolve_gemm_config(GemmKind::Dx, s, rows.E, multiprocessor_count(), config);
+  cutlass_fp8(rows, s.d, s.width(), dh, w1t, dx_exp, workspace, c, stream, "dx_expert_fp8");
 }
 
 }  // namespace leanmoe::cuda

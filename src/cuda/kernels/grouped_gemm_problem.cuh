@@ -52,6 +52,16 @@ struct GemmArgs {
   const bf16* b1;    // up: [E, W] in W1's row order, or null
 };
 static_assert(sizeof(GemmArgs) == 128, "GemmArgs grew: the default kernels' SASS changes with it (see gated)");
+// The FP8 kernels' arguments (up, dH): a and b hold e4m3 codes (K-major, as the bf16 values), with
+// their scales (docs/DESIGN.md "FP8"): a_scales [T, K/128] per gathered token row, b_scales
+// [E, N/128, K/128] per 128x128 weight block (N along the weight rows as loaded: up W1's W rows,
+// dH W2t's n rows). A separate type, so that GemmArgs (and the bf16 kernels) stay as they are.
+struct Fp8GemmArgs : GemmArgs {
+  const float* a_scales;
+  const float* b_scales;
+};
+template <class Tile>
+using GemmArgsOf = std::conditional_t<Tile::kFp8, Fp8GemmArgs, GemmArgs>;
 
 // Per-expert problem: C[M, N] = sum_k A[m, k] B[k, n].
 // W = 2n for a gated activation, n for a plain one (H's, dH's and W1's width).

@@ -60,13 +60,17 @@
 
 namespace leanmoe::cuda::kernels::sm90 {
 
-// CTA tile kTileM x kTileN x 64 in kStages pipeline stages, the per-warp staging tiles of the
-// epilogue after them.
-template <int kTileM_, int kTileN_, int kStages_>
+// CTA tile kTileM x kTileN x kTileK in kStages pipeline stages, the per-warp staging tiles of the
+// epilogue after them. A k-tile is 128 bytes of each K-major row: 64 bf16 values, or with kFp8 128
+// e4m3 codes, exactly one 128-deep scale block (docs/DESIGN.md "FP8"); stage layouts, swizzle and
+// descriptors are the same bytes either way.
+template <int kTileM_, int kTileN_, int kStages_, bool kFp8_ = false>
 struct GatherTile {
-  static constexpr int kTileM = kTileM_, kTileN = kTileN_, kStages = kStages_, kTileK = 64;
+  static constexpr bool kFp8 = kFp8_;
+  static constexpr int kElemBytes = kFp8 ? 1 : 2;
+  static constexpr int kTileM = kTileM_, kTileN = kTileN_, kStages = kStages_, kTileK = 128 / kElemBytes;
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
-  static constexpr int kABytes = kTileM * kTileK * 2, kBBytes = kTileN * kTileK * 2;
+  static constexpr int kABytes = kTileM * kTileK * kElemBytes, kBBytes = kTileN * kTileK * kElemBytes;
   static constexpr int kStageBytes = kABytes + kBBytes;
   // Per consumer warpgroup: three [16 rows][32 columns] bf16 tiles (1 KB each) for each of its 4 warps.
   static constexpr int kStagingBytes = 4 * kWarpStagingBytes;
@@ -79,6 +83,8 @@ struct GatherTile {
   static_assert(kSlices * kTileN / 2 <= 128, "accumulators must leave room for the epilogue in 232 registers");
   // + the static tile table (4 KB) and the mbarriers, within the 227 KB an SM gives one CTA.
   static_assert(kSmemBytes + (kMaxGemmExperts + 1) * 4 + kStages * 16 <= 227 * 1024);
+  // FP8 promotes each k-block's sum per 128-column half of a 64-row slice (fp8_mainloop).
+  static_assert(!kFp8 || (kTileM == 128 && kTileN == 256), "the FP8 tile is 128 x 256");
 };
 // 4 x 48 KB stages + 2 x 12 KB staging + 1 KB = 222208 B; 128 accumulators per consumer thread.
 using GatherTile128x256 = GatherTile<128, 256, 4>;
@@ -86,6 +92,8 @@ using GatherTile128x256 = GatherTile<128, 256, 4>;
 // operand (dH, loaded with TMA) is the M side: 32 KB by TMA and 16 KB of gathered X rows by
 // cp.async per k-tile, instead of 16 KB and 32 KB at 128 x 256.
 using GatherTile256x128 = GatherTile<256, 128, 4>;
+// FP8 up and dH: 128 x 256 x 128, the same 48 KB stages (the A rows 128 codes deep).
+using GatherTile128x256Fp8 = GatherTile<128, 256, 4, true>;
 
 // Varlen-K producer copy of one operand's k-tile: [64 k-rows][kExtent columns] of a row-major
 // source (row stride ld) into the MN-major layout (sm90_ptx.cuh). k-row ρ is routed row
@@ -144,6 +152,52 @@ struct OutputTile {
   int64_t m0;
 };
 
+// FP8 (up, dH): where a consumer thread finds its scales of k-block kb of one tile: s_a of its
+// two rows (lane/4 and lane/4 + 8 of its warp's 16 rows of the warpgroup's 64; a row past the
+// expert's has scale 0: its A codes are zero-filled and the row is not stored) and s_b of the
+// tile's four 64-column groups g = 2h + c (half h, c-th 64 columns of it). A weight block is 128
+// rows of W1 / W2t as loaded: up [gate; up]: half h's 128 rows h·n + j0.. are one block; interleaved
+// (rows 2j + h): the 64 j's of group c are the 128 rows 2(j0 + 64c).., one block per group; plain
+// up and dH: 256 consecutive rows, a block per half. A block at or past N/128 (the last column
+// tile's half past n) does not exist: scale 0, for columns neither stored nor summed.
+struct Fp8ScaleRefs {
+  int a_off[2];  // token · (K/128), or -1
+  int b_off[4];  // (e · N/128 + block) · (K/128), or -1
+
+  template <GemmKind kKind, class Act>
+  __device__ __forceinline__ static Fp8ScaleRefs of(const Fp8GemmArgs& args, const ProblemDims& dims,
+                                                    const OutputTile& tile, int cwg, int warp_in_wg, int lane) {
+    Fp8ScaleRefs r;
+    const int k_blocks = int(dims.K / 128), n_blocks = int(dims.N / 128);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t row = tile.m0 + cwg * 64 + warp_in_wg * 16 + lane / 4 + 8 * i;
+      const int token = row < tile.row_end ? args.row_token[row] : -1;
+      r.a_off[i] = token >= 0 ? token * k_blocks : -1;
+    }
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
+      const int h = g / 2, c = g % 2;
+      int w_row;  // the group's first weight row
+      if constexpr (kKind == GemmKind::Up && Act::kGated) {
+        const int j = tile.n_tile * 128 + 64 * c;
+        w_row = args.interleaved ? 2 * j + h : h * int(args.n) + j;
+      } else {
+        w_row = tile.n_tile * 256 + 128 * h + 64 * c;
+      }
+      const int block = w_row / 128;
+      r.b_off[g] = block < n_blocks ? (tile.expert * n_blocks + block) * k_blocks : -1;
+    }
+    return r;
+  }
+  __device__ __forceinline__ void load(const Fp8GemmArgs& args, int kb, float (&sa)[2], float (&sb)[4]) const {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) sa[i] = a_off[i] >= 0 ? args.a_scales[a_off[i] + kb] : 0.f;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) sb[g] = b_off[g] >= 0 ? args.b_scales[b_off[g] + kb] : 0.f;
+  }
+};
+
 // tma_operand, the tensor map of the operand loaded with TMA: varlen-M, the weights: up: W1 as a
 // 4-D tensor (k < d, j < n, half < 2 (gated) or 1 (plain), expert; interleaved: j and half swapped,
 // up_weight_tensor_map), kTileN/2 rows per box (the gate half, then the up half of the tile,
@@ -160,7 +214,7 @@ struct OutputTile {
 // up's and dH's epilogues (activation.cuh); void for dW1, dW2. kTransposed: the weights' layout.
 template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
-    gather_grouped_gemm_kernel(const GemmArgs args, const __grid_constant__ CUtensorMap tma_operand) {
+    gather_grouped_gemm_kernel(const GemmArgsOf<Tile> args, const __grid_constant__ CUtensorMap tma_operand) {
   static_assert(kKind == GemmKind::Up || kKind == GemmKind::Dh || is_varlen_k(kKind));
   static_assert(Tile::kTileM == 128 || is_varlen_k(kKind), "varlen-M tiles are 128 rows (the A gather, the tile table)");
   // What is compiled (docs/kernels.md): up without clusters, dH, dW2 and dW1 with them; the other
@@ -171,6 +225,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   constexpr int kTileM = Tile::kTileM, kTileN = Tile::kTileN, kTileK = Tile::kTileK, kStages = Tile::kStages;
   constexpr bool kVarlenK = is_varlen_k(kKind);
   constexpr bool kBKMajor = b_is_k_major(kKind, kTransposed);
+  // FP8: up with W1 [E, W, d] and dH with W2t [E, n, d], both K-major (FP8 wgmma reads no other).
+  static_assert(!Tile::kFp8 || (!kVarlenK && kBKMajor), "FP8 runs up and dH on K-major weights");
   constexpr int kProducerThreads = 128;
   // dW1's producer is wide: 56 registers (the consumers 224) and its copies' shuffles in batches of
   // 8 (the measurement: gemm_heuristics.cpp's dW1 rule; dW2 gained nothing, dH's epilogue needs 232).
@@ -276,7 +332,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       // boxes per k-tile cost the TMA unit more than 8 cp.async per thread cost the producer warps.
       constexpr int kARows = kTileM / 16;
       const int chunk = tid & 7;
-      const uint32_t row_units = uint32_t(dims.lda / 64);
+      const uint32_t row_units = uint32_t(dims.lda / kTileK);
       const char* const a_chunk = reinterpret_cast<const char*>(args.a) + chunk * 16;
       for (int t = first_tile(); t < total_tiles; t += tile_stride()) {
         const OutputTile tile = tile_at(t);
@@ -344,7 +400,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                           tile.expert);
             }
           }
-          const char* const a_k = a_chunk + k0 * 2;
+          const char* const a_k = a_chunk + k0 * Tile::kElemBytes;
 #pragma unroll
           for (int i = 0; i < kARows; ++i)
             cp_async_16(a_smem + k_major_offset(tid / 8 + 16 * i, chunk), a_k + uint64_t(src_unit[i]) * 128u,
@@ -438,41 +494,89 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       for (int s = 0; s < Tile::kSlices; ++s)
 #pragma unroll
         for (int j = 0; j < kTileN / 2; ++j) acc[s][j] = 0.f;
-      for (int kt = 0; kt < num_k; ++kt, ++item) {
-        const int stage = item % kStages;
-        Barrier::wait(&full_bar[stage], (item / kStages) & 1);
-        // The cp.async rows arrived through the generic proxy; wgmma reads through the async proxy.
-        fence_proxy_async_smem();
-        const uint32_t a_smem = smem_base + stage * Tile::kStageBytes;
-        const uint32_t b_smem = a_smem + Tile::kABytes;
+      if constexpr (Tile::kFp8) {
+        // Per k-tile (one 128-deep scale block) and 128-column half h, the wgmmas sum into a fresh
+        // 64-register part, then acc += part · s_a(row) · s_b(column group): the promotion in fp32
+        // (the tensor core's FP8 sum of a k-block is less precise than fp32). m64n128's accumulator
+        // layout of half h is registers [64h, 64h + 64) of m64n256's, so the epilogues take acc as
+        // it is. A second full 64x256 accumulator would need 256 registers; this needs 128 + 64.
+        // The other consumer warpgroup's wgmmas run while this one promotes.
+        const Fp8ScaleRefs refs = Fp8ScaleRefs::of<kKind, Act>(args, dims, tile_at(t), cwg, warp & 3, lane);
+        float sa[2], sb[4];
+        refs.load(args, 0, sa, sb);
+        for (int kt = 0; kt < num_k; ++kt, ++item) {
+          const int stage = item % kStages;
+          // One k-tile ahead (the last loads its own again): their latency hides behind the MMAs.
+          float next_sa[2], next_sb[4];
+          refs.load(args, min(kt + 1, num_k - 1), next_sa, next_sb);
+          Barrier::wait(&full_bar[stage], (item / kStages) & 1);
+          fence_proxy_async_smem();
+          const uint32_t a_slice = smem_base + stage * Tile::kStageBytes + Tile::slice_row(cwg, 0) * kMNBlockBytes;
+          const uint32_t b_smem = smem_base + stage * Tile::kStageBytes + Tile::kABytes;
 #pragma unroll
-        for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
-        wgmma_fence();
+          for (int h = 0; h < 2; ++h) {
+            float part[64];
+            wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < kTileK / 16; ++kk) {
-          // A k16 step is 32 B along a K-major row or 16 k-rows (2048 B) of an MN-major tile.
-          const uint64_t desc_b = kBKMajor ? smem_desc(b_smem + kk * 32, 16, 1024)
-                                           : smem_desc(b_smem + kk * 2048, kMNBlockBytes, 1024);
+            for (int kk = 0; kk < kTileK / 32; ++kk)  // 32 codes = 32 B along the K-major rows per step
+              wgmma_m64n128k32_e4m3(part, smem_desc(a_slice + kk * 32, 16, 1024),
+                                    smem_desc(b_smem + h * 128 * 128 + kk * 32, 16, 1024), kk > 0);
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_registers(part);
+            float scale[2][2];  // [row i][column group c]
 #pragma unroll
-          for (int s = 0; s < Tile::kSlices; ++s) {
-            // 64-row slice of the A tile: 64 K-major rows or one 64-wide MN block, 8 KB either way.
-            const uint32_t a_slice = a_smem + Tile::slice_row(cwg, s) * kMNBlockBytes;
-            const uint64_t desc_a = kVarlenK ? smem_desc(a_slice + kk * 2048, kMNBlockBytes, 1024)
-                                             : smem_desc(a_slice + kk * 32, 16, 1024);
-            wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(acc[s], desc_a, desc_b);
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+              for (int c = 0; c < 2; ++c) scale[i][c] = sa[i] * sb[2 * h + c];
+            // Register j: row lane/4 + 8·((j/2) % 2), column 8·(j/4) + 2·(lane%4) + j%2 of the half.
+#pragma unroll
+            for (int j = 0; j < 64; ++j) acc[0][64 * h + j] += part[j] * scale[(j >> 1) & 1][j >> 5];
           }
+          // Both halves' wgmmas retired: the stage is free.
+          if (lane == 0) release(stage);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) sa[i] = next_sa[i];
+#pragma unroll
+          for (int g = 0; g < 4; ++g) sb[g] = next_sb[g];
         }
-        wgmma_commit();
-        // Keep one k-tile of wgmmas in flight; the one before it has retired: release its stage.
-        wgmma_wait<1>();
+      } else {
+        for (int kt = 0; kt < num_k; ++kt, ++item) {
+          const int stage = item % kStages;
+          Barrier::wait(&full_bar[stage], (item / kStages) & 1);
+          // The cp.async rows arrived through the generic proxy; wgmma reads through the async proxy.
+          fence_proxy_async_smem();
+          const uint32_t a_smem = smem_base + stage * Tile::kStageBytes;
+          const uint32_t b_smem = a_smem + Tile::kABytes;
+#pragma unroll
+          for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < kTileK / 16; ++kk) {
+            // A k16 step is 32 B along a K-major row or 16 k-rows (2048 B) of an MN-major tile.
+            const uint64_t desc_b = kBKMajor ? smem_desc(b_smem + kk * 32, 16, 1024)
+                                             : smem_desc(b_smem + kk * 2048, kMNBlockBytes, 1024);
+#pragma unroll
+            for (int s = 0; s < Tile::kSlices; ++s) {
+              // 64-row slice of the A tile: 64 K-major rows or one 64-wide MN block, 8 KB either way.
+              const uint32_t a_slice = a_smem + Tile::slice_row(cwg, s) * kMNBlockBytes;
+              const uint64_t desc_a = kVarlenK ? smem_desc(a_slice + kk * 2048, kMNBlockBytes, 1024)
+                                               : smem_desc(a_slice + kk * 32, 16, 1024);
+              wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(acc[s], desc_a, desc_b);
+            }
+          }
+          wgmma_commit();
+          // Keep one k-tile of wgmmas in flight; the one before it has retired: release its stage.
+          wgmma_wait<1>();
+#pragma unroll
+          for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+          if (kt > 0 && lane == 0) release((item - 1) % kStages);
+        }
+        wgmma_wait<0>();
 #pragma unroll
         for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
-        if (kt > 0 && lane == 0) release((item - 1) % kStages);
+        if (num_k > 0 && lane == 0) release((item - 1) % kStages);
       }
-      wgmma_wait<0>();
-#pragma unroll
-      for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
-      if (num_k > 0 && lane == 0) release((item - 1) % kStages);
 
       // Varlen-K: an empty expert's tile had no k-tile and stores its zero accumulators.
       const OutputTile tile = tile_at(t);
