@@ -42,10 +42,10 @@ __global__ void __launch_bounds__(kBlockThreads) fp8_quantize_blocks_kernel(
     uint8_t* __restrict__ codes_t, float* __restrict__ scales_t) {
   __shared__ BlockEncodeSmem smem;
   const BlockPlace b(R, C);
-  float v[kBlockPasses][8];
+  uint4 words[kBlockPasses];
 #pragma unroll
-  for (int p = 0; p < kBlockPasses; ++p) fp8_detail::unpack_bf16x8(w[b.at(p) / 8], v[p]);
-  encode_block(b, v, codes, scales, codes_t, scales_t, smem);
+  for (int p = 0; p < kBlockPasses; ++p) words[p] = w[b.at(p) / 8];
+  encode_block(b, words, codes, scales, codes_t, scales_t, smem);
 }
 
 }  // namespace leanmoe::cuda::kernels

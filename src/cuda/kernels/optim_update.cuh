@@ -174,24 +174,29 @@ struct Fp8Args {
   float* scales_t = nullptr;   // [E, C/128, R/128] or nullptr
 };
 
-template <Rule R, class G>
-__global__ void __launch_bounds__(kernels::kBlockThreads) fused_update_fp8_kernel(UpdateArgs a, Fp8Args q) {
+// kMinBlocks: CTAs per SM that __launch_bounds__ asks registers for (dev/optim_fp8_bench.cu times
+// the choices).
+template <Rule R, class G, int kMinBlocks = 2>
+__global__ void __launch_bounds__(kernels::kBlockThreads, kMinBlocks) fused_update_fp8_kernel(UpdateArgs a, Fp8Args q) {
   using kernels::kBlockPasses;
   __shared__ kernels::BlockEncodeSmem smem;
   const kernels::BlockPlace b(q.R, q.C);
-  float v[kBlockPasses][8];
+  uint4 stored[kBlockPasses];  // the bf16 values the parameter now holds, as stored
 #pragma unroll
   for (int pass = 0; pass < kBlockPasses; ++pass) {
     float p[8];
     update_group<R, __nv_bfloat16, G, 8>(a, b.at(pass), p);
+    __nv_bfloat16 x[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) v[pass][k] = __bfloat162float(__float2bfloat16_rn(p[k]));  // the stored bf16
+    for (int k = 0; k < 8; ++k) x[k] = __float2bfloat16_rn(p[k]);
+    memcpy(&stored[pass], x, 16);
   }
-  kernels::encode_block(b, v, q.codes, q.scales, q.codes_t, q.scales_t, smem);
+  kernels::encode_block(b, stored, q.codes, q.scales, q.codes_t, q.scales_t, smem);
 }
 
-// fp32 master copy from bf16 parameters (ExpertOptimizer::register_tensor).
-__global__ void bf16_to_f32_kernel(const __nv_bfloat16* src, float* dst, int64_t numel) {
+// fp32 master copy from bf16 parameters (ExpertOptimizer::register_tensor). Static: the header is
+// also compiled into dev/optim_fp8_bench.cu.
+static __global__ void bf16_to_f32_kernel(const __nv_bfloat16* src, float* dst, int64_t numel) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < numel; i += stride)
     dst[i] = __bfloat162float(src[i]);
