@@ -153,10 +153,15 @@ __global__ void __launch_bounds__(256) fused_update_kernel(UpdateArgs a) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t groups = a.numel / V;
-  float p[V], p1[1];
-  for (int64_t gi = first; gi < groups; gi += stride) update_group<R, P, G, V>(a, gi * V, p);
+  for (int64_t gi = first; gi < groups; gi += stride) {
+    float p[V];
+    update_group<R, P, G, V>(a, gi * V, p);
+  }
   if constexpr (V > 1)
-    for (int64_t i = groups * V + first; i < a.numel; i += stride) update_group<R, P, G, 1>(a, i, p1);
+    for (int64_t i = groups * V + first; i < a.numel; i += stride) {
+      float p[1];
+      update_group<R, P, G, 1>(a, i, p);
+    }
 }
 
 // ---- the update that also writes the FP8 copy of the updated parameter ------------------------
