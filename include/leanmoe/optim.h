@@ -45,6 +45,18 @@ struct SGD {
 
 using Rule = std::variant<AdamW, SGD>;
 
+// The FP8 copy of a bf16 parameter that ExpertOptimizer::step writes in its update pass
+// (docs/DESIGN.md "FP8", docs/optim.md): the parameter viewed as E matrices [R, C], quantized in
+// 128 x 128 blocks exactly as fp8::quantize / fp8_quantize_blocks would quantize its bf16 values.
+// Buffers are the caller's (on the parameter's device); the optimizer keeps the pointers.
+struct Fp8Copy {
+  int64_t E = 0, R = 0, C = 0;  // E * R * C = the parameter's numel; R, C multiples of 128
+  uint8_t* codes = nullptr;     // e4m3 [E, R, C]
+  float* scales = nullptr;      // [E, R/128, C/128], powers of two
+  uint8_t* codes_t = nullptr;   // optional: the same codes transposed, [E, C, R] (K-major for W^T)
+  float* scales_t = nullptr;    // [E, C/128, R/128]; given exactly when codes_t is
+};
+
 // Per-tensor state buffers (fp32, same numel as the parameter).
 enum class StateKind { exp_avg, exp_avg_sq, momentum, master };
 const char* state_kind_name(StateKind);
@@ -68,6 +80,16 @@ class ExpertOptimizer {
   void register_tensor(const std::string& name, const Tensor& param, bool fp32_master = false);
   bool has_tensor(const std::string& name) const;
   std::vector<std::string> names() const;  // in registration order
+
+  // From now on every step(name) also writes `copy`, the FP8 codes and scales of the parameter's new
+  // bf16 values, in the same pass (on the GPU one kernel: no separate quantization per step). Also
+  // writes the copy of the parameter's current values now (enqueued on `stream` for the GPU), so the
+  // copy is valid from this call on; call it again after changing the parameter outside step()
+  // (e.g. loading weights). Rules (else an Error naming the argument): bf16 parameter; E >= 1, R and
+  // C positive multiples of 128, E * R * C = numel; codes and scales not null, codes_t and scales_t
+  // both or neither; every buffer on the parameter's device; on the GPU the parameter, codes and
+  // codes_t 16-byte aligned (and each step's gradient too). Not part of save()/load().
+  void set_fp8_copy(const std::string& name, const Fp8Copy& copy, Stream stream = nullptr);
 
   // The fused update of the whole tensor `name` with gradient `grad` (same shape, bf16 or f32,
   // contiguous, on the parameter's device), each element scaled by grad_scale first (clipping).
