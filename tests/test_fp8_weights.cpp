@@ -154,11 +154,11 @@ TEST(Fp8Weights, BuffersNeedFp8) {
 }
 
 TEST(Fp8Weights, StackCopyStandard) {
-  testing::run_fp8_stack_case(Device::cpu, optim::ExpertUpdateMode::standard, 2);
+  leanmoe::testing::run_fp8_stack_case(Device::cpu, optim::ExpertUpdateMode::standard, 2);
 }
 
 TEST(Fp8Weights, StackCopyInBackward) {
-  testing::run_fp8_stack_case(Device::cpu, optim::ExpertUpdateMode::in_backward, 2);
+  leanmoe::testing::run_fp8_stack_case(Device::cpu, optim::ExpertUpdateMode::in_backward, 2);
 }
 
 }  // namespace

@@ -128,12 +128,12 @@ TEST(CudaFp8Weights, MisalignedCodesRefused) {
 
 TEST(CudaFp8Weights, StackCopyStandard) {
   REQUIRE_GPU();
-  testing::run_fp8_stack_case(Device::cuda, optim::ExpertUpdateMode::standard, 4);
+  leanmoe::testing::run_fp8_stack_case(Device::cuda, optim::ExpertUpdateMode::standard, 4);
 }
 
 TEST(CudaFp8Weights, StackCopyInBackward) {
   REQUIRE_GPU();
-  testing::run_fp8_stack_case(Device::cuda, optim::ExpertUpdateMode::in_backward, 4);
+  leanmoe::testing::run_fp8_stack_case(Device::cuda, optim::ExpertUpdateMode::in_backward, 4);
 }
 
 }  // namespace
