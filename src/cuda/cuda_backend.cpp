@@ -145,7 +145,7 @@ struct ForwardWorkspace {
   bf16_storage* a;       // [R_max, n] (FP8 with kEpilogueQuantizes: none)
   bf16_storage* y;       // [R_max, d]
   void* expert_gemm;     // down_proj's argument arrays and TMA descriptors
-  // FP8: x's rows [T, d], A [R_max, n], the weights (forward's direction).
+  // FP8: x's rows [T, d], A [R_max, n], the weights (forward's direction; none when given).
   Fp8Slice x_q, a_q;
   Fp8Weights w_q;
 
@@ -184,7 +184,7 @@ struct BackwardWorkspace {
   void* expert_gemm;           // dx_expert's argument arrays and TMA descriptors
   int ds_parts;
   // FP8: dO's rows [T, d], dH [R_max, W] (beside the bf16 dH, which dW1 and db1 read), the weights
-  // (backward's direction).
+  // (backward's direction; none when given).
   Fp8Slice d_out_q, dh_q;
   Fp8Weights w_q;
 
