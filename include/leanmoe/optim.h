@@ -57,6 +57,28 @@ struct Fp8Copy {
   float* scales_t = nullptr;    // [E, C/128, R/128]; given exactly when codes_t is
 };
 
+// Owned buffers for one layer's MoEWeights::fp8 (cfg.fp8_weights_given) on `device`: each expert
+// weight's codes, scales and transposed copy in cfg's layout, and the Fp8Copy that
+// ExpertOptimizer::set_fp8_copy fills them through (the weight seen as E matrices [R, C] as stored).
+class Fp8WeightBuffers {
+ public:
+  Fp8WeightBuffers(const MoEConfig& cfg, Device device);
+  const Fp8ExpertWeights& weights() const { return weights_; }
+  Fp8Copy copy(ExpertWeight which) const;  // gate_up_proj or down_proj
+  // Writes the codes of w's current gate_up_proj and down_proj once (enqueued on `stream` for the
+  // GPU), through set_fp8_copy of a stateless optimizer: for callers with no optimizer keeping them
+  // current (benchmarks, tests, inference). A training loop registers copy() with its own optimizer.
+  void quantize(const MoEWeights& w, Stream stream = nullptr) const;
+
+ private:
+  struct One {
+    int64_t E = 0, R = 0, C = 0;
+    Buffer codes, scales, codes_t, scales_t;
+  };
+  One gate_up_, down_;
+  Fp8ExpertWeights weights_;
+};
+
 // Per-tensor state buffers (fp32, same numel as the parameter).
 enum class StateKind { exp_avg, exp_avg_sq, momentum, master };
 const char* state_kind_name(StateKind);
@@ -131,6 +153,13 @@ struct StackOptions {
   // (each backward would update the experts per micro-batch): the constructor refuses it. The
   // standard path of this stack does not implement it either yet.
   bool accumulate_gradients = false;
+  // Layers with cfg.precision = fp8: the expert optimizer keeps each expert weight's FP8 codes
+  // (set_fp8_copy: written in the update's pass) and the stack hands them to the layer
+  // (cfg.fp8_weights_given, MoEWeights::fp8), so no forward or backward quantizes a weight; costs
+  // the bf16 weights' size in codes, and each layer's workspaces drop theirs. false: every call
+  // quantizes the weights itself (the same codes, bit for bit). The stack sets each fp8 layer's
+  // cfg.fp8_weights_given from this (config() shows it).
+  bool fp8_weight_copy = true;
 };
 
 // Layer l maps x_l [T, d] to x_{l+1} = moe_l(x_l) (no residual, so the stack only calls the public

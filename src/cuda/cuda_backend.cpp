@@ -91,24 +91,37 @@ struct Fp8Slice {
 };
 constexpr int64_t kRowTile = 128, kBlock = 128 * 128;
 
-// The weights' codes one direction of a call needs, quantized per call (a pure function of the bf16
-// weights: no copy outlives the call). Forward: W1 K-major [E, W, d] for up, W2 [E, d, n] for down;
-// backward: their transposes [E, d, W] for dx, [E, n, d] for dH. Each is the stored layout or
-// fp8_quantize_blocks's transposed copy; a copy's pass also writes the stored direction's codes,
+// The weights' codes one direction of a call needs. Forward: W1 K-major [E, W, d] for up, W2
+// [E, d, n] for down; backward: their transposes [E, d, W] for dx, [E, n, d] for dH. Each is the
+// stored layout or the transposed copy. With cfg.fp8_weights_given they are the caller's
+// (MoEWeights::fp8) and nothing is carved; else quantized per call (a pure function of the bf16
+// weights: no copy outlives the call), where a copy's pass also writes the stored direction's codes,
 // into `unused` (one buffer for both weights, written in turn).
 struct Fp8Weights {
   Fp8Slice w1, w2, unused;
   bool copy = false;  // the wanted direction is the transposed copy
   Fp8Weights(Carver& c, const MoEConfig& cfg, bool forward) {
     if (cfg.precision != Precision::fp8) return;
-    const int64_t E = cfg.E, w1_size = E * up_width(cfg) * cfg.d, w2_size = E * cfg.d * cfg.n;
     copy = forward == cfg.transposed;  // HF: forward reads as stored; transposed: backward does
+    if (cfg.fp8_weights_given) return;
+    const int64_t E = cfg.E, w1_size = E * up_width(cfg) * cfg.d, w2_size = E * cfg.d * cfg.n;
     w1 = Fp8Slice(c, w1_size, kBlock);
     w2 = Fp8Slice(c, w2_size, kBlock);
     unused = Fp8Slice(c, copy ? std::max(w1_size, w2_size) : 0, kBlock);
   }
-  // W1 stored [E, W, d] (HF) or [E, d, W], W2 [E, d, n] or [E, n, d]: rows x cols as stored.
-  void quantize(const MoEConfig& cfg, const void* w1_data, const void* w2_data, cudaStream_t stream) const {
+  struct Operands {
+    cuda::Fp8Operand w1, w2;
+  };
+  // W1's and W2's operands for this direction: the caller's codes, or quantized here from the bf16
+  // weights, W1 stored [E, W, d] (HF) or [E, d, W], W2 [E, d, n] or [E, n, d] (rows x cols as stored).
+  Operands operands(const MoEConfig& cfg, const MoEWeights& wt, cudaStream_t stream) const {
+    if (cfg.fp8_weights_given) {
+      auto pick = [&](const Fp8WeightCodes& t) {
+        const Tensor &codes = copy ? t.codes_t : t.codes, &scales = copy ? t.scales_t : t.scales;
+        return cuda::Fp8Operand{codes.ptr<const uint8_t>(), scales.ptr<const float>()};
+      };
+      return {pick(wt.fp8.gate_up_proj), pick(wt.fp8.down_proj)};
+    }
     const int64_t W = up_width(cfg), d = cfg.d, n = cfg.n;
     auto one = [&](const void* w, int64_t rows, int64_t cols, const Fp8Slice& out) {
       if (copy)
@@ -116,8 +129,9 @@ struct Fp8Weights {
       else
         cuda::fp8_quantize_blocks(w, cfg.E, rows, cols, out.codes, out.scales, nullptr, nullptr, stream);
     };
-    one(w1_data, cfg.transposed ? d : W, cfg.transposed ? W : d, w1);
-    one(w2_data, cfg.transposed ? n : d, cfg.transposed ? d : n, w2);
+    one(wt.gate_up_proj.data, cfg.transposed ? d : W, cfg.transposed ? W : d, w1);
+    one(wt.down_proj.data, cfg.transposed ? n : d, cfg.transposed ? d : n, w2);
+    return {w1.op(), w2.op()};
   }
 };
 
@@ -131,7 +145,7 @@ struct ForwardWorkspace {
   bf16_storage* a;       // [R_max, n] (FP8 with kEpilogueQuantizes: none)
   bf16_storage* y;       // [R_max, d]
   void* expert_gemm;     // down_proj's argument arrays and TMA descriptors
-  // FP8: x's rows [T, d], A [R_max, n], the weights (forward's direction).
+  // FP8: x's rows [T, d], A [R_max, n], the weights (forward's direction; none when given).
   Fp8Slice x_q, a_q;
   Fp8Weights w_q;
 
@@ -170,7 +184,7 @@ struct BackwardWorkspace {
   void* expert_gemm;           // dx_expert's argument arrays and TMA descriptors
   int ds_parts;
   // FP8: dO's rows [T, d], dH [R_max, W] (beside the bf16 dH, which dW1 and db1 read), the weights
-  // (backward's direction).
+  // (backward's direction; none when given).
   Fp8Slice d_out_q, dh_q;
   Fp8Weights w_q;
 
@@ -219,6 +233,18 @@ void require_saved_elements_aligned(const char* fn, const SavedState& s) {
     require_element_aligned(fn, name, *t);
 }
 
+// MoEWeights::fp8 (undefined unless given): the GEMMs load the codes by TMA (16-byte aligned global
+// addresses), the scales one float at a time.
+void require_fp8_weights_aligned(const char* fn, const MoEWeights& w) {
+  for (auto [prefix, t] : {std::pair{std::string("w.fp8.gate_up_proj."), &w.fp8.gate_up_proj},
+                           {std::string("w.fp8.down_proj."), &w.fp8.down_proj}}) {
+    require_aligned(fn, (prefix + "codes").c_str(), t->codes);
+    require_aligned(fn, (prefix + "codes_t").c_str(), t->codes_t);
+    require_element_aligned(fn, (prefix + "scales").c_str(), t->scales);
+    require_element_aligned(fn, (prefix + "scales_t").c_str(), t->scales_t);
+  }
+}
+
 // The workspace is carved at 256-byte offsets from its base, so its base alignment is every slice's.
 void require_aligned_workspace(const char* fn, Workspace ws) {
   if (reinterpret_cast<uintptr_t>(ws.data) % 16 != 0)
@@ -237,6 +263,7 @@ void require_forward_aligned(const char* fn, const MoEConfig& cfg, const Tensor&
                          {"w.gate_up_proj", &w.gate_up_proj}, {"w.down_proj", &w.down_proj}, {"saved.h", &s.h},
                          {"w.gate_up_bias", &w.gate_up_bias}, {"w.down_bias", &w.down_bias}})
     require_aligned(fn, name, *t);
+  require_fp8_weights_aligned(fn, w);
   require_saved_elements_aligned(fn, s);
   for (auto [name, t] : elements) require_element_aligned(fn, name, *t);
   require_aligned_workspace(fn, ws);
@@ -255,6 +282,7 @@ void require_backward_aligned(const char* fn, const MoEConfig& cfg, const Tensor
                          {"grads.d_gate_up_bias", &g.d_gate_up_bias}, {"grads.d_down_bias", &g.d_down_bias},
                          {"saved.x", &s.x}, {"saved.h", &s.h}})
     require_aligned(fn, name, *t);
+  require_fp8_weights_aligned(fn, w);
   require_saved_elements_aligned(fn, s);
   require_element_aligned(fn, "d_losses", d_losses);
   require_element_aligned(fn, "grads.d_topk_weights", g.d_topk_weights);
@@ -552,12 +580,12 @@ class CudaBackend final : public Backend {
     const cuda::ExpertShape shape = expert_shape(cfg, T);
     if (shape.fp8) {  // x's rows and the weights quantized once; A quantized where up computes it
       cuda::fp8_quantize_rows(x.data, T, cfg.d, w.x_q.codes, w.x_q.scales, stream);
-      w.w_q.quantize(cfg, wt.gate_up_proj.data, wt.down_proj.data, stream);
-      cuda::up_proj_act_fp8(rows, shape, expert_function(cfg), w.x_q.op(), w.w_q.w1.op(), wt.gate_up_bias.data,
-                            s.h.data, w.a, kEpilogueQuantizes ? w.a_q.out() : cuda::Fp8Output{}, stream);
+      const Fp8Weights::Operands w_q = w.w_q.operands(cfg, wt, stream);
+      cuda::up_proj_act_fp8(rows, shape, expert_function(cfg), w.x_q.op(), w_q.w1, wt.gate_up_bias.data, s.h.data,
+                            w.a, kEpilogueQuantizes ? w.a_q.out() : cuda::Fp8Output{}, stream);
       if (!kEpilogueQuantizes)
         cuda::fp8_quantize_rows(w.a, s.rows_capacity, cfg.n, w.a_q.codes, w.a_q.scales, stream);
-      cuda::down_proj_fp8(rows, shape, w.a_q.op(), w.w_q.w2.op(), w.y, stream, w.expert_gemm);
+      cuda::down_proj_fp8(rows, shape, w.a_q.op(), w_q.w2, w.y, stream, w.expert_gemm);
     } else {
       cuda::up_proj_act(rows, shape, expert_function(cfg), x.data, wt.gate_up_proj.data, wt.gate_up_bias.data,
                         s.h.data, w.a, stream);
@@ -598,10 +626,14 @@ class CudaBackend final : public Backend {
       }
     }
 
-    if (shape.fp8) {  // dO's rows and the weights' transposes quantized once; dH where dH's GEMM computes it
+    // FP8: dO's rows quantized once, the weights' transposes given or quantized once (read by dH
+    // here and dx_expert on the GEMM stream, both before the callback that may rewrite them: W2's
+    // follows dH on this stream, W1's follows the join), dH where dH's GEMM computes it.
+    Fp8Weights::Operands w_q{};
+    if (shape.fp8) {
       cuda::fp8_quantize_rows(d_out.data, T, cfg.d, w.d_out_q.codes, w.d_out_q.scales, stream);
-      w.w_q.quantize(cfg, wt.gate_up_proj.data, wt.down_proj.data, stream);
-      cuda::dh_act_bwd_fp8(rows, shape, expert_function(cfg), w.d_out_q.op(), w.w_q.w2.op(), s.h.data, w.dh,
+      w_q = w.w_q.operands(cfg, wt, stream);
+      cuda::dh_act_bwd_fp8(rows, shape, expert_function(cfg), w.d_out_q.op(), w_q.w2, s.h.data, w.dh,
                            w.a_prime_dxexp, w.ds_partial, kEpilogueQuantizes ? w.dh_q.out() : cuda::Fp8Output{},
                            stream);
       if (!kEpilogueQuantizes)
@@ -620,8 +652,7 @@ class CudaBackend final : public Backend {
     }
     if (g.dx.defined()) {
       if (shape.fp8)
-        cuda::dx_expert_fp8(rows, shape, w.dh_q.op(), w.w_q.w1.op(), w.a_prime_dxexp, st.gemm, w.expert_gemm,
-                            config[1]);
+        cuda::dx_expert_fp8(rows, shape, w.dh_q.op(), w_q.w1, w.a_prime_dxexp, st.gemm, w.expert_gemm, config[1]);
       else
         cuda::dx_expert(rows, shape, w.dh, wt.gate_up_proj.data, w.a_prime_dxexp, st.gemm, w.expert_gemm, config[1]);
       st.mark(GemmStream::kDxDone);
