@@ -17,6 +17,14 @@
 #             machine compiled for 430 s without finishing its first row; the next call on the warm
 #             machine ran the whole grid in 370 s).
 #   ITERS, WARM  timed and warm-up iterations of both (default 10 and 3, sonic_bench.py's defaults).
+#   STEADY    1: time each row at the GPU's steady state instead, alternating the two layers: per row and
+#             round, leanmoe then SonicMoE (round 2 SonicMoE first), each in its own process with
+#             warm-up and timed iterations from the row's FLOPs (about 3 s of warm-up and 1.5 s timed at
+#             450 TFLOP/s: bench/steady_iters.py), both eager and as graph replays. Why: an idle H200
+#             runs at 1980 MHz until its averaged power reaches the 700 W cap after ~1.8 s, so a short loop
+#             on a small row is up to 10% faster than the same loop a second later (docs/kernels.md "The
+#             power ramp"), and whichever layer runs first gets the boost. ROUNDS (default 2) rounds;
+#             writes side_by_side_rN.md per round (ANCHOR is not run).
 # Writes to $OUT (at most 8 files come back): side_by_side.md, leanmoe.json, sonic.json, baseline.json,
 # logs.tar.gz and, when SonicMoE compiled anything new, quack_cache.tar.xz (split into .partN files when
 # it exceeds 15 MiB): keep it in .carry/ for the next call (scripts/prepare_carry.sh picks it up).
@@ -53,6 +61,56 @@ nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,utilizatio
   >"$W/smi_log.csv" 2>&1 &
 SMI=$!
 "$TMPD/vs_bin/leanmoe" version
+
+if [ "${STEADY:-0}" = 1 ]; then
+  if [ ! -d "$TMPD/site/sonicmoe" ]; then
+    { mkdir -p "$TMPD/site" && tar xJf "$S/lb.tar.xz" -C "$TMPD/site" &&
+      python3 -m pip install -q --no-index --no-deps --no-compile --target "$TMPD/site" "$S"/*.whl; } >"$W/install.log" 2>&1 ||
+      { echo "vs_sonic: SonicMoE install failed"; cat "$W/install.log"; }
+  fi
+  export PYTHONPATH="$TMPD/site:$TMPD/site/nvidia_cutlass_dsl/python_packages" QUACK_CACHE_DIR="$TMPD/quack_cache" QUACK_CACHE_AUTOTUNING=1
+  [ -d "$TMPD/quack_cache" ] || { [ -f "$V/quack_cache.tar.xz" ] && tar xJf "$V/quack_cache.tar.xz" -C "$TMPD"; }
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    mkdir -p "$W/r$round"
+    for c in ${CONFIGS//,/ }; do
+      read -r warm iters < <(python3 bench/steady_iters.py "$c")
+      run_lm() {
+        echo "round $round $c leanmoe --warmup $warm --iters $iters (t=$((SECONDS - START)) s)"
+        timeout "$(upto 120)" "$TMPD/vs_bin/leanmoe" bench --config "$c" --router topk_then_softmax --graph \
+          --iters "$iters" --warmup "$warm" --json "$W/r$round/leanmoe_$c.json" >>"$W/r$round/leanmoe.txt" 2>&1
+        echo "rc=$?"
+      }
+      run_sonic() {
+        echo "round $round $c sonic WARM=$warm ITERS=$iters (t=$((SECONDS - START)) s)"; mkdir -p "$W/r$round/s_$c"
+        GRAPH=1 CONFIGS="$c" WARM="$warm" ITERS="$iters" ROUTER=topk_then_softmax OUT="$W/r$round/s_$c" PYTHONUNBUFFERED=1 \
+          timeout "$(upto 300)" python3 "$S/sonic_bench.py" >>"$W/r$round/sonic.log" 2>&1
+        echo "rc=$?"
+      }
+      if [ $((round % 2)) = 1 ]; then run_lm; run_sonic; else run_sonic; run_lm; fi
+    done
+    python3 - "$W/r$round" <<'PY'
+import glob, json, os, sys
+d = sys.argv[1]
+lm = [json.load(open(f)) for f in sorted(glob.glob(d + "/leanmoe_*.json"))]
+if lm:
+    out = dict(lm[0]); out["results"] = [r for j in lm for r in j["results"]]
+    out["command"] = "per row: " + "; ".join(j["command"] for j in lm)
+    json.dump(out, open(os.path.join(os.path.dirname(d), os.path.basename(d) + "_leanmoe.json"), "w"), indent=1)
+son = [json.load(open(f)) for f in sorted(glob.glob(d + "/s_*/sonic.json"))]
+if son:
+    out = dict(son[0]); out["rows"] = [r for j in son for r in j["rows"]]
+    json.dump(out, open(os.path.join(os.path.dirname(d), os.path.basename(d) + "_sonic.json"), "w"), indent=1)
+PY
+    args=(--leanmoe "$W/r${round}_leanmoe.json" --commit "$commit" --out "$W/side_by_side_r$round.md"
+          --command "STEADY=1 CONFIGS=$CONFIGS bash bench/vs_sonic.sh (round $round of ${ROUNDS:-2}; iterations: bench/steady_iters.py)")
+    [ -f "$W/r${round}_sonic.json" ] && args+=(--sonic "$W/r${round}_sonic.json")
+    [ -f "$W/r${round}_leanmoe.json" ] && python3 bench/compare.py "${args[@]}" &&
+      sed -n '/CUDA-graph replays/,/^## Against SonicMoE, eager/p' "$W/side_by_side_r$round.md"
+    cp "$W/side_by_side_r$round.md" "$W/r${round}_leanmoe.json" "$W/r${round}_sonic.json" "$FINAL/" 2>/dev/null
+  done
+  echo "== done in $((SECONDS - START)) s"
+  exit 0
+fi
 
 LM_CMD="leanmoe bench --grid --router topk_then_softmax --graph --iters $ITERS --warmup $WARM --json leanmoe.json"
 echo "== leanmoe grid (t=$((SECONDS - START)) s)"

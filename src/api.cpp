@@ -14,11 +14,12 @@ const char* dtype_name(DType t) {
     case DType::bf16: return "bf16";
     case DType::f32: return "f32";
     case DType::i32: return "i32";
+    case DType::e4m3: return "e4m3";
   }
   return "?";
 }
 const char* device_name(Device d) { return d == Device::cpu ? "cpu" : "cuda"; }
-size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
+size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : t == DType::e4m3 ? 1 : 4; }
 
 const char* router_convention_name(RouterConvention r) {
   return r == RouterConvention::topk_then_softmax ? "topk_then_softmax" : "softmax_then_topk";
@@ -150,6 +151,7 @@ std::string MoEConfig::describe() const {
   if (interleaved) s += " interleaved";
   if (transposed) s += " transposed";
   if (precision != Precision::storage) s += std::string(" precision=") + precision_name(precision);
+  if (fp8_weights_given) s += " fp8_weights_given";
   return s;
 }
 

@@ -96,6 +96,47 @@ void check_backend_support(const char* fn, const MoEConfig& cfg, DType dtype, co
     fail(fn, "cfg", reason + " (backend: " + be.description() + ", dtype " + dtype_name(dtype) + ")", cfg.describe());
 }
 
+// w.fp8: given exactly when cfg.fp8_weights_given (the workspace is planned from cfg), then all
+// eight tensors: each weight's e4m3 codes as stored [E, R, C] with f32 scales [E, R/128, C/128], and
+// the transposed codes [E, C, R] with [E, C/128, R/128], on the weights' device.
+void check_fp8_weights(const char* fn, const MoEConfig& cfg, const MoEWeights& w, const Tensor& ref,
+                       const char* ref_name) {
+  const int64_t W = up_width(cfg);
+  const Dim E{"E", cfg.E}, d{"d", cfg.d}, n{"n", cfg.n}, Wd{W == cfg.n ? "n" : "2n", W};
+  const Dim d_b{"d/128", cfg.d / 128}, n_b{"n/128", cfg.n / 128}, W_b{W == cfg.n ? "n/128" : "2n/128", W / 128};
+  struct Weight {
+    const char* codes, *scales, *codes_t, *scales_t;  // argument names
+    const Fp8WeightCodes& t;
+    Dim r, c, r_b, c_b;  // the weight's [R, C] as stored, and its blocks
+  };
+  const Weight weights[2] = {
+      {"w.fp8.gate_up_proj.codes", "w.fp8.gate_up_proj.scales", "w.fp8.gate_up_proj.codes_t",
+       "w.fp8.gate_up_proj.scales_t", w.fp8.gate_up_proj, cfg.transposed ? d : Wd, cfg.transposed ? Wd : d,
+       cfg.transposed ? d_b : W_b, cfg.transposed ? W_b : d_b},
+      {"w.fp8.down_proj.codes", "w.fp8.down_proj.scales", "w.fp8.down_proj.codes_t", "w.fp8.down_proj.scales_t",
+       w.fp8.down_proj, cfg.transposed ? n : d, cfg.transposed ? d : n, cfg.transposed ? n_b : d_b,
+       cfg.transposed ? d_b : n_b}};
+  const std::string layout = cfg.transposed ? " (cfg.transposed)" : "";
+  for (const Weight& x : weights) {
+    for (auto [name, t, dims, dtype] :
+         {std::tuple{x.codes, &x.t.codes, std::vector<Dim>{E, x.r, x.c}, DType::e4m3},
+          std::tuple{x.scales, &x.t.scales, std::vector<Dim>{E, x.r_b, x.c_b}, DType::f32},
+          std::tuple{x.codes_t, &x.t.codes_t, std::vector<Dim>{E, x.c, x.r}, DType::e4m3},
+          std::tuple{x.scales_t, &x.t.scales_t, std::vector<Dim>{E, x.c_b, x.r_b}, DType::f32}}) {
+      if (!cfg.fp8_weights_given) {
+        if (t->defined())
+          fail(fn, name, "must be undefined unless cfg.fp8_weights_given (the workspaces are planned from cfg)",
+               t->describe());
+        continue;
+      }
+      check_tensor(fn, name, *t, dims, dtype,
+                   std::string(dtype == DType::e4m3 ? "(fp8 codes" : "(power-of-two block scales") +
+                       ", cfg.fp8_weights_given)" + layout,
+                   ref, ref_name);
+    }
+  }
+}
+
 // The expert weights in cfg's layout (leanmoe.h MoEWeights); the router unless routing is given.
 void check_weights(const char* fn, const MoEConfig& cfg, const MoEWeights& w, const Tensor& ref, const char* ref_name,
                    const Backend& be) {
@@ -117,6 +158,7 @@ void check_weights(const char* fn, const MoEConfig& cfg, const MoEWeights& w, co
     check_tensor(fn, name, *t, t == &w.gate_up_bias ? std::vector<Dim>{E, W} : std::vector<Dim>{E, d}, ref.dtype, why,
                  ref, ref_name);
   }
+  check_fp8_weights(fn, cfg, w, ref, ref_name);
 }
 
 // The saved state must come from make_saved_state for this T, config, dtype and device.
@@ -245,9 +287,14 @@ std::vector<Range> saved_ranges(const SavedState& s) {
 
 // The weights a call reads (w.router is undefined, hence empty, with routing given).
 std::vector<Range> weight_ranges(const MoEWeights& w) {
+  const Fp8WeightCodes &g = w.fp8.gate_up_proj, &dn = w.fp8.down_proj;
   return {range_of("w.router", w.router), range_of("w.gate_up_proj", w.gate_up_proj),
           range_of("w.down_proj", w.down_proj), range_of("w.gate_up_bias", w.gate_up_bias),
-          range_of("w.down_bias", w.down_bias)};
+          range_of("w.down_bias", w.down_bias),
+          range_of("w.fp8.gate_up_proj.codes", g.codes), range_of("w.fp8.gate_up_proj.scales", g.scales),
+          range_of("w.fp8.gate_up_proj.codes_t", g.codes_t), range_of("w.fp8.gate_up_proj.scales_t", g.scales_t),
+          range_of("w.fp8.down_proj.codes", dn.codes), range_of("w.fp8.down_proj.scales", dn.scales),
+          range_of("w.fp8.down_proj.codes_t", dn.codes_t), range_of("w.fp8.down_proj.scales_t", dn.scales_t)};
 }
 
 // forward / forward_routed: the saved state, out, losses and the workspace are written; x, the
@@ -345,6 +392,9 @@ void validate_config(const MoEConfig& cfg, const char* fn) {
          "alpha " + std::to_string(cfg.act_alpha) + ", limit " + std::to_string(cfg.act_limit));
   if (cfg.precision != Precision::storage && cfg.precision != Precision::fp8)
     fail(fn, "cfg", "cfg.precision must be one of the Precision values", std::to_string(int(cfg.precision)));
+  if (cfg.fp8_weights_given && cfg.precision != Precision::fp8)
+    fail(fn, "cfg", "cfg.fp8_weights_given needs cfg.precision = fp8 (the codes are the FP8 GEMMs' operands)",
+         std::string("precision ") + precision_name(cfg.precision));
   // FP8 scales cover 128 values along each GEMM's K (d for up and dH, n for down, W for dX) and
   // weight blocks of 128 x 128 (DESIGN.md "FP8"): no partial tile.
   for (auto [field, v] : {std::pair{"d", cfg.d}, {"n", cfg.n}})

@@ -13,10 +13,11 @@
 // rounds for an A/B). --interleaved: W1's gate/up rows (columns) alternate, as gpt-oss's. The expert
 // function is SwiGLU without biases; the HF layout without --interleaved is the default path, which
 // has its own up and dH kernels (docs/kernels.md), the other combinations run the general ones.
-// --precision: fp8 runs up and dH through up_proj_act_fp8 / dh_act_bwd_fp8 on e4m3 codes of the same
-// x, dO, W1 and W2 (quantized once per shape, untimed, by fp8_quantize_rows / fp8_quantize_blocks,
-// W2's transposed copy for dH), layout column "<layout>-fp8", TFLOP/s counted as bf16's 2·M·N·K; the
-// other GEMMs have no FP8 kernel here and are skipped. A list alternates per GEMM (an A/B).
+// --precision: fp8 runs up, down, dH and dX through their *_fp8 launchers on e4m3 codes of the same
+// x, dO, A, dH, W1 and W2 (quantized once per shape, untimed, by fp8_quantize_rows /
+// fp8_quantize_blocks, the transposed copies for dH and dX), layout column "<layout>-fp8", TFLOP/s
+// counted as bf16's 2·M·N·K; dW1 and dW2 have no FP8 kernel and are skipped. A list alternates per
+// GEMM (an A/B).
 //
 // --config runs the given kernel configuration (src/cuda/gemm_config.h, e.g.
 // up=gather:coop:128x256:s4:warp:c1:b4) for that GEMM kind on every shape, the heuristic's for the
@@ -106,18 +107,23 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
   auto h = random_bf16(R * 2 * n, 1.f, 5), a = random_bf16(R * n, 1.f, 6), y = random_bf16(R * d, 1.f, 7);
   auto dh = random_bf16(R * 2 * n, 1.f, 8), a_prime = random_bf16(R * n, 1.f, 9);
   auto dx = random_bf16(R * d, 1.f, 10), dw1 = random_bf16(E * 2 * n * d, 1.f, 11), dw2 = random_bf16(E * d * n, 1.f, 12);
-  // FP8 operands (--precision fp8): codes and scales of x, dO, W1 [E, 2n, d] and W2's transposed copy
-  // W2t [E, n, d] (dH's K-major operand).
+  // FP8 operands (--precision fp8), quantized once here, outside the timing: codes and scales of x, dO,
+  // A [R, n] and dH [R, 2n] (down's and dx's inputs), W1 [E, 2n, d] with its transposed copy W1t
+  // [E, d, 2n] (dx's K-major operand), W2 [E, d, n] with W2t [E, n, d] (dH's).
   const bool fp8 = std::find(precisions.begin(), precisions.end(), true) != precisions.end();
   auto sizes = [&](int64_t count) { return size_t(fp8 ? count : 0); };
-  DeviceBuffer<uint8_t> x_q(sizes(T * d)), dout_q(sizes(T * d)), w1_q(sizes(E * 2 * n * d)), w2_q(sizes(E * d * n)),
-      w2t_q(sizes(E * d * n));
-  DeviceBuffer<float> x_s(sizes(T * d / 128)), dout_s(sizes(T * d / 128)), w1_s(sizes(E * 2 * n * d / 128 / 128)),
-      w2_s(sizes(E * d * n / 128 / 128)), w2t_s(sizes(E * d * n / 128 / 128));
+  const int64_t w1n = E * 2 * n * d, w2n = E * d * n;
+  DeviceBuffer<uint8_t> x_q(sizes(T * d)), dout_q(sizes(T * d)), a_q(sizes(R * n)), dh_q(sizes(R * 2 * n)),
+      w1_q(sizes(w1n)), w1t_q(sizes(w1n)), w2_q(sizes(w2n)), w2t_q(sizes(w2n));
+  DeviceBuffer<float> x_s(sizes(T * d / 128)), dout_s(sizes(T * d / 128)), a_s(sizes(R * n / 128)),
+      dh_s(sizes(R * 2 * n / 128)), w1_s(sizes(w1n / 128 / 128)), w1t_s(sizes(w1n / 128 / 128)),
+      w2_s(sizes(w2n / 128 / 128)), w2t_s(sizes(w2n / 128 / 128));
   if (fp8) {
     lc::fp8_quantize_rows(x.ptr, T, d, x_q.ptr, x_s.ptr, nullptr);
     lc::fp8_quantize_rows(d_out.ptr, T, d, dout_q.ptr, dout_s.ptr, nullptr);
-    lc::fp8_quantize_blocks(w1.ptr, E, 2 * n, d, w1_q.ptr, w1_s.ptr, nullptr, nullptr, nullptr);
+    lc::fp8_quantize_rows(a.ptr, R, n, a_q.ptr, a_s.ptr, nullptr);
+    lc::fp8_quantize_rows(dh.ptr, R, 2 * n, dh_q.ptr, dh_s.ptr, nullptr);
+    lc::fp8_quantize_blocks(w1.ptr, E, 2 * n, d, w1_q.ptr, w1_s.ptr, w1t_q.ptr, w1t_s.ptr, nullptr);
     lc::fp8_quantize_blocks(w2.ptr, E, d, n, w2_q.ptr, w2_s.ptr, w2t_q.ptr, w2t_s.ptr, nullptr);
   }
   check_cuda(cudaDeviceSynchronize(), "fill");
@@ -144,7 +150,10 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
                              k);
        }},
       {GemmKind::Down, 2 * mnk,
-       [&](S s, const lc::GemmConfig* k) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, k); }},
+       [&](S s, const lc::GemmConfig* k) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, k); },
+       [&](S s, const lc::GemmConfig* k) {
+         lc::down_proj_fp8(rows, s, {a_q.ptr, a_s.ptr}, {w2_q.ptr, w2_s.ptr}, y.ptr, nullptr, nullptr, k);
+       }},
       {GemmKind::Dh, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) {
          lc::dh_act_bwd(rows, s, fn, d_out.ptr, w2.ptr, h.ptr, dh.ptr, a_prime.ptr, ds_partial.ptr, nullptr, k);
@@ -156,7 +165,10 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
       {GemmKind::Dw2, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr, k); }},
       {GemmKind::Dx, 4 * mnk,
-       [&](S s, const lc::GemmConfig* k) { lc::dx_expert(rows, s, dh.ptr, w1.ptr, dx.ptr, nullptr, nullptr, k); }},
+       [&](S s, const lc::GemmConfig* k) { lc::dx_expert(rows, s, dh.ptr, w1.ptr, dx.ptr, nullptr, nullptr, k); },
+       [&](S s, const lc::GemmConfig* k) {
+         lc::dx_expert_fp8(rows, s, {dh_q.ptr, dh_s.ptr}, {w1t_q.ptr, w1t_s.ptr}, dx.ptr, nullptr, nullptr, k);
+       }},
       {GemmKind::Dw1, 4 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::dw1(rows, s, dh.ptr, x.ptr, dw1.ptr, nullptr, k); }},
   };
@@ -265,9 +277,9 @@ int main(int argc, char** argv) {
         for (const bool transposed : layouts)
           for (const bool fp8 : precisions)
             for (const lc::GemmConfig* want : requested[kind])
-              if (want && !(fp8 && kind != lc::GemmKind::Up && kind != lc::GemmKind::Dh)) {
+              if (want) {
                 lc::ExpertShape s{shape.T, shape.d, shape.n, true, transposed};
-                s.fp8 = fp8;
+                s.fp8 = fp8 && kind != lc::GemmKind::Dw1 && kind != lc::GemmKind::Dw2;  // dW1, dW2 stay bf16
                 lc::resolve_gemm_config(kind, s, shape.E, prop.multiProcessorCount, want);
               }
     std::printf("GPU: %s (%d SMs); median of %d launches after %d warm-up\n\n", prop.name, prop.multiProcessorCount,

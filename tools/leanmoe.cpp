@@ -24,6 +24,7 @@
 #include "balanced_routing.h"
 #include "configs.h"
 #include "leanmoe/leanmoe.h"
+#include "leanmoe/optim.h"
 #include "naive_moe.h"
 #include "tool_util.h"
 
@@ -65,6 +66,12 @@ bench options:
   --rounding nearest|up|down token-rounding mode (default nearest)
   --layout hf|transposed     expert weights as gate_up_proj [E, 2n, d], down_proj [E, d, n] (default) or
                              transposed, gpt-oss's [E, d, 2n], [E, n, d] (read in place)
+  --precision storage|fp8    expert GEMM operands: the storage dtype's values (default) or e4m3 with
+                             block scales (bf16 storage, d and n multiples of 128; docs/DESIGN.md "FP8")
+  --fp8-weights given|per-call   fp8: the weights' FP8 codes given to the layer (cfg.fp8_weights_given),
+                             quantized once before timing by the expert optimizer's set_fp8_copy, as a
+                             training step with the fused optimizer sees them (default); or quantized by
+                             every forward and backward call
   --iters N --warmup N       timed and untimed iterations (default 20/3 on cuda, 5/1 on cpu)
   --graph                    also time forward and backward as CUDA-graph replays (cuda only)
   --bwd-overlap off|auto|N   cuda backward: off runs every step on one stream; otherwise the expert
@@ -90,6 +97,7 @@ struct Options {
   std::string device = "auto";
   std::optional<DType> dtype;
   MoEConfig layer;  // router, norm_topk_prob, routing, tile, rounding_mode; d..K come from the shape
+  bool fp8_per_call = false;  // --fp8-weights per-call: no cfg.fp8_weights_given
   bool balanced = false;  // --routing balanced: layer.routing is given, the ids from balanced_routing
   std::optional<int64_t> tile;  // token rounding; bench defaults to MoEConfig's 128, check to 32
   std::optional<int> iters, warmup;
@@ -120,7 +128,8 @@ V parse_choice(const std::string& flag, const std::string& v, std::initializer_l
 Options parse_options(const std::string& cmd, const std::vector<std::string>& args) {
   const std::vector<std::string> bench_flags = {"config", "T", "d", "n", "E", "K", "grid", "device", "dtype",
                                                 "router", "norm-topk-prob", "routing", "tile", "rounding",
-                                                "layout", "iters", "warmup", "graph", "json", "bwd-overlap"};
+                                                "layout", "precision", "fp8-weights", "iters", "warmup", "graph",
+                                                "json", "bwd-overlap"};
   const std::vector<std::string> check_flags = {"T", "d", "n", "E", "K", "device", "dtype", "seeds", "tile"};
   const auto& allowed = cmd == "bench" ? bench_flags : check_flags;
   Options o;
@@ -168,6 +177,11 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
                                                           {"down", RoundingMode::down}});
     else if (name == "layout")
       o.layer.transposed = parse_choice<bool>(name, take(), {{"hf", false}, {"transposed", true}});
+    else if (name == "precision")
+      o.layer.precision = parse_choice<Precision>(name, take(), {{precision_name(Precision::storage), Precision::storage},
+                                                                 {precision_name(Precision::fp8), Precision::fp8}});
+    else if (name == "fp8-weights")
+      o.fp8_per_call = parse_choice<bool>(name, take(), {{"given", false}, {"per-call", true}});
     else if (name == "iters") o.iters = int(parse_int(name, take(), 1));
     else if (name == "warmup") o.warmup = int(parse_int(name, take(), 0));
     else if (name == "seeds") o.seeds = int(parse_int(name, take(), 1));
@@ -377,7 +391,7 @@ BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, bool balanced
   cfg.d = s.d, cfg.n = s.n, cfg.E = s.E, cfg.K = s.K;
   const int64_t T = s.T, d = s.d, n = s.n, E = s.E;
   if (balanced) require_balanced_routing(s, cfg.tile);  // a grid row that breaks the rule fails alone
-  LayerMemory mem(cfg, T, dt, dev);
+  LayerMemory mem(cfg, T, dt, dev);  // cfg.fp8_weights_given: no weight codes in the workspaces
 
   // One weight set: every grid row's weights (>= 151 MB) already exceed the H200's 60 MB L2.
   // Inputs rotate over three sets so no iteration finds its x or dO in cache from the last one.
@@ -390,6 +404,14 @@ BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, bool balanced
   };
   auto down_view = [&](const Buffer& b) { return cfg.transposed ? b.view(dt, {E, n, d}) : b.view(dt, {E, d, n}); };
   MoEWeights w{router.view(dt, {E, d}), gate_up_view(gate_up), down_view(down)};
+  // cfg.fp8_weights_given: the weights' codes, written once (by the expert optimizer's FP8 copy, as
+  // its update would write them): the timed calls quantize no weight.
+  std::optional<optim::Fp8WeightBuffers> fp8;
+  if (cfg.fp8_weights_given) {
+    fp8.emplace(cfg, dev);
+    fp8->quantize(w);
+    w.fp8 = fp8->weights();
+  }
   constexpr int kSets = 3;
   std::vector<Buffer> xs, douts;
   for (int i = 0; i < kSets; ++i) {
@@ -555,6 +577,9 @@ void write_json(const std::string& path, const std::string& command, Device dev,
       << (c.norm_topk_prob ? "true" : "false") << ", \"routing\": \"" << routing_label(c, r.balanced)
       << "\", \"tile\": " << c.tile << ", \"rounding\": \"" << rounding_mode_name(c.rounding_mode)
       << "\", \"layout\": \"" << (c.transposed ? "transposed" : "hf")
+      << "\", \"precision\": \"" << precision_name(c.precision)
+      << (c.precision == Precision::fp8 ? (c.fp8_weights_given ? "\", \"fp8_weights\": \"given" : "\", \"fp8_weights\": \"per-call")
+                                         : "")
       << "\", \"device\": \"" << device_name(dev) << "\", \"dtype\": \"" << dtype_name(dt) << "\", \"rows\": " << r.rows
       << ", \"rows_topk\": " << r.shape.T * c.K << ", \"expert_rows_min\": " << r.expert_rows_min
       << ", \"expert_rows_max\": " << r.expert_rows_max << ", \"tiles\": " << r.tiles << ", \"fwd_ms\": " << r.fwd_ms << ", \"bwd_ms\": " << r.bwd_ms
@@ -601,12 +626,16 @@ int run_bench(const Options& o, const std::string& command) {
   if (o.layer.routing == Routing::token_rounding)
     std::printf(" (tile %lld, %s)", (long long)o.layer.tile, rounding_mode_name(o.layer.rounding_mode));
   if (o.layer.transposed) std::printf(", transposed weights");
+  if (o.layer.precision == Precision::fp8)
+    std::printf(", fp8 (weights' codes %s)", o.fp8_per_call ? "quantized per call" : "given, quantized once");
   if (dev == Device::cuda) std::printf("; bwd overlap %s", o.bwd_overlap.c_str());
   std::printf("; median of %d after %d warm-up%s\n", iters, warmup,
               graph ? "; graph = CUDA-graph replays, timed with events" : "");
   std::printf("# flops: fwd 6*T*K*d*n, bwd 12*T*K*d*n; saved = SavedState bytes without x; naive = a textbook "
               "autograd's saved tensors; ratio = saved / naive\n");
   print_bench_header(dev, graph);
+  MoEConfig layer = o.layer;
+  layer.fp8_weights_given = layer.precision == Precision::fp8 && !o.fp8_per_call;
   const auto start = std::chrono::steady_clock::now();
   std::vector<BenchResult> results;
   for (size_t i = 0; i < shapes.size(); ++i) {
@@ -614,7 +643,7 @@ int run_bench(const Options& o, const std::string& command) {
     std::fprintf(stderr, "%s: T=%lld d=%lld n=%lld E=%lld K=%lld ...\n", progress.c_str(), (long long)shapes[i].T,
                  (long long)shapes[i].d, (long long)shapes[i].n, (long long)shapes[i].E, (long long)shapes[i].K);
     try {
-      results.push_back(bench_one(shapes[i], o.layer, o.balanced, dt, dev, warmup, iters, graph, progress));
+      results.push_back(bench_one(shapes[i], layer, o.balanced, dt, dev, warmup, iters, graph, progress));
       print_bench_row(results.back(), dev, graph);
     } catch (const std::exception& e) {
       BenchResult failed;

@@ -25,7 +25,7 @@ inline void check_cutlass(cutlass::Status s, const char* what) {
 // A configuration: the library's fields plus the choices the library fixes (cluster shape, epilogue tile).
 template <bool Pingpong, int TileM, int TileN, int ClusterM, int ClusterN, int EpiN = 0>
 struct Config {
-  static constexpr bool kPingpong = Pingpong;
+  static constexpr bool kPingpong = Pingpong, kFp8 = false;
   using Tile = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::_64>;
   using Cluster = cute::Shape<cute::Int<ClusterM>, cute::Int<ClusterN>, cute::_1>;
   using Mainloop = std::conditional_t<Pingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
@@ -117,7 +117,7 @@ void launch(const Problem& p, bool along_n, void* workspace, int sms, cudaStream
   const auto stride_d = cutlass::make_cute_packed_stride(typename G::StrideD{}, {1, N, 1});
   k::fill_group_args<G><<<(E + 127) / 128, 128, 0, stream>>>(
       p.expert_offsets, E, N, K, static_cast<const Element*>(p.a), static_cast<const Element*>(p.b),
-      static_cast<Element*>(p.d), K, N, p.b_expert_stride, stride_a, stride_b, stride_d, g);
+      static_cast<Element*>(p.d), K, N, p.b_expert_stride, k::GroupScales{}, stride_a, stride_b, stride_d, g);
   check_cuda(cudaGetLastError(), "fill_group_args");
   constexpr int kClusterSize = cute::size(typename G::Kernel::ClusterShape{});
   cutlass::KernelHardwareInfo hw;

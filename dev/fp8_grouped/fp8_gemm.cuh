@@ -4,6 +4,7 @@
 // persistent grid sized by cudaOccupancyMaxActiveClusters. The scale pointers are per group; CUTLASS
 // rebuilds each group's scale layout from its (M_e, N, K), so the layout arguments are never read.
 #pragma once
+#include "cuda/kernels/sm90_cutlass_grouped_gemm.cuh"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
 #include "fp8_grouped.h"
 #include "launch.cuh"
@@ -12,17 +13,11 @@ namespace fp8g {
 
 using namespace cute;
 
-// Tile K is 128 = the scale granularity along K: one scale per row (A) and per 128 columns (B) per
-// k-tile; FP8 wgmma reads both operands K-major from shared memory.
+// The library's FP8 tile configuration (tile K 128 = the scale block; src/cuda/kernels/
+// sm90_cutlass_grouped_gemm.cuh), plus A's scale major-ness, which the library fixes to K.
 template <bool Pingpong, int TileM, int TileN, int ClusterM, int ClusterN, bool SfaMN = false>
-struct Config {
-  static constexpr bool kPingpong = Pingpong, kSfaMN = SfaMN;
-  using Tile = Shape<Int<TileM>, Int<TileN>, _128>;
-  using Cluster = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
-  using Mainloop = std::conditional_t<Pingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpongFP8Blockwise,
-                                      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8Blockwise>;
-  using Epilogue = std::conditional_t<Pingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
-                                      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+struct Config : leanmoe::cuda::kernels::cutlass_sm90::Fp8Config<Pingpong, TileM, TileN, ClusterM, ClusterN> {
+  static constexpr bool kSfaMN = SfaMN;
 };
 
 template <class C>

@@ -29,7 +29,8 @@ class Error : public std::invalid_argument {
 // ---------------------------------------------------------------------------------------------
 // Tensors
 // ---------------------------------------------------------------------------------------------
-enum class DType { bf16, f32, i32 };
+// e4m3: fp8 codes (1 byte, OCP E4M3), only in MoEWeights::fp8 (cfg.fp8_weights_given).
+enum class DType { bf16, f32, i32, e4m3 };
 enum class Device { cpu, cuda };
 
 const char* dtype_name(DType);
@@ -127,6 +128,12 @@ struct MoEConfig {
   bool interleaved = false;  // gated only: up-projection rows alternate [g0, u0, g1, u1, ...] (else [gate; up])
   bool transposed = false;   // gate_up_proj [E, d, 2n] and down_proj [E, n, d] (else [E, 2n, d] and [E, d, n])
   Precision precision = Precision::storage;  // fp8: bf16 storage, d and n multiples of 128
+  // fp8 only: the caller gives the weights' FP8 codes in MoEWeights::fp8 (kept current by the
+  // optimizer, ExpertOptimizer::set_fp8_copy), so no call quantizes a weight and plan_layer's
+  // workspaces hold no weight codes. false: each forward/backward quantizes the bf16 weights
+  // itself, into its workspace. A config field, not just the argument, because the workspace
+  // sizes are planned from the config.
+  bool fp8_weights_given = false;
 
   std::string describe() const;
 };
@@ -159,12 +166,30 @@ double backward_flops(const MoEConfig& cfg, int64_t T);
 //   down_proj     [E, d, n]; cfg.transposed: [E, n, d]
 //   gate_up_bias  [E, W] optional, in the row order of gate_up_proj: h = W1·x + b1
 //   down_bias     [E, d] optional: y = W2·a + b2
+//
+// fp8 (cfg.fp8_weights_given only, else all undefined): the expert weights' FP8 codes, each weight
+// seen as E matrices [R, C] as stored (gate_up_proj: [W, d], transposed [d, W]; down_proj: [d, n],
+// transposed [n, d]) and quantized in 128 x 128 blocks, plus the same codes transposed: exactly
+// what fp8 quantization of the current bf16 weights gives (ExpertOptimizer::set_fp8_copy writes
+// them in each update). The layer reads them instead of quantizing; it does not check their values.
+struct Fp8WeightCodes {
+  Tensor codes;     // e4m3 [E, R, C], the weight's shape
+  Tensor scales;    // f32 [E, R/128, C/128], powers of two
+  Tensor codes_t;   // e4m3 [E, C, R]: the codes transposed
+  Tensor scales_t;  // f32 [E, C/128, R/128]
+};
+struct Fp8ExpertWeights {
+  Fp8WeightCodes gate_up_proj;  // forward reads codes (transposed layout: codes_t), backward codes_t (codes)
+  Fp8WeightCodes down_proj;     // likewise
+};
+
 struct MoEWeights {
   Tensor router;
   Tensor gate_up_proj;
   Tensor down_proj;
   Tensor gate_up_bias;
   Tensor down_bias;
+  Fp8ExpertWeights fp8;
 };
 
 // Gradients, same shapes and dtype as the weights / input. Any may be left undefined: that

@@ -45,6 +45,40 @@ struct SGD {
 
 using Rule = std::variant<AdamW, SGD>;
 
+// The FP8 copy of a bf16 parameter that ExpertOptimizer::step writes in its update pass
+// (docs/DESIGN.md "FP8", docs/optim.md): the parameter viewed as E matrices [R, C], quantized in
+// 128 x 128 blocks exactly as fp8::quantize / fp8_quantize_blocks would quantize its bf16 values.
+// Buffers are the caller's (on the parameter's device); the optimizer keeps the pointers.
+struct Fp8Copy {
+  int64_t E = 0, R = 0, C = 0;  // E * R * C = the parameter's numel; R, C multiples of 128
+  uint8_t* codes = nullptr;     // e4m3 [E, R, C]
+  float* scales = nullptr;      // [E, R/128, C/128], powers of two
+  uint8_t* codes_t = nullptr;   // optional: the same codes transposed, [E, C, R] (K-major for W^T)
+  float* scales_t = nullptr;    // [E, C/128, R/128]; given exactly when codes_t is
+};
+
+// Owned buffers for one layer's MoEWeights::fp8 (cfg.fp8_weights_given) on `device`: each expert
+// weight's codes, scales and transposed copy in cfg's layout, and the Fp8Copy that
+// ExpertOptimizer::set_fp8_copy fills them through (the weight seen as E matrices [R, C] as stored).
+class Fp8WeightBuffers {
+ public:
+  Fp8WeightBuffers(const MoEConfig& cfg, Device device);
+  const Fp8ExpertWeights& weights() const { return weights_; }
+  Fp8Copy copy(ExpertWeight which) const;  // gate_up_proj or down_proj
+  // Writes the codes of w's current gate_up_proj and down_proj once (enqueued on `stream` for the
+  // GPU), through set_fp8_copy of a stateless optimizer: for callers with no optimizer keeping them
+  // current (benchmarks, tests, inference). A training loop registers copy() with its own optimizer.
+  void quantize(const MoEWeights& w, Stream stream = nullptr) const;
+
+ private:
+  struct One {
+    int64_t E = 0, R = 0, C = 0;
+    Buffer codes, scales, codes_t, scales_t;
+  };
+  One gate_up_, down_;
+  Fp8ExpertWeights weights_;
+};
+
 // Per-tensor state buffers (fp32, same numel as the parameter).
 enum class StateKind { exp_avg, exp_avg_sq, momentum, master };
 const char* state_kind_name(StateKind);
@@ -68,6 +102,16 @@ class ExpertOptimizer {
   void register_tensor(const std::string& name, const Tensor& param, bool fp32_master = false);
   bool has_tensor(const std::string& name) const;
   std::vector<std::string> names() const;  // in registration order
+
+  // From now on every step(name) also writes `copy`, the FP8 codes and scales of the parameter's new
+  // bf16 values, in the same pass (on the GPU one kernel: no separate quantization per step). Also
+  // writes the copy of the parameter's current values now (enqueued on `stream` for the GPU), so the
+  // copy is valid from this call on; call it again after changing the parameter outside step()
+  // (e.g. loading weights). Rules (else an Error naming the argument): bf16 parameter; E >= 1, R and
+  // C positive multiples of 128, E * R * C = numel; codes and scales not null, codes_t and scales_t
+  // both or neither; every buffer on the parameter's device; on the GPU the parameter, codes and
+  // codes_t 16-byte aligned (and each step's gradient too). Not part of save()/load().
+  void set_fp8_copy(const std::string& name, const Fp8Copy& copy, Stream stream = nullptr);
 
   // The fused update of the whole tensor `name` with gradient `grad` (same shape, bf16 or f32,
   // contiguous, on the parameter's device), each element scaled by grad_scale first (clipping).
@@ -109,6 +153,13 @@ struct StackOptions {
   // (each backward would update the experts per micro-batch): the constructor refuses it. The
   // standard path of this stack does not implement it either yet.
   bool accumulate_gradients = false;
+  // Layers with cfg.precision = fp8: the expert optimizer keeps each expert weight's FP8 codes
+  // (set_fp8_copy: written in the update's pass) and the stack hands them to the layer
+  // (cfg.fp8_weights_given, MoEWeights::fp8), so no forward or backward quantizes a weight; costs
+  // the bf16 weights' size in codes, and each layer's workspaces drop theirs. false: every call
+  // quantizes the weights itself (the same codes, bit for bit). The stack sets each fp8 layer's
+  // cfg.fp8_weights_given from this (config() shows it).
+  bool fp8_weight_copy = true;
 };
 
 // Layer l maps x_l [T, d] to x_{l+1} = moe_l(x_l) (no residual, so the stack only calls the public

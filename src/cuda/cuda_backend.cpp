@@ -68,11 +68,74 @@ struct bf16_storage {
 };
 
 cuda::ExpertShape expert_shape(const MoEConfig& cfg, int64_t T) {
-  return {T, cfg.d, cfg.n, activation_is_gated(cfg.activation), cfg.transposed};
+  return {T, cfg.d, cfg.n, activation_is_gated(cfg.activation), cfg.transposed, cfg.precision == Precision::fp8};
 }
 cuda::ExpertFunction expert_function(const MoEConfig& cfg) {
   return {cfg.activation, cfg.act_alpha, cfg.act_limit, cfg.interleaved};
 }
+
+// ---- FP8 (cfg.precision = fp8; docs/DESIGN.md "FP8") ----
+// Whether up's and dH's epilogues quantize A and dH themselves (Fp8Output); false: they write bf16
+// A / dH and fp8_quantize_rows quantizes it, one more pass and a bf16 A buffer. The one switch.
+// up's and dH's quantizing epilogues: not implemented (measured slower than the separate pass,
+// docs/kernels.md "FP8 up and dH"; the launchers refuse a_q / dh_q).
+constexpr bool kEpilogueQuantizes = false;
+
+// An FP8 operand carved from a workspace: codes and their 1x128 or 128x128 scales (none when count 0).
+struct Fp8Slice {
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+  Fp8Slice() = default;
+  Fp8Slice(Carver& c, int64_t count, int64_t values_per_scale)
+      : codes(c.take<uint8_t>(count)), scales(c.take<float>(count / values_per_scale)) {}
+  cuda::Fp8Operand op() const { return {codes, scales}; }
+  cuda::Fp8Output out() const { return {codes, scales}; }
+};
+constexpr int64_t kRowTile = 128, kBlock = 128 * 128;
+
+// The weights' codes one direction of a call needs. Forward: W1 K-major [E, W, d] for up, W2
+// [E, d, n] for down; backward: their transposes [E, d, W] for dx, [E, n, d] for dH. Each is the
+// stored layout or the transposed copy. With cfg.fp8_weights_given they are the caller's
+// (MoEWeights::fp8) and nothing is carved; else quantized per call (a pure function of the bf16
+// weights: no copy outlives the call), where a copy's pass also writes the stored direction's codes,
+// into `unused` (one buffer for both weights, written in turn).
+struct Fp8Weights {
+  Fp8Slice w1, w2, unused;
+  bool copy = false;  // the wanted direction is the transposed copy
+  Fp8Weights(Carver& c, const MoEConfig& cfg, bool forward) {
+    if (cfg.precision != Precision::fp8) return;
+    copy = forward == cfg.transposed;  // HF: forward reads as stored; transposed: backward does
+    if (cfg.fp8_weights_given) return;
+    const int64_t E = cfg.E, w1_size = E * up_width(cfg) * cfg.d, w2_size = E * cfg.d * cfg.n;
+    w1 = Fp8Slice(c, w1_size, kBlock);
+    w2 = Fp8Slice(c, w2_size, kBlock);
+    unused = Fp8Slice(c, copy ? std::max(w1_size, w2_size) : 0, kBlock);
+  }
+  struct Operands {
+    cuda::Fp8Operand w1, w2;
+  };
+  // W1's and W2's operands for this direction: the caller's codes, or quantized here from the bf16
+  // weights, W1 stored [E, W, d] (HF) or [E, d, W], W2 [E, d, n] or [E, n, d] (rows x cols as stored).
+  Operands operands(const MoEConfig& cfg, const MoEWeights& wt, cudaStream_t stream) const {
+    if (cfg.fp8_weights_given) {
+      auto pick = [&](const Fp8WeightCodes& t) {
+        const Tensor &codes = copy ? t.codes_t : t.codes, &scales = copy ? t.scales_t : t.scales;
+        return cuda::Fp8Operand{codes.ptr<const uint8_t>(), scales.ptr<const float>()};
+      };
+      return {pick(wt.fp8.gate_up_proj), pick(wt.fp8.down_proj)};
+    }
+    const int64_t W = up_width(cfg), d = cfg.d, n = cfg.n;
+    auto one = [&](const void* w, int64_t rows, int64_t cols, const Fp8Slice& out) {
+      if (copy)
+        cuda::fp8_quantize_blocks(w, cfg.E, rows, cols, unused.codes, unused.scales, out.codes, out.scales, stream);
+      else
+        cuda::fp8_quantize_blocks(w, cfg.E, rows, cols, out.codes, out.scales, nullptr, nullptr, stream);
+    };
+    one(wt.gate_up_proj.data, cfg.transposed ? d : W, cfg.transposed ? W : d, w1);
+    one(wt.down_proj.data, cfg.transposed ? n : d, cfg.transposed ? d : n, w2);
+    return {w1.op(), w2.op()};
+  }
+};
 
 // Everything forward needs beyond SavedState. Routing given by the caller needs no router scratch,
 // only the metadata passes' (given_meta).
@@ -81,11 +144,14 @@ struct ForwardWorkspace {
   cuda::RoutingScratch routing;
   int32_t* given_meta = nullptr;  // pair_metadata_scratch_ints(T * K, E), routing given only
   double* loss_partial;
-  bf16_storage* a;       // [R_max, n]
+  bf16_storage* a;       // [R_max, n] (FP8 with kEpilogueQuantizes: none)
   bf16_storage* y;       // [R_max, d]
   void* expert_gemm;     // down_proj's argument arrays and TMA descriptors
+  // FP8: x's rows [T, d], A [R_max, n], the weights (forward's direction; none when given).
+  Fp8Slice x_q, a_q;
+  Fp8Weights w_q;
 
-  ForwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) {
+  ForwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) : w_q(c, cfg, /*forward=*/true) {
     const int64_t R = max_routed_rows(cfg, T), E = cfg.E;
     const bool router = cfg.routing != Routing::given;
     cublas = c.take<char>(router ? int64_t(cuda::kRouterCublasWorkspace) : 0);
@@ -94,9 +160,12 @@ struct ForwardWorkspace {
     else
       given_meta = c.take<int32_t>(cuda::pair_metadata_scratch_ints(T * cfg.K, E));
     loss_partial = c.take<double>(router ? cuda::loss_partial_doubles(T, E) : 0);
-    a = c.take<bf16_storage>(R * cfg.n);
+    const int64_t fp8 = cfg.precision == Precision::fp8;
+    a = c.take<bf16_storage>(fp8 && kEpilogueQuantizes ? 0 : R * cfg.n);
     y = c.take<bf16_storage>(R * cfg.d);
     expert_gemm = c.take<char>(int64_t(cuda::expert_gemm_workspace_bytes(E)));
+    x_q = Fp8Slice(c, fp8 * T * cfg.d, kRowTile);
+    a_q = Fp8Slice(c, fp8 * R * cfg.n, kRowTile);
   }
 };
 
@@ -116,8 +185,12 @@ struct BackwardWorkspace {
   float* d_router_f32;         // [2E, d]: dz_hi^T·X over dz_lo^T·X
   void* expert_gemm;           // dx_expert's argument arrays and TMA descriptors
   int ds_parts;
+  // FP8: dO's rows [T, d], dH [R_max, W] (beside the bf16 dH, which dW1 and db1 read), the weights
+  // (backward's direction; none when given).
+  Fp8Slice d_out_q, dh_q;
+  Fp8Weights w_q;
 
-  BackwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) {
+  BackwardWorkspace(Carver& c, const MoEConfig& cfg, int64_t T) : w_q(c, cfg, /*forward=*/false) {
     const int64_t R = max_routed_rows(cfg, T), E = cfg.E;
     const int64_t router = cfg.routing != Routing::given;  // 0: routing given, no router scratch
     ds_parts = cuda::ds_partials(expert_shape(cfg, T));
@@ -133,6 +206,9 @@ struct BackwardWorkspace {
     dx_router = c.take<float>(router * T * cfg.d);
     d_router_f32 = c.take<float>(router * 2 * E * cfg.d);
     expert_gemm = c.take<char>(int64_t(cuda::expert_gemm_workspace_bytes(E)));
+    const int64_t fp8 = cfg.precision == Precision::fp8;
+    d_out_q = Fp8Slice(c, fp8 * T * cfg.d, kRowTile);
+    dh_q = Fp8Slice(c, fp8 * R * up_width(cfg), kRowTile);
   }
 };
 
@@ -159,6 +235,18 @@ void require_saved_elements_aligned(const char* fn, const SavedState& s) {
     require_element_aligned(fn, name, *t);
 }
 
+// MoEWeights::fp8 (undefined unless given): the GEMMs load the codes by TMA (16-byte aligned global
+// addresses), the scales one float at a time.
+void require_fp8_weights_aligned(const char* fn, const MoEWeights& w) {
+  for (auto [prefix, t] : {std::pair{std::string("w.fp8.gate_up_proj."), &w.fp8.gate_up_proj},
+                           {std::string("w.fp8.down_proj."), &w.fp8.down_proj}}) {
+    require_aligned(fn, (prefix + "codes").c_str(), t->codes);
+    require_aligned(fn, (prefix + "codes_t").c_str(), t->codes_t);
+    require_element_aligned(fn, (prefix + "scales").c_str(), t->scales);
+    require_element_aligned(fn, (prefix + "scales_t").c_str(), t->scales_t);
+  }
+}
+
 // The workspace is carved at 256-byte offsets from its base, so its base alignment is every slice's.
 void require_aligned_workspace(const char* fn, Workspace ws) {
   if (reinterpret_cast<uintptr_t>(ws.data) % 16 != 0)
@@ -177,6 +265,7 @@ void require_forward_aligned(const char* fn, const MoEConfig& cfg, const Tensor&
                          {"w.gate_up_proj", &w.gate_up_proj}, {"w.down_proj", &w.down_proj}, {"saved.h", &s.h},
                          {"w.gate_up_bias", &w.gate_up_bias}, {"w.down_bias", &w.down_bias}})
     require_aligned(fn, name, *t);
+  require_fp8_weights_aligned(fn, w);
   require_saved_elements_aligned(fn, s);
   for (auto [name, t] : elements) require_element_aligned(fn, name, *t);
   require_aligned_workspace(fn, ws);
@@ -195,6 +284,7 @@ void require_backward_aligned(const char* fn, const MoEConfig& cfg, const Tensor
                          {"grads.d_gate_up_bias", &g.d_gate_up_bias}, {"grads.d_down_bias", &g.d_down_bias},
                          {"saved.x", &s.x}, {"saved.h", &s.h}})
     require_aligned(fn, name, *t);
+  require_fp8_weights_aligned(fn, w);
   require_saved_elements_aligned(fn, s);
   require_element_aligned(fn, "d_losses", d_losses);
   require_element_aligned(fn, "grads.d_topk_weights", g.d_topk_weights);
@@ -317,8 +407,8 @@ class CudaBackend final : public Backend {
     if (cfg.E > kMaxExperts)
       return "cfg.E must be <= " + std::to_string(kMaxExperts) + " on cuda, got " + std::to_string(cfg.E);
     // Every activation, both row orders of W1, both weight layouts and the biases are fused into the
-    // expert GEMMs (the transposed layout read in place: no per-step copy of the weights).
-    if (cfg.precision == Precision::fp8) return "cfg.precision = fp8 is not supported on cuda yet (run on cpu)";
+    // expert GEMMs (the transposed layout read in place: no per-step copy of the weights). FP8's
+    // d, n multiples of 128 are validate.cpp's rule.
     const char* gemm = cuda::expert_gemms_unsupported(expert_shape(cfg, 1));
     if (gemm && *gemm) return gemm;
     return "";
@@ -490,9 +580,19 @@ class CudaBackend final : public Backend {
                        const ForwardWorkspace& w, const Tensor& out, cudaStream_t stream, bool weighted = true) {
     const cuda::RoutedRows rows = routed_rows(s, cfg.E);
     const cuda::ExpertShape shape = expert_shape(cfg, T);
-    cuda::up_proj_act(rows, shape, expert_function(cfg), x.data, wt.gate_up_proj.data, wt.gate_up_bias.data, s.h.data,
-                      w.a, stream);
-    cuda::down_proj(rows, shape, w.a, wt.down_proj.data, w.y, stream, w.expert_gemm);
+    if (shape.fp8) {  // x's rows and the weights quantized once; A quantized where up computes it
+      cuda::fp8_quantize_rows(x.data, T, cfg.d, w.x_q.codes, w.x_q.scales, stream);
+      const Fp8Weights::Operands w_q = w.w_q.operands(cfg, wt, stream);
+      cuda::up_proj_act_fp8(rows, shape, expert_function(cfg), w.x_q.op(), w_q.w1, wt.gate_up_bias.data, s.h.data,
+                            w.a, kEpilogueQuantizes ? w.a_q.out() : cuda::Fp8Output{}, stream);
+      if (!kEpilogueQuantizes)
+        cuda::fp8_quantize_rows(w.a, s.rows_capacity, cfg.n, w.a_q.codes, w.a_q.scales, stream);
+      cuda::down_proj_fp8(rows, shape, w.a_q.op(), w_q.w2, w.y, stream, w.expert_gemm);
+    } else {
+      cuda::up_proj_act(rows, shape, expert_function(cfg), x.data, wt.gate_up_proj.data, wt.gate_up_bias.data,
+                        s.h.data, w.a, stream);
+      cuda::down_proj(rows, shape, w.a, wt.down_proj.data, w.y, stream, w.expert_gemm);
+    }
     cuda::aggregate_rows(w.y, weighted ? s.row_gate.ptr<float>() : nullptr, s.token_offsets.ptr<int32_t>(),
                          s.token_rows.ptr<int32_t>(), T, cfg.d, out.data, stream, wt.down_bias.data,
                          s.expert_offsets.ptr<int32_t>(), cfg.E);
@@ -528,8 +628,22 @@ class CudaBackend final : public Backend {
       }
     }
 
-    cuda::dh_act_bwd(rows, shape, expert_function(cfg), d_out.data, wt.down_proj.data, s.h.data, w.dh,
-                     w.a_prime_dxexp, w.ds_partial, stream);
+    // FP8: dO's rows quantized once, the weights' transposes given or quantized once (read by dH
+    // here and dx_expert on the GEMM stream, both before the callback that may rewrite them: W2's
+    // follows dH on this stream, W1's follows the join), dH where dH's GEMM computes it.
+    Fp8Weights::Operands w_q{};
+    if (shape.fp8) {
+      cuda::fp8_quantize_rows(d_out.data, T, cfg.d, w.d_out_q.codes, w.d_out_q.scales, stream);
+      w_q = w.w_q.operands(cfg, wt, stream);
+      cuda::dh_act_bwd_fp8(rows, shape, expert_function(cfg), w.d_out_q.op(), w_q.w2, s.h.data, w.dh,
+                           w.a_prime_dxexp, w.ds_partial, kEpilogueQuantizes ? w.dh_q.out() : cuda::Fp8Output{},
+                           stream);
+      if (!kEpilogueQuantizes)
+        cuda::fp8_quantize_rows(w.dh, s.rows_capacity, up_width(cfg), w.dh_q.codes, w.dh_q.scales, stream);
+    } else {
+      cuda::dh_act_bwd(rows, shape, expert_function(cfg), d_out.data, wt.down_proj.data, s.h.data, w.dh,
+                       w.a_prime_dxexp, w.ds_partial, stream);
+    }
     if (ds)
       cuda::reduce_ds(w.ds_partial, w.ds_parts, s.expert_offsets.ptr<int32_t>(), cfg.E, s.rows_capacity, w.dS,
                       stream, down_bias_ds(cfg, wt, d_out, s));
@@ -539,7 +653,10 @@ class CudaBackend final : public Backend {
       st.mark(GemmStream::kDw2Done);
     }
     if (g.dx.defined()) {
-      cuda::dx_expert(rows, shape, w.dh, wt.gate_up_proj.data, w.a_prime_dxexp, st.gemm, w.expert_gemm, config[1]);
+      if (shape.fp8)
+        cuda::dx_expert_fp8(rows, shape, w.dh_q.op(), w_q.w1, w.a_prime_dxexp, st.gemm, w.expert_gemm, config[1]);
+      else
+        cuda::dx_expert(rows, shape, w.dh, wt.gate_up_proj.data, w.a_prime_dxexp, st.gemm, w.expert_gemm, config[1]);
       st.mark(GemmStream::kDxDone);
     }
     if (g.d_down_bias.defined())  // db2_e = sum over e's rows of gate · dO[token]

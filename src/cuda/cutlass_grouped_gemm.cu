@@ -1,4 +1,5 @@
-// Host side of down_proj / dx_expert on CUTLASS's grouped GEMM (kernels/sm90_cutlass_grouped_gemm.cuh).
+// Host side of down_proj / dx_expert and their FP8 launchers on CUTLASS's grouped GEMM
+// (kernels/sm90_cutlass_grouped_gemm.cuh).
 // Per launch, all on `stream`: fill_group_args writes the per-expert shapes, pointers and strides
 // from expert_offsets, then the CUTLASS kernel runs from those device arrays. Nothing synchronises
 // with the host: the only host work is CUTLASS's parameter set-up (three TMA descriptor encodes
@@ -31,6 +32,12 @@ using Compiled = std::tuple<k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 
                             k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 1, 2, 64>>>;
 using KMajor = Compiled<cutlass::layout::ColumnMajor>;
 using NMajor = Compiled<cutlass::layout::RowMajor>;
+// FP8 (B always K-major: the weights as stored or their transposed copy): cooperative 128x128 in 1x2
+// and 2x1 clusters, ping-pong 64x128 in 2x1; the heuristic picks by shape. Not compiled: 256x128
+// (spills, half the speed), 128x256 (CUTLASS 4.2's promotion takes tiles at most 128 wide).
+using Fp8 = std::tuple<k::GroupedGemm<cutlass::layout::ColumnMajor, k::Fp8Config<false, 128, 128, 1, 2>>,
+                       k::GroupedGemm<cutlass::layout::ColumnMajor, k::Fp8Config<false, 128, 128, 2, 1>>,
+                       k::GroupedGemm<cutlass::layout::ColumnMajor, k::Fp8Config<true, 64, 128, 2, 1>>>;
 
 // The GemmConfig G runs (run-time fields 0).
 template <class G>
@@ -76,7 +83,8 @@ int sm_count(int device) {
 // Byte size of G's per-group arrays for E groups (each piece 128-aligned).
 template <class G>
 size_t arrays_bytes(int64_t E) {
-  return align_up(E * sizeof(typename G::Shape3)) + 3 * align_up(E * sizeof(void*)) +
+  const int pointer_arrays = G::kFp8 ? 5 : 3;  // a, b, d (and sfa, sfb)
+  return align_up(E * sizeof(typename G::Shape3)) + pointer_arrays * align_up(E * sizeof(void*)) +
          align_up(E * sizeof(typename G::StrideA)) + align_up(E * sizeof(typename G::StrideB)) +
          align_up(E * sizeof(typename G::StrideD));
 }
@@ -92,6 +100,10 @@ char* carve(char* base, int64_t E, typename G::GroupArrays& out) {
   take(out.a, E * sizeof(void*));
   take(out.b, E * sizeof(void*));
   take(out.d, E * sizeof(void*));
+  if constexpr (G::kFp8) {
+    take(out.sfa, E * sizeof(void*));
+    take(out.sfb, E * sizeof(void*));
+  }
   take(out.stride_a, E * sizeof(typename G::StrideA));
   take(out.stride_b, E * sizeof(typename G::StrideB));
   take(out.stride_d, E * sizeof(typename G::StrideD));
@@ -105,7 +117,10 @@ typename G::Gemm::Arguments make_arguments(int E, const typename G::GroupArrays&
   // host_problem_shapes = nullptr: the scheduler reads the shapes on the device, launches one CTA
   // per SM (hw.sm_count) and walks the groups' tiles from a prefix sum over the device array.
   args.problem_shape = {E, g.shapes, nullptr};
-  args.mainloop = {g.a, g.stride_a, g.b, g.stride_b};
+  if constexpr (G::kFp8)  // scale layouts null: CUTLASS derives each group's from its (M_e, N, K)
+    args.mainloop = {g.a, g.stride_a, g.b, g.stride_b, g.sfa, nullptr, g.sfb, nullptr};
+  else
+    args.mainloop = {g.a, g.stride_a, g.b, g.stride_b};
   args.epilogue.ptr_C = nullptr;  // void C: D = 1·acc (the fusion's defaults alpha = 1, beta = 0)
   args.epilogue.dC = nullptr;
   args.epilogue.ptr_D = g.d;
@@ -177,10 +192,12 @@ void* fallback_workspace(size_t bytes) {
   return ptr;
 }
 
-// One grouped GEMM: D_e[M_e, N] = A_e[M_e, K] · B_e with A, D row-major, expert-sorted rows.
+// One grouped GEMM: D_e[M_e, N] = A_e[M_e, K] · B_e with A, D row-major, expert-sorted rows (FP8:
+// scaled per k-block by `scales`).
 template <class G>
 void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void* b, void* d,
-         int64_t b_expert_stride, void* workspace, const GemmConfig& config, cudaStream_t stream, const char* what) {
+         int64_t b_expert_stride, const k::GroupScales& scales, void* workspace, const GemmConfig& config,
+         cudaStream_t stream, const char* what) {
   const int E = static_cast<int>(rows.E);
   const int device = current_device();
   const int sms = sm_count(device);
@@ -196,7 +213,7 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
   constexpr int kThreads = 128;
   k::fill_group_args<G><<<(E + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
       rows.expert_offsets, E, int(N), int(K), static_cast<const Element*>(a), static_cast<const Element*>(b),
-      static_cast<Element*>(d), K, N, b_expert_stride, stride_a, stride_b, stride_d, arrays);
+      static_cast<typename G::Out*>(d), K, N, b_expert_stride, scales, stride_a, stride_b, stride_d, arrays);
   check_cuda(cudaGetLastError(), what);
 
   // The persistent grid: one CTA per SM, or config.max_ctas (backward's overlapped GEMMs leave SMs to
@@ -221,22 +238,24 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
 size_t expert_gemm_workspace_bytes(int64_t E) {
   const int sms = sm_count(current_device());
   auto most = [&]<class... G>(std::tuple<G...>*) { return std::max({total_bytes<G>(E, sms)...}); };
-  const size_t need = std::max(most(static_cast<KMajor*>(nullptr)), most(static_cast<NMajor*>(nullptr)));
+  const size_t need = std::max({most(static_cast<KMajor*>(nullptr)), most(static_cast<NMajor*>(nullptr)),
+                                most(static_cast<Fp8*>(nullptr))});
   return kAlign + need;  // kAlign: slack to align the base
 }
 
-std::vector<GemmConfig> cutlass_gemm_configs(GemmKind kind) {
+std::vector<GemmConfig> cutlass_gemm_configs(GemmKind kind, bool fp8) {
   if (kind != GemmKind::Down && kind != GemmKind::Dx) return {};
-  return []<class... G>(std::tuple<G...>*) { return std::vector<GemmConfig>{config_of<G>()...}; }(
-      static_cast<KMajor*>(nullptr));
+  auto list = []<class... G>(std::tuple<G...>*) { return std::vector<GemmConfig>{config_of<G>()...}; };
+  return fp8 ? list(static_cast<Fp8*>(nullptr)) : list(static_cast<KMajor*>(nullptr));
 }
 
 // Runs the instantiation of Gs that compiles `config` (resolve_gemm_config has checked that one does).
 template <class... G>
 void run_compiled(std::tuple<G...>*, const GemmConfig& config, const RoutedRows& rows, int64_t N, int64_t K,
-                  const void* a, const void* b, void* d, void* workspace, cudaStream_t stream, const char* what) {
+                  const void* a, const void* b, void* d, void* workspace, cudaStream_t stream, const char* what,
+                  const k::GroupScales& scales = {}) {
   const bool ran = ((config.same_kernel(config_of<G>()) &&
-                     (run<G>(rows, N, K, a, b, d, N * K, workspace, config, stream, what), true)) || ...);
+                     (run<G>(rows, N, K, a, b, d, N * K, scales, workspace, config, stream, what), true)) || ...);
   if (!ran) throw leanmoe::Error(std::string(what) + ": no CUTLASS instantiation runs " + to_string(config));
 }
 
@@ -260,6 +279,14 @@ void cutlass_dx_expert(const RoutedRows& rows, const ExpertShape& s, const void*
   else
     run_compiled(static_cast<NMajor*>(nullptr), config, rows, s.d, s.width(), dh, w1, dx_exp, workspace, stream,
                  "dx_expert");
+}
+
+// FP8: D_e = A_e · B_eᵀ over K-major e4m3 codes; A's scales [R, K/128], B's [E, N/128, K/128].
+void cutlass_fp8(const RoutedRows& rows, int64_t N, int64_t K, Fp8Operand a, Fp8Operand b, void* d, void* workspace,
+                 const GemmConfig& config, cudaStream_t stream, const char* what) {
+  if (rows.E <= 0 || rows.rows_capacity <= 0) return;
+  const k::GroupScales scales{a.scales, b.scales, K / 128, (N / 128) * (K / 128)};
+  run_compiled(static_cast<Fp8*>(nullptr), config, rows, N, K, a.codes, b.codes, d, workspace, stream, what, scales);
 }
 
 }  // namespace leanmoe::cuda

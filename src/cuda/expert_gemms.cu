@@ -309,9 +309,15 @@ const std::vector<GatherKernel>& gather_kernels(GemmKind kind, bool fp8) {
   }
 }
 
-// Whether `kind` runs FP8 kernels on shape s: up, down, dH and dX with s.fp8; dW1 and dW2 stay bf16.
-bool runs_fp8(GemmKind kind, const ExpertShape& s) {
-  return s.fp8 && kind != GemmKind::Dw1 && kind != GemmKind::Dw2;
+// A launcher runs one precision: the bf16 ones refuse s.fp8, the *_fp8 ones a bf16 shape and d or n
+// off the 128-value scale blocks (every FP8 GEMM's K and N are d, n or 2n).
+void require_precision(const ExpertShape& s, bool fp8_launcher, const char* what) {
+  if (s.fp8 != fp8_launcher)
+    throw leanmoe::Error(std::string(what) + ": s.fp8 is " + (s.fp8 ? "true" : "false") + "; " +
+                         (s.fp8 ? "an FP8 shape runs the *_fp8 launchers" : "the *_fp8 launchers need s.fp8"));
+  if (fp8_launcher && (s.d % 128 != 0 || s.n % 128 != 0))
+    throw leanmoe::Error(std::string(what) + ": d = " + std::to_string(s.d) + ", n = " + std::to_string(s.n) +
+                         ": FP8 needs d and n multiples of 128 (the scale block)");
 }
 
 // Resolves the configuration and launches the gather kernel that runs it. fp8: up and dH on e4m3
@@ -324,9 +330,7 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
     throw leanmoe::Error(std::string(what) + ": the shape has fp8 = " + (s.fp8 ? "true" : "false") + "; " +
                          (s.fp8 ? "up and dH with fp8 run up_proj_act_fp8 and dh_act_bwd_fp8"
                                 : "the FP8 launchers need ExpertShape::fp8"));
-  if (fp8 && (s.d % 128 != 0 || s.n % 128 != 0))
-    throw leanmoe::Error(std::string(what) + ": d = " + std::to_string(s.d) + ", n = " + std::to_string(s.n) +
-                         ": the FP8 GEMMs need d and n multiples of 128 (one scale block per 128 along K)");
+  if (fp8) require_precision(s, true, what);
   if (!kernels::is_varlen_k(kKind) && activation_is_gated(fn.activation) != s.gated)
     throw leanmoe::Error(std::string(what) + ": activation " + activation_name(fn.activation) + " is " +
                          (s.gated ? "plain" : "gated") + " but the shape says " + (s.gated ? "gated" : "plain"));
@@ -368,6 +372,7 @@ GemmArgs make_args(const void* a, const void* b) {
   return args;
 }
 
+
 }  // namespace
 
 const char* expert_gemms_unsupported(const ExpertShape& s) {
@@ -389,11 +394,10 @@ int64_t gemm_column_tiles(GemmKind kind, const ExpertShape& s, const GemmConfig&
 }
 
 const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8) {
-  // FP8: the gather kernel's up and dH (down and dx: CUTLASS's FP8 kernels, not compiled yet).
   static const auto table = [](bool fp8_table) {
     std::vector<std::vector<GemmConfig>> per_kind;
     for (GemmKind k : kGemmKinds) {
-      std::vector<GemmConfig> configs = fp8_table ? std::vector<GemmConfig>{} : cutlass_gemm_configs(k);
+      std::vector<GemmConfig> configs = cutlass_gemm_configs(k, fp8_table);
       for (const GatherKernel& kernel : gather_kernels(k, fp8_table)) configs.push_back(kernel.config);
       per_kind.push_back(configs);
     }
@@ -401,6 +405,10 @@ const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8) {
   };
   static const auto bf16_configs = table(false), fp8_configs = table(true);
   return (fp8 ? fp8_configs : bf16_configs)[static_cast<size_t>(kind)];
+}
+
+bool runs_fp8(GemmKind kind, const ExpertShape& s) {
+  return s.fp8 && kind != GemmKind::Dw1 && kind != GemmKind::Dw2;
 }
 
 GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, int sm_count,
@@ -448,6 +456,7 @@ void up_proj_act(const RoutedRows& rows, const ExpertShape& s, const ExpertFunct
 
 void down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
                cudaStream_t stream, void* workspace, const GemmConfig* config) {
+  require_precision(s, false, "down_proj");
   const GemmConfig c = resolve_gemm_config(GemmKind::Down, s, rows.E, multiprocessor_count(), config);
   cutlass_down_proj(rows, s, a, w2, y, workspace, c, stream);
 }
@@ -525,6 +534,7 @@ void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const 
 
 void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
                cudaStream_t stream, void* workspace, const GemmConfig* config) {
+  require_precision(s, false, "dx_expert");
   const GemmConfig c = resolve_gemm_config(GemmKind::Dx, s, rows.E, multiprocessor_count(), config);
   cutlass_dx_expert(rows, s, dh, w1, dx_exp, workspace, c, stream);
 }
@@ -541,6 +551,22 @@ void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const voi
   GemmArgs args = make_args(dh, x);
   args.out = static_cast<kernels::bf16*>(dw1);
   launch<GemmKind::Dw1>(rows, s, args, config, stream, "dw1");
+}
+
+// FP8: both weight layouts reach the kernel K-major (the caller passes the copy named in expert_gemms.h),
+// so s.transposed changes nothing here.
+void down_proj_fp8(const RoutedRows& rows, const ExpertShape& s, Fp8Operand a, Fp8Operand w2, void* y,
+                   cudaStream_t stream, void* workspace, const GemmConfig* config) {
+  require_precision(s, true, "down_proj_fp8");
+  const GemmConfig c = resolve_gemm_config(GemmKind::Down, s, rows.E, multiprocessor_count(), config);
+  cutlass_fp8(rows, s.d, s.n, a, w2, y, workspace, c, stream, "down_proj_fp8");
+}
+
+void dx_expert_fp8(const RoutedRows& rows, const ExpertShape& s, Fp8Operand dh, Fp8Operand w1t, void* dx_exp,
+                   cudaStream_t stream, void* workspace, const GemmConfig* config) {
+  require_precision(s, true, "dx_expert_fp8");
+  const GemmConfig c = resolve_gemm_config(GemmKind::Dx, s, rows.E, multiprocessor_count(), config);
+  cutlass_fp8(rows, s.d, s.width(), dh, w1t, dx_exp, workspace, c, stream, "dx_expert_fp8");
 }
 
 }  // namespace leanmoe::cuda

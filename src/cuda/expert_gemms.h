@@ -62,6 +62,8 @@ constexpr int kMaxGemmExperts = 1024;
 // in either weight layout.
 // fp8: those of the *_fp8 launchers (up, down, dh, dx; none for dw1, dw2, which stay bf16).
 const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8 = false);
+// Whether `kind` runs its FP8 kernel on s: s.fp8 for up, down, dh and dx (dW1, dW2 stay bf16).
+bool runs_fp8(GemmKind kind, const ExpertShape& s);
 // The kind whose compiled kernels run `kind` on s: kind itself, but with transposed weights dW1 is
 // wanted as [d, W] = X[tok]ᵀ·dH, which is dW2's GEMM (gathered A, row-range B by TMA, 128x256
 // tiles with the TMA operand on the long side, as dW1's 256x128 in the HF layout), and dW2 as
@@ -108,8 +110,9 @@ void up_proj_act(const RoutedRows& rows, const ExpertShape& s, const ExpertFunct
                  const void* w1, const void* b1, void* h, void* a, cudaStream_t stream,
                  const GemmConfig* config = nullptr);
 
-// Device scratch of down_proj and dx_expert (CUTLASS grouped GEMM: per-expert shape/pointer/stride
-// arrays, 60 bytes per expert, and 4 TMA descriptors of 128 bytes per SM, 68 KB on 132 SMs).
+// Device scratch of down_proj, dx_expert and their FP8 launchers (CUTLASS grouped GEMM: per-expert
+// shape/pointer/stride arrays, 60 bytes per expert, FP8 76 with the scale pointers, and 4 TMA
+// descriptors of 128 bytes per SM, 68 KB on 132 SMs).
 // Depends on E and the current device's SM count only. Any alignment (the launchers align inside).
 size_t expert_gemm_workspace_bytes(int64_t E);
 

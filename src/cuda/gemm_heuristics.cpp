@@ -24,27 +24,44 @@ GemmConfig gather(int tile_m, int tile_n, int cluster) {
   return c;
 }
 
-// CUTLASS's grouped GEMM for down and dx: ping-pong 128x192, stages carved out by CUTLASS, clusters
-// of two: 1x2 (pairs of n-tiles sharing the A tile) unless d makes an odd number of 192-wide n-tiles.
-// CUTLASS pads the n-tiles to whole clusters, so there 1x2 runs an empty half-cluster per column
-// (d = 2048: 11 n-tiles run as 12) and 2x1 (pairs of m-tiles sharing the weight tile) wins: olmoe
-// (d = 2048) down 598 vs 577 TFLOP/s, dx 627 vs 564.
-GemmConfig cutlass_pingpong(GemmKind kind, const ExpertShape& s) {
+// CUTLASS's grouped GEMM (down, dx): stages carved out by CUTLASS, TMA epilogue, clusters of two:
+// 1x2 (pairs of n-tiles sharing the A tile) or 2x1 (pairs of m-tiles sharing the weight tile).
+GemmConfig cutlass(GemmSchedule schedule, int tile_m, int tile_n, bool pairs_of_n_tiles) {
   GemmConfig c;
   c.family = GemmFamily::Cutlass;
-  c.schedule = GemmSchedule::Pingpong;
-  c.tile_m = 128;
-  c.tile_n = 192;
+  c.schedule = schedule;
+  c.tile_m = tile_m;
+  c.tile_n = tile_n;
   c.stages = 0;
   c.epilogue = GemmEpilogue::Tma;
-  const bool even_n_tiles = gemm_column_tiles(kind, s, c) % 2 == 0;  // ceil(d / 192)
-  c.cluster = even_n_tiles ? 1 : 2;
-  c.cluster_n = even_n_tiles ? 2 : 1;
+  c.cluster = pairs_of_n_tiles ? 1 : 2;
+  c.cluster_n = pairs_of_n_tiles ? 2 : 1;
+  return c;
+}
+
+// bf16: ping-pong 128x192 in 1x2 clusters unless d makes an odd number of 192-wide n-tiles.
+// CUTLASS pads the n-tiles to whole clusters, so there 1x2 runs an empty half-cluster per column
+// (d = 2048: 11 n-tiles run as 12) and 2x1 wins: olmoe (d = 2048) down 598 vs 577 TFLOP/s, dx 627 vs 564.
+GemmConfig cutlass_pingpong(GemmKind kind, const ExpertShape& s) {
+  GemmConfig c = cutlass(GemmSchedule::Pingpong, 128, 192, true);
+  if (gemm_column_tiles(kind, s, c) % 2 != 0) c = cutlass(GemmSchedule::Pingpong, 128, 192, false);  // ceil(d / 192)
   // Down at n <= 256 (K = 4 k-steps, too short to hide twelve 64x32 subtile stores): 64x64 subtiles,
   // 7B-n256 426 -> 470, 30B-n256 414 -> 490 TFLOP/s; at n = 512 -10% to +6%, so only there. Compiled
   // for 1x2 clusters alone.
   if (kind == GemmKind::Down && s.n <= 256 && c.cluster_n == 2) c.epilogue_n = 64;
   return c;
+}
+
+// FP8 blockwise (tiles at most 128 wide; dev/fp8_grouped measured the candidates, TFLOP/s
+// bf16-equivalent): cooperative 128x128, 1x2 at small d, 2x1 at large d: down 1x2 at d <= 2048
+// (7B-n1024 787 vs 769, qwen3-30b-a3b 773 vs 691), 2x1 above (120B-n2048 912 vs 862); dx 1x2 at
+// d < 2048 (7B-n1024 988 vs 892), 2x1 from 2048 (qwen3-30b-a3b 823 vs 781, 120B-n2048 941 vs 871).
+// Down at d > 2048 with n <= 1024 (K = n: 8 k-tiles, short mainloops) runs ping-pong 64x128 2x1, one
+// tile's epilogue under the other's MMAs: 30B-n1024 817 vs 790.
+GemmConfig cutlass_fp8(GemmKind kind, const ExpertShape& s) {
+  const bool small_d = kind == GemmKind::Down ? s.d <= 2048 : s.d < 2048;
+  if (kind == GemmKind::Down && !small_d && s.n <= 1024) return cutlass(GemmSchedule::Pingpong, 64, 128, false);
+  return cutlass(GemmSchedule::Cooperative, 128, 128, small_d);
 }
 
 // Varlen-M tile order of up and dH: bands of 8 column tiles (about 16 m-tiles x 8 column tiles run
@@ -89,7 +106,7 @@ GemmConfig choose_gemm_config(GemmKind kind, const ExpertShape& s, int sm_count)
       // Summed over the 20 grid shapes: down 35.02 -> 33.20 ms, dx 66.65 -> 62.43 ms against the former
       // cooperative 128x256 / ping-pong 128x128 (per-shape best of 9 resp. 6 candidates: 32.28, 62.00;
       // 1x2 everywhere: 33.49, 63.44). Worst row: down at 30B-n256, 362 vs 403 for cooperative 128x256.
-      c = cutlass_pingpong(kind, s);
+      c = runs_fp8(kind, s) ? cutlass_fp8(kind, s) : cutlass_pingpong(kind, s);
       break;
   }
   // Persistent kernels: at most one CTA per SM (fewer when there are fewer tiles or clusters fit).

@@ -1,5 +1,5 @@
 // The GPU side of the expert optimizer (seam: src/optim/fused_update.h): the fused update of one
-// whole tensor in one launch, enqueued on the caller's stream with no synchronisation, and the
+// whole tensor in one launch (with or without the FP8 copy of the updated parameter), enqueued on the caller's stream with no synchronisation, and the
 // state initialisation of ExpertOptimizer::register_tensor (zeroed moments, fp32 master copy).
 // Kernels: src/cuda/kernels/optim_update.cuh.
 #include <cuda_runtime.h>
@@ -9,6 +9,7 @@
 
 #include "cuda/check.h"
 #include "cuda/kernels/optim_update.cuh"
+#include "cuda/launchers.h"
 #include "optim/fused_update.h"
 
 namespace leanmoe::optim::detail {
@@ -57,6 +58,15 @@ void launch(const UpdateArgs& a, cudaStream_t stream) {
   LEANMOE_CUDA_CHECK_LAUNCH("fused_update_kernel");
 }
 
+// The update with the FP8 copy: a CTA per 128 x 128 block of the bf16 parameter. Alignment (16 bytes
+// for every pointer) and the grid size were checked by ExpertOptimizer::set_fp8_copy and step.
+template <Rule R, class G>
+void launch_fp8(const UpdateArgs& a, const cuda::optim::Fp8Args& q, int64_t E, cudaStream_t stream) {
+  const int64_t blocks = E * (q.R / fp8::kTile) * (q.C / fp8::kTile);
+  cuda::optim::fused_update_fp8_kernel<R, G><<<unsigned(blocks), cuda::kernels::kBlockThreads, 0, stream>>>(a, q);
+  LEANMOE_CUDA_CHECK_LAUNCH("fused_update_fp8_kernel");
+}
+
 template <Rule R>
 void launch_typed(const UpdateArgs& a, DType param, DType grad, cudaStream_t stream) {
   using bf = __nv_bfloat16;
@@ -91,6 +101,14 @@ void fused_update_cuda(const FusedUpdate& u) {
   a.weight_decay = u.weight_decay;
   a.nesterov = u.nesterov;
   const auto stream = static_cast<cudaStream_t>(u.stream);
+  if (u.fp8.codes) {  // bf16 parameter (ExpertOptimizer::set_fp8_copy checked the copy's arguments)
+    const cuda::optim::Fp8Args q{u.fp8.R, u.fp8.C, u.fp8.codes, u.fp8.scales, u.fp8.codes_t, u.fp8.scales_t};
+    const bool g16 = u.grad.dtype == DType::bf16;
+    using bf = __nv_bfloat16;
+    if (u.kind == UpdateKind::adamw)
+      return g16 ? launch_fp8<Rule::adamw, bf>(a, q, u.fp8.E, stream) : launch_fp8<Rule::adamw, float>(a, q, u.fp8.E, stream);
+    return g16 ? launch_fp8<Rule::sgd, bf>(a, q, u.fp8.E, stream) : launch_fp8<Rule::sgd, float>(a, q, u.fp8.E, stream);
+  }
   if (u.kind == UpdateKind::adamw)
     launch_typed<Rule::adamw>(a, u.param.dtype, u.grad.dtype, stream);
   else
@@ -109,6 +127,20 @@ void master_from_bf16_cuda(const bf16* param, float* master, int64_t numel) {
   kernel<<<grid_for<kernel>(numel), kThreads>>>(reinterpret_cast<const __nv_bfloat16*>(param), master, numel);
   LEANMOE_CUDA_CHECK_LAUNCH("bf16_to_f32_kernel");
   LEANMOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+
+void write_fp8_copy_cuda(const Tensor& param, const Fp8Copy& q, Stream stream) {
+  cuda::fp8_quantize_blocks(param.data, q.E, q.R, q.C, q.codes, q.scales, q.codes_t, q.scales_t,
+                            static_cast<cudaStream_t>(stream));
+}
+
+int pointer_device_cuda(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {  // e.g. no CUDA device at all: host memory
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged ? attr.device : -1;
 }
 
 }  // namespace leanmoe::optim::detail

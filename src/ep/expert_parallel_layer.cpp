@@ -59,6 +59,14 @@ std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
     if (!(ok)) throw Error(msg);  \
   } while (0)
 
+// The EP layer runs cfg.precision = storage only: no FP8 weight codes (MoEWeights::fp8).
+void check_no_fp8_weights(const MoEWeights& w, const char* fn) {
+  for (const Fp8WeightCodes* c : {&w.fp8.gate_up_proj, &w.fp8.down_proj})
+    for (const Tensor* t : {&c->codes, &c->scales, &c->codes_t, &c->scales_t})
+      EP_REQUIRE(!t->defined(), std::string(fn) + ": argument 'w.fp8': must be undefined (the EP layer runs "
+                                "cfg.precision = storage only), got " + t->describe());
+}
+
 // Every tensor lives on the communicator's device (cpu: the CPU backend's math; cuda: ep_layer.cpp).
 void check_matrix(const Tensor& t, const char* fn, const char* arg, std::initializer_list<int64_t> shape, DType dtype,
                   Device device) {
@@ -160,7 +168,7 @@ ExpertParallelLayer::ExpertParallelLayer(const MoEConfig& cfg, Communicator& com
   EP_REQUIRE(cfg.activation == Activation::swiglu && !cfg.interleaved && !cfg.transposed,
              "ExpertParallelLayer: argument 'cfg': the EP layer runs SwiGLU experts in the [gate; up] HF layout only, "
              "got " + cfg.describe());
-  EP_REQUIRE(cfg.precision == Precision::storage,
+  EP_REQUIRE(cfg.precision == Precision::storage && !cfg.fp8_weights_given,
              "ExpertParallelLayer: argument 'cfg': the EP layer runs cfg.precision = storage only (fp8: the "
              "single-device layer on cpu), got " + cfg.describe());
   s_->P = P;
@@ -205,6 +213,7 @@ void ExpertParallelLayer::forward(const Tensor& x, const MoEWeights& w, const Te
   EP_REQUIRE(x.shape[0] > 0, "ep forward: argument 'x': needs at least one token, got " + x.describe());
   EP_REQUIRE(!w.gate_up_bias.defined() && !w.down_bias.defined(),
              "ep forward: argument 'w': expert biases are not supported by the EP layer");
+  check_no_fp8_weights(w, "ep forward");
   const int64_t T = x.shape[0];
   ::leanmoe::detail::validate_tokens(c, T, "ep forward");  // routing metadata is i32
   s.dtype = x.dtype;
@@ -345,6 +354,7 @@ void ExpertParallelLayer::backward(const Tensor& d_out, const MoEWeights& w, con
   EP_REQUIRE(s.forward_done, "ep backward: argument 'd_out': forward must run first");
   const Device dev = s.comm.device();
   check_matrix(d_out, "ep backward", "d_out", {T, d}, s.dtype, dev);
+  check_no_fp8_weights(w, "ep backward");
   check_matrix(w.router, "ep backward", "w.router", {E, d}, s.dtype, dev);
   check_matrix(w.gate_up_proj, "ep backward", "w.gate_up_proj", {El, 2 * n, d}, s.dtype, dev);
   check_matrix(w.down_proj, "ep backward", "w.down_proj", {El, d, n}, s.dtype, dev);

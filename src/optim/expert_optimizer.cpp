@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "leanmoe/optim.h"
+#include "fp8.h"
 #include "optim/binary_io.h"
 #include "optim/fused_update.h"
 
@@ -73,6 +74,7 @@ struct ExpertOptimizer::Slot {
   Tensor param;
   int64_t step = 0;
   Buffer state[4];  // indexed by StateKind; empty when absent
+  Fp8Copy fp8;      // written by every step when fp8.codes is not null
 
   Buffer& buf(StateKind k) { return state[int(k)]; }
   float* ptr(StateKind k) { return static_cast<float*>(buf(k).data()); }
@@ -141,6 +143,41 @@ void ExpertOptimizer::register_tensor(const std::string& name, const Tensor& par
   slots_.push_back(std::move(s));
 }
 
+namespace {
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+}  // namespace
+
+void ExpertOptimizer::set_fp8_copy(const std::string& name, const Fp8Copy& copy, Stream stream) {
+  Slot& s = slot(name, "set_fp8_copy");
+  const Tensor& p = s.param;
+  const std::string fn = "ExpertOptimizer::set_fp8_copy: tensor '" + name + "': ";
+  auto refuse = [&](const char* arg, const std::string& rule) { throw Error(fn + "argument '" + arg + "': " + rule); };
+  if (p.dtype != DType::bf16) refuse("param", "an FP8 copy is of a bf16 parameter, got " + p.describe());
+  if (copy.E < 1) refuse("copy.E", "must be >= 1, got " + std::to_string(copy.E));
+  for (const auto& [arg, v] : {std::pair{"copy.R", copy.R}, std::pair{"copy.C", copy.C}})
+    if (v <= 0 || v % fp8::kTile != 0)
+      refuse(arg, "must be a positive multiple of 128 (the FP8 block), got " + std::to_string(v));
+  if (copy.E * copy.R * copy.C != p.numel())
+    refuse("copy", "E * R * C = " + std::to_string(copy.E) + " * " + std::to_string(copy.R) + " * " +
+                       std::to_string(copy.C) + " must equal the parameter's numel, got " + p.describe());
+  if (!copy.codes) refuse("copy.codes", "must not be null");
+  if (!copy.scales) refuse("copy.scales", "must not be null");
+  if ((copy.codes_t == nullptr) != (copy.scales_t == nullptr))
+    refuse(copy.codes_t ? "copy.scales_t" : "copy.codes_t",
+           "codes_t and scales_t (the transposed copy) must be given together or both be null");
+  const std::pair<const char*, const void*> buffers[] = {
+      {"copy.codes", copy.codes}, {"copy.scales", copy.scales}, {"copy.codes_t", copy.codes_t}, {"copy.scales_t", copy.scales_t}};
+  for (const auto& [arg, ptr] : buffers)
+    if (ptr && !detail::on_device_of(p, ptr))
+      refuse(arg, std::string("must be on the parameter's device (") + device_name(p.device) + " " +
+                      std::to_string(p.device_index) + ")");
+  if (p.device != Device::cpu)  // the kernel's 16-byte accesses
+    for (const auto& [arg, ptr] : {buffers[0], buffers[2], std::pair<const char*, const void*>{"param", p.data}})
+      if (!aligned16(ptr)) refuse(arg, "must be 16-byte aligned on the GPU");
+  detail::write_fp8_copy(p, copy, stream);
+  s.fp8 = copy;
+}
+
 void ExpertOptimizer::step(const std::string& name, const Tensor& grad, float grad_scale, Stream stream) {
   Slot& s = slot(name, "step");
   const Tensor& p = s.param;
@@ -153,6 +190,8 @@ void ExpertOptimizer::step(const std::string& name, const Tensor& grad, float gr
   if (grad.device != p.device || grad.device_index != p.device_index)
     throw Error(fn + "must be on the parameter's device, got " + grad.describe());
   if (!grad.is_contiguous()) throw Error(fn + "must be contiguous, got " + grad.describe());
+  if (s.fp8.codes && p.device != Device::cpu && !aligned16(grad.data))
+    throw Error(fn + "must be 16-byte aligned on the GPU (the tensor has an FP8 copy)");
 
   const int64_t t = s.step + 1;
   detail::FusedUpdate u;
@@ -160,6 +199,7 @@ void ExpertOptimizer::step(const std::string& name, const Tensor& grad, float gr
   u.grad = grad;
   u.master = s.ptr(StateKind::master);
   u.grad_scale = grad_scale;
+  u.fp8 = s.fp8;
   u.stream = stream;
   if (const AdamW* a = std::get_if<AdamW>(&rule_)) {
     // Step scalars in double, rounded once: the per-element math stays in float on every device.

@@ -4,6 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
+
+#include "fp8.h"
 
 namespace leanmoe::optim::detail {
 namespace {
@@ -76,10 +79,35 @@ void update_typed(const FusedUpdate& u) {
 
 void fused_update_cpu(const FusedUpdate& u) {
   const bool p16 = u.param.dtype == DType::bf16, g16 = u.grad.dtype == DType::bf16;
-  if (p16 && g16) return update_typed<bf16, bf16>(u);
-  if (p16) return update_typed<bf16, float>(u);
-  if (g16) return update_typed<float, bf16>(u);
-  update_typed<float, float>(u);
+  if (p16 && g16)
+    update_typed<bf16, bf16>(u);
+  else if (p16)
+    update_typed<bf16, float>(u);
+  else if (g16)
+    update_typed<float, bf16>(u);
+  else
+    update_typed<float, float>(u);
+  if (u.fp8.codes) fp8_copy_cpu(u.param, u.fp8);
+}
+
+// Expert by expert: fp8::quantize of its bf16 values (as floats: exact), then the codes and block
+// scales transposed.
+void fp8_copy_cpu(const Tensor& param, const Fp8Copy& q) {
+  const int64_t R = q.R, C = q.C, nbr = R / fp8::kTile, nbc = C / fp8::kTile;
+  const bf16* w = param.ptr<bf16>();
+#pragma omp parallel for schedule(static) if (q.E > 1)
+  for (int64_t e = 0; e < q.E; ++e) {
+    std::vector<float> v(size_t(R * C));
+    for (int64_t i = 0; i < R * C; ++i) v[size_t(i)] = bf16_to_float(w[e * R * C + i]);
+    uint8_t* codes = q.codes + e * R * C;
+    float* scales = q.scales + e * nbr * nbc;
+    fp8::quantize(v.data(), R, C, fp8::kTile, codes, scales);
+    if (!q.codes_t) continue;
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) q.codes_t[(e * C + c) * R + r] = codes[r * C + c];
+    for (int64_t br = 0; br < nbr; ++br)
+      for (int64_t bc = 0; bc < nbc; ++bc) q.scales_t[(e * nbc + bc) * nbr + br] = scales[br * nbc + bc];
+  }
 }
 
 #if !LEANMOE_OPTIM_CUDA_UPDATE
@@ -121,6 +149,26 @@ void master_from_bf16(Device device, const bf16* param, float* master, int64_t n
   master_from_bf16_cuda(param, master, numel);
 #else
   no_gpu_update("ExpertOptimizer::register_tensor", device);
+#endif
+}
+
+void write_fp8_copy(const Tensor& param, const Fp8Copy& copy, Stream stream) {
+  if (param.device == Device::cpu) return fp8_copy_cpu(param, copy);
+#if LEANMOE_OPTIM_CUDA_UPDATE
+  write_fp8_copy_cuda(param, copy, stream);
+#else
+  (void)stream;
+  no_gpu_update("ExpertOptimizer::set_fp8_copy", param.device);
+#endif
+}
+
+bool on_device_of(const Tensor& param, const void* p) {
+#if LEANMOE_OPTIM_CUDA_UPDATE
+  const int holder = pointer_device_cuda(p);
+  return param.device == Device::cpu ? holder < 0 : holder == param.device_index;
+#else
+  (void)p;
+  return param.device == Device::cpu;
 #endif
 }
 

@@ -11,6 +11,11 @@
 // No reduction anywhere: each element depends only on its own inputs, so any split across
 // threads or CUDA blocks gives the same bits.
 //
+// FP8 copy (fp8.codes not null; bf16 parameters viewed as [E, R, C]): after the update, the codes
+// and scales of the parameter's new bf16 values, 128 x 128 blocks, and optionally the transposed
+// codes, exactly fp8::quantize's (the block amax is a max, exact in any order). The CPU updates the
+// whole tensor, then quantizes it; the GPU does both in one kernel, a CTA per block.
+//
 // GPU: src/cuda/optim_update.cu defines the *_cuda functions below (one launch per tensor, 16-byte
 // vector accesses, on u.stream, no synchronisation); LEANMOE_OPTIM_CUDA_UPDATE is 1 whenever the
 // library is built with its CUDA backend. The GPU kernel rounds every operation explicitly, so
@@ -18,7 +23,7 @@
 #pragma once
 #include <cstdint>
 
-#include "leanmoe/leanmoe.h"
+#include "leanmoe/optim.h"
 
 #ifndef LEANMOE_OPTIM_CUDA_UPDATE
 #ifdef LEANMOE_WITH_CUDA
@@ -49,6 +54,7 @@ struct FusedUpdate {
   // SGD
   float lr = 0.f, momentum = 0.f, weight_decay = 0.f;
   bool nesterov = false;
+  Fp8Copy fp8;  // written when fp8.codes is not null
   Stream stream = nullptr;
 };
 
@@ -61,10 +67,19 @@ void fused_update_cpu(const FusedUpdate& u);
 void zero_state(Device device, float* state, int64_t numel);
 void master_from_bf16(Device device, const bf16* param, float* master, int64_t numel);
 
+// The FP8 copy of the bf16 parameter's current values (ExpertOptimizer::set_fp8_copy), on u.stream
+// for the GPU; the CPU one is fp8_copy_cpu.
+void write_fp8_copy(const Tensor& param, const Fp8Copy& copy, Stream stream);
+void fp8_copy_cpu(const Tensor& param, const Fp8Copy& copy);
+// Whether p points into memory of param's device (host memory for Device::cpu), for argument checks.
+bool on_device_of(const Tensor& param, const void* p);
+
 #if LEANMOE_OPTIM_CUDA_UPDATE
 void fused_update_cuda(const FusedUpdate& u);
 void zero_state_cuda(float* state, int64_t numel);
 void master_from_bf16_cuda(const bf16* param, float* master, int64_t numel);
+void write_fp8_copy_cuda(const Tensor& param, const Fp8Copy& copy, Stream stream);
+int pointer_device_cuda(const void* p);  // the CUDA device holding p, or -1 for host memory
 #endif
 
 }  // namespace leanmoe::optim::detail

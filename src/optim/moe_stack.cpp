@@ -9,6 +9,8 @@
 #include <istream>
 #include <ostream>
 #include <sstream>
+#include <tuple>
+#include <utility>
 
 #include "leanmoe/optim.h"
 #include "optim/binary_io.h"
@@ -86,6 +88,7 @@ struct Layer {
   Buffer d_router;  // [E, d]
   Buffer d_gate_up, d_down;  // standard mode: this layer's materialised expert gradients
   bool updated[2] = {false, false};  // in_backward: expert weight updated in this step, by ExpertWeight
+  std::unique_ptr<Fp8WeightBuffers> fp8;  // cfg.fp8_weights_given: w.fp8's buffers
 
   std::string tensor(ExpertWeight which) const { return name + "." + expert_weight_name(which); }
   // An expert weight (or its gradient, of the same shape) in the layer's layout (leanmoe.h
@@ -100,6 +103,41 @@ struct Layer {
 };
 
 }  // namespace
+
+Fp8WeightBuffers::Fp8WeightBuffers(const MoEConfig& cfg, Device device) {
+  const char* fn = "Fp8WeightBuffers";
+  ::leanmoe::detail::validate_config(cfg, fn);
+  if (cfg.precision != Precision::fp8)
+    throw Error(std::string(fn) + ": argument 'cfg': cfg.precision must be fp8, got " + cfg.describe());
+  const int64_t W = up_width(cfg), d = cfg.d, n = cfg.n;
+  for (auto [one, t, R, C] : {std::tuple{&gate_up_, &weights_.gate_up_proj, cfg.transposed ? d : W, cfg.transposed ? W : d},
+                              std::tuple{&down_, &weights_.down_proj, cfg.transposed ? n : d, cfg.transposed ? d : n}}) {
+    const int64_t E = cfg.E, blocks = E * (R / 128) * (C / 128);
+    *one = One{E, R, C, Buffer(device, size_t(E * R * C)), Buffer(device, size_t(blocks) * sizeof(float)),
+               Buffer(device, size_t(E * R * C)), Buffer(device, size_t(blocks) * sizeof(float))};
+    t->codes = one->codes.view(DType::e4m3, {E, R, C});
+    t->scales = one->scales.view(DType::f32, {E, R / 128, C / 128});
+    t->codes_t = one->codes_t.view(DType::e4m3, {E, C, R});
+    t->scales_t = one->scales_t.view(DType::f32, {E, C / 128, R / 128});
+  }
+}
+
+Fp8Copy Fp8WeightBuffers::copy(ExpertWeight which) const {
+  if (which != ExpertWeight::gate_up_proj && which != ExpertWeight::down_proj)
+    throw Error(std::string("Fp8WeightBuffers::copy: argument 'which': gate_up_proj or down_proj, got ") +
+                expert_weight_name(which));
+  const One& o = which == ExpertWeight::gate_up_proj ? gate_up_ : down_;
+  return {o.E, o.R, o.C, static_cast<uint8_t*>(o.codes.data()), static_cast<float*>(o.scales.data()),
+          static_cast<uint8_t*>(o.codes_t.data()), static_cast<float*>(o.scales_t.data())};
+}
+
+void Fp8WeightBuffers::quantize(const MoEWeights& w, Stream stream) const {
+  ExpertOptimizer writer(SGD{1e-2f, /*momentum=*/0.f});  // no state: only its FP8 copy is used
+  for (auto [which, t] : {std::pair{ExpertWeight::gate_up_proj, &w.gate_up_proj}, {ExpertWeight::down_proj, &w.down_proj}}) {
+    writer.register_tensor(expert_weight_name(which), *t);
+    writer.set_fp8_copy(expert_weight_name(which), copy(which), stream);
+  }
+}
 
 struct MoEStack::Impl {
   std::vector<Layer> layers;
@@ -128,6 +166,14 @@ struct MoEStack::Impl {
           throw Error(std::string(fn) + ": weight '" + l.tensor(which) +
                       "' was already updated in place by this step's backward; reading it again before step() "
                       "would see the updated weight (docs/SPEC.md §6: no read after update)");
+  }
+
+  // Every layer with an FP8 copy: the optimizer (re)writes it from the current weights.
+  void refresh_fp8_copies() {
+    for (const Layer& l : layers)
+      if (l.cfg.fp8_weights_given)
+        for (ExpertWeight which : {ExpertWeight::down_proj, ExpertWeight::gate_up_proj})
+          experts.set_fp8_copy(l.tensor(which), l.fp8->copy(which));
   }
 
   void on_expert_grad(Layer& l, ExpertWeight which, const Tensor& grad) {
@@ -162,6 +208,7 @@ MoEStack::MoEStack(std::vector<MoEConfig> cfgs, int64_t T, DType dtype, Device d
     // (std::length_error or a huge allocation instead of a leanmoe::Error).
     ::leanmoe::detail::validate_config(c, fn);
     ::leanmoe::detail::validate_tokens(c, T, fn);
+    ::leanmoe::detail::validate_storage(c, dtype, fn);
     if (c.d != cfgs[0].d)
       throw Error(std::string(fn) + ": argument 'layers': every layer must share d = " + std::to_string(cfgs[0].d) +
                   ", got d = " + std::to_string(c.d));
@@ -183,7 +230,9 @@ MoEStack::MoEStack(std::vector<MoEConfig> cfgs, int64_t T, DType dtype, Device d
   m.layers.resize(cfgs.size());
   for (size_t i = 0; i < cfgs.size(); ++i) {
     Layer& l = m.layers[i];
-    const MoEConfig& c = l.cfg = cfgs[i];
+    l.cfg = cfgs[i];
+    l.cfg.fp8_weights_given = l.cfg.precision == Precision::fp8 && opt.fp8_weight_copy;
+    const MoEConfig& c = l.cfg;
     l.name = "layers." + std::to_string(i);
     upload(l.router, c.E * d, d);
     upload(l.gate_up, c.E * up_width(c) * d, d);
@@ -196,6 +245,10 @@ MoEStack::MoEStack(std::vector<MoEConfig> cfgs, int64_t T, DType dtype, Device d
     l.d_router = Buffer(device, size_t(c.E * d) * es);
     m.experts.register_tensor(l.tensor(ExpertWeight::gate_up_proj), l.w.gate_up_proj, opt.fp32_master);
     m.experts.register_tensor(l.tensor(ExpertWeight::down_proj), l.w.down_proj, opt.fp32_master);
+    if (c.fp8_weights_given) {
+      l.fp8 = std::make_unique<Fp8WeightBuffers>(c, device);
+      l.w.fp8 = l.fp8->weights();
+    }
     m.dense.register_tensor(l.name + ".router", l.w.router, opt.fp32_master);
     largest_grad = std::max(largest_grad, l.gate_up.bytes());
     if (opt.mode == ExpertUpdateMode::standard) {
@@ -207,6 +260,7 @@ MoEStack::MoEStack(std::vector<MoEConfig> cfgs, int64_t T, DType dtype, Device d
   // (E*d*n) reuses its front.
   if (opt.mode == ExpertUpdateMode::in_backward) m.grad_workspace = m.grad_buffer(largest_grad);
   for (Buffer& b : m.dx) b = Buffer(device, size_t(T * d) * es);
+  m.refresh_fp8_copies();
 }
 
 MoEStack::~MoEStack() = default;
@@ -366,6 +420,7 @@ void MoEStack::load(std::istream& in) {
     for (Buffer* b : {&l.router, &l.gate_up, &l.down}) copy_to_device(m.device, b->data(), weights[k++].data(), b->bytes());
     l.updated[0] = l.updated[1] = false;
   }
+  m.refresh_fp8_copies();  // the codes of the loaded weights
   m.forwarded = m.backwarded = false;
 }
 

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
+#include "leanmoe/optim.h"
 #include "naive_moe.h"
 
 namespace leanmoe::reference {
@@ -95,7 +97,14 @@ HostLayerOutputs run_backend(const HostLayerInputs& in, Device device, Stream st
   if (bias1) upload(device, b1, in.gate_up_bias);
   if (bias2) upload(device, b2, in.down_bias);
   upload(device, d_out, in.d_out);
-  const MoEWeights w{given ? Tensor{} : wr.t, w1.t, w2.t, bias1 ? b1.t : Tensor{}, bias2 ? b2.t : Tensor{}};
+  MoEWeights w{given ? Tensor{} : wr.t, w1.t, w2.t, bias1 ? b1.t : Tensor{}, bias2 ? b2.t : Tensor{}};
+  // cfg.fp8_weights_given: the weights' codes, written once by the expert optimizer's FP8 copy.
+  std::optional<optim::Fp8WeightBuffers> fp8;
+  if (c.fp8_weights_given) {
+    fp8.emplace(c, device);
+    fp8->quantize(w, stream);
+    w.fp8 = fp8->weights();
+  }
 
   DeviceTensor topk(device, DType::i32, {T, K}), weights(device, in.weights_dtype, {T, K}),
       d_weights(device, in.weights_dtype, {T, K});

@@ -1,4 +1,4 @@
-// What the expert GEMM tests (test_expert_gemms.cpp, test_expert_gemms_fp8.cpp) share: a random
+// What the expert GEMM tests (test_expert_gemms.cpp, test_gather_gemms_fp8.cpp) share: a random
 // ragged routing sorted by expert, and a device buffer that can be poisoned and read back.
 #pragma once
 #include <gtest/gtest.h>

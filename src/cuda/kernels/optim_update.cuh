@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fp8_encode.cuh"
+
 namespace leanmoe::cuda::optim {
 
 enum class Rule { adamw, sgd };
@@ -117,9 +119,10 @@ __device__ __forceinline__ void store(void* base, int64_t i, const float (&in)[V
 
 // ---- one group of V consecutive elements starting at i ---------------------------------------
 
+// Leaves the updated fp32 values in p (the master's, when there is one).
 template <Rule R, class P, class G, int V>
-__device__ __forceinline__ void update_group(const UpdateArgs& a, int64_t i) {
-  float g[V], p[V], m[V], v[V];
+__device__ __forceinline__ void update_group(const UpdateArgs& a, int64_t i, float (&p)[V]) {
+  float g[V], m[V], v[V];
   load<G, V>(a.grad, i, g);
   if (a.master)
     load<float, V>(a.master, i, p);
@@ -150,13 +153,55 @@ __global__ void __launch_bounds__(256) fused_update_kernel(UpdateArgs a) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t groups = a.numel / V;
-  for (int64_t gi = first; gi < groups; gi += stride) update_group<R, P, G, V>(a, gi * V);
+  for (int64_t gi = first; gi < groups; gi += stride) {
+    float p[V];
+    update_group<R, P, G, V>(a, gi * V, p);
+  }
   if constexpr (V > 1)
-    for (int64_t i = groups * V + first; i < a.numel; i += stride) update_group<R, P, G, 1>(a, i);
+    for (int64_t i = groups * V + first; i < a.numel; i += stride) {
+      float p[1];
+      update_group<R, P, G, 1>(a, i, p);
+    }
 }
 
-// fp32 master copy from bf16 parameters (ExpertOptimizer::register_tensor).
-__global__ void bf16_to_f32_kernel(const __nv_bfloat16* src, float* dst, int64_t numel) {
+// ---- the update that also writes the FP8 copy of the updated parameter ------------------------
+// bf16 parameters viewed as [E, R, C] (R, C multiples of 128): a CTA per 128 x 128 block, each thread
+// updating the 8 x 8 elements whose codes it writes (kernels::BlockPlace: 16-byte accesses, 16
+// threads on one 128-element row), then the block's scale, codes and transposed codes from the
+// values the parameter now holds, bf16(p), by the same encode_block as fp8_quantize_blocks_kernel.
+// One pass over the memory the update moves anyway: the separate quantization would read the bf16
+// parameter again (2 bytes per element) on top of writing the codes. Every pointer 16-byte aligned.
+struct Fp8Args {
+  int64_t R = 0, C = 0;
+  uint8_t* codes = nullptr;    // [E, R, C]
+  float* scales = nullptr;     // [E, R/128, C/128]
+  uint8_t* codes_t = nullptr;  // [E, C, R] or nullptr
+  float* scales_t = nullptr;   // [E, C/128, R/128] or nullptr
+};
+
+// kMinBlocks: CTAs per SM that __launch_bounds__ asks registers for (dev/optim_fp8_bench.cu times
+// the choices).
+template <Rule R, class G, int kMinBlocks = 2>
+__global__ void __launch_bounds__(kernels::kBlockThreads, kMinBlocks) fused_update_fp8_kernel(UpdateArgs a, Fp8Args q) {
+  using kernels::kBlockPasses;
+  __shared__ kernels::BlockEncodeSmem smem;
+  const kernels::BlockPlace b(q.R, q.C);
+  uint4 stored[kBlockPasses];  // the bf16 values the parameter now holds, as stored
+#pragma unroll
+  for (int pass = 0; pass < kBlockPasses; ++pass) {
+    float p[8];
+    update_group<R, __nv_bfloat16, G, 8>(a, b.at(pass), p);
+    __nv_bfloat16 x[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) x[k] = __float2bfloat16_rn(p[k]);
+    memcpy(&stored[pass], x, 16);
+  }
+  kernels::encode_block(b, stored, q.codes, q.scales, q.codes_t, q.scales_t, smem);
+}
+
+// fp32 master copy from bf16 parameters (ExpertOptimizer::register_tensor). Static: the header is
+// also compiled into dev/optim_fp8_bench.cu.
+static __global__ void bf16_to_f32_kernel(const __nv_bfloat16* src, float* dst, int64_t numel) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < numel; i += stride)
     dst[i] = __bfloat162float(src[i]);

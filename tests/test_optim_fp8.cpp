@@ -1,0 +1,149 @@
+// The expert optimizer's FP8 copy on the CPU (ExpertOptimizer::set_fp8_copy, src/optim/fused_update.h):
+// after every step the codes and scales (and the transposed copy) are fp8::quantize of the updated
+// bf16 parameter, bit for bit, and the parameter and every state buffer are bit for bit those of the
+// same optimizer without the copy. Data and runner: tests/optim_fp8_run.h (blocks 2^14 apart, NaN,
+// Inf, a master value whose bf16 overflows). Argument rules of set_fp8_copy.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "expect_error.h"
+#include "optim_fp8_run.h"
+
+namespace {
+
+using namespace leanmoe;
+using namespace leanmoe::optim;
+using namespace leanmoe::testing;
+
+template <class T>
+void expect_same(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
+  std::string first;
+  EXPECT_EQ(fp8_case_differences(got, want, first), 0) << what << ":" << first;
+}
+
+// Codes that changed from one step to the next: the copy must follow the update, not lag it.
+int64_t changed(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  int64_t n = 0;
+  for (size_t i = 0; i < a.size(); ++i) n += a[i] != b[i];
+  return n;
+}
+
+void run_cpu_case(const Fp8OptimCase& c) {
+  SCOPED_TRACE(c.name);
+  Fp8OptimRun plain(c, Device::cpu, false), with_copy(c, Device::cpu, true);
+  bool guard_ok = true;
+  Fp8Snapshot before = with_copy.snapshot(guard_ok);
+  {  // set_fp8_copy wrote the copy of the initial parameter
+    const Fp8Snapshot want = fp8_case_quantize(c, before.param);
+    expect_same(before.codes, want.codes, "initial codes");
+    expect_same(before.scales, want.scales, "initial scales");
+  }
+  for (int step = 0; step < kFp8CaseSteps; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    plain.step(step);
+    with_copy.step(step);
+    const Fp8Snapshot p = plain.snapshot(guard_ok), s = with_copy.snapshot(guard_ok);
+    // Exact bits, NaN payloads included (same CPU code on both).
+    EXPECT_EQ(s.param, p.param) << "parameter differs from the plain update";
+    for (int k = 0; k < 4; ++k)
+      EXPECT_EQ(std::memcmp(s.state[k].data(), p.state[k].data(), s.state[k].size() * 4), 0)
+          << state_kind_name(StateKind(k)) << " differs from the plain update";
+    const Fp8Snapshot want = fp8_case_quantize(c, s.param);
+    expect_same(s.codes, want.codes, "codes");
+    expect_same(s.scales, want.scales, "scales");
+    if (c.transposed) {
+      expect_same(s.codes_t, want.codes_t, "codes_t");
+      expect_same(s.scales_t, want.scales_t, "scales_t");
+    } else {
+      EXPECT_TRUE(s.codes_t.empty());
+    }
+    EXPECT_GT(changed(before.codes, s.codes), c.numel() / 50) << "codes barely moved: the test would not see a stale copy";
+    before = s;
+  }
+  EXPECT_TRUE(guard_ok) << "a write outside the copy's buffers";
+  // The magnitudes still span more than 2^15 across blocks after the steps.
+  float lo = std::numeric_limits<float>::infinity(), hi = 0.f;
+  for (float sc : before.scales)
+    if (std::isfinite(sc)) lo = std::min(lo, sc), hi = std::max(hi, sc);
+  EXPECT_GT(hi / lo, std::ldexp(1.f, 15));
+  if (c.specials) {
+    int64_t inf_scales = 0, nan_codes = 0;
+    for (float sc : before.scales) inf_scales += std::isinf(sc);
+    for (uint8_t q : before.codes) nan_codes += (q & 0x7f) == 0x7f;
+    EXPECT_GT(inf_scales, 0);
+    EXPECT_GT(nan_codes, 0);
+  }
+}
+
+constexpr AdamW kAdamW{1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+constexpr SGD kSgd{0.05f, 0.9f, 1e-4f, false};
+
+TEST(OptimFp8, AdamWCopyIsQuantizeOfTheUpdatedParameter) {
+  run_cpu_case({"adamw + master, transposed", kAdamW, true, 3, 256, 384, true, DType::bf16, false});
+  run_cpu_case({"adamw, f32 grad", kAdamW, false, 2, 384, 128, false, DType::f32, false});
+  run_cpu_case({"adamw + master, specials", kAdamW, true, 2, 256, 256, true, DType::bf16, true});
+}
+
+TEST(OptimFp8, SgdCopyIsQuantizeOfTheUpdatedParameter) {
+  run_cpu_case({"sgd momentum + master, transposed", kSgd, true, 3, 128, 384, true, DType::bf16, false});
+  run_cpu_case({"sgd nesterov, f32 grad", SGD{0.05f, 0.9f, 1e-2f, true}, false, 2, 256, 128, true, DType::f32, false});
+  run_cpu_case({"sgd no momentum, specials", SGD{0.5f, 0.f, 0.f, false}, false, 2, 256, 384, true, DType::bf16, true});
+}
+
+// SGD with a master copy: after the first step one master value is 3.4e38, finite, and its bf16 is
+// +Inf. The copy is of the bf16 parameter, so that block's scale is +Inf (quantizing the master
+// would give 2^120).
+TEST(OptimFp8, CopyQuantizesTheBf16ValueNotTheMaster) {
+  const Fp8OptimCase c{"sgd + master, specials", SGD{0.05f, 0.f, 0.f, false}, true, 2, 256, 256, true, DType::bf16, true};
+  Fp8OptimRun run(c, Device::cpu, true);
+  run.step(0);
+  bool guard_ok = true;
+  const Fp8Snapshot s = run.snapshot(guard_ok);
+  const size_t at = size_t(fp8_case_huge_at(c));
+  const float master = s.state[int(StateKind::master)][at];
+  ASSERT_TRUE(std::isfinite(master));
+  ASSERT_GT(master, 3.39e38f);
+  ASSERT_EQ(s.param[at], 0x7f80);  // bf16 +Inf
+  const int64_t r = int64_t(at) / c.C % c.R, col = int64_t(at) % c.C, e = int64_t(at) / (c.R * c.C);
+  const int64_t block = (e * (c.R / 128) + r / 128) * (c.C / 128) + col / 128;
+  EXPECT_EQ(s.scales[size_t(block)], std::numeric_limits<float>::infinity());
+  const Fp8Snapshot want = fp8_case_quantize(c, s.param);
+  expect_same(s.codes, want.codes, "codes");
+  expect_same(s.scales, want.scales, "scales");
+  EXPECT_TRUE(guard_ok);
+}
+
+TEST(OptimFp8, SetFp8CopyRules) {
+  std::vector<bf16> w(2 * 128 * 256);
+  std::vector<float> wf(128 * 128);
+  std::vector<uint8_t> codes(w.size()), codes_t(w.size());
+  std::vector<float> scales(4), scales_t(4);
+  ExpertOptimizer opt(AdamW{});
+  opt.register_tensor("layers.1.down_proj", Tensor::contiguous(w.data(), DType::bf16, Device::cpu, {2, 128, 256}));
+  opt.register_tensor("f32", Tensor::contiguous(wf.data(), DType::f32, Device::cpu, {128, 128}));
+  const Fp8Copy good{2, 128, 256, codes.data(), scales.data(), codes_t.data(), scales_t.data()};
+  auto with = [&](auto edit) {
+    Fp8Copy c = good;
+    edit(c);
+    return [&opt, c] { opt.set_fp8_copy("layers.1.down_proj", c); };
+  };
+  expect_error([&] { opt.set_fp8_copy("f32", {1, 128, 128, codes.data(), scales.data(), nullptr, nullptr}); },
+               {"set_fp8_copy", "'f32'", "'param'", "bf16", "f32[128, 128]"});
+  expect_error([&] { opt.set_fp8_copy("nope", good); }, {"set_fp8_copy", "'name'", "nope"});
+  expect_error(with([](Fp8Copy& c) { c.E = 0; }), {"layers.1.down_proj", "'copy.E'", ">= 1"});
+  expect_error(with([](Fp8Copy& c) { c.R = 192; }), {"'copy.R'", "multiple of 128", "192"});
+  expect_error(with([](Fp8Copy& c) { c.C = 64; }), {"'copy.C'", "multiple of 128", "64"});
+  expect_error(with([](Fp8Copy& c) { c.E = 1; }), {"'copy'", "numel", "1 * 128 * 256", "[2, 128, 256]"});
+  expect_error(with([](Fp8Copy& c) { c.codes = nullptr; }), {"'copy.codes'", "null"});
+  expect_error(with([](Fp8Copy& c) { c.scales = nullptr; }), {"'copy.scales'", "null"});
+  expect_error(with([](Fp8Copy& c) { c.scales_t = nullptr; }), {"'copy.scales_t'", "together"});
+  expect_error(with([](Fp8Copy& c) { c.codes_t = nullptr; }), {"'copy.codes_t'", "together"});
+  // A copy of another layout of the same numel is the caller's choice: [4, 128, 128] blocks.
+  opt.set_fp8_copy("layers.1.down_proj", {4, 128, 128, codes.data(), scales.data(), nullptr, nullptr});
+  opt.set_fp8_copy("layers.1.down_proj", good);
+}
+
+}  // namespace
