@@ -77,10 +77,6 @@ cuda::ExpertFunction expert_function(const MoEConfig& cfg) {
 // ---- FP8 (cfg.precision = fp8; docs/DESIGN.md "FP8") ----
 // Whether up's and dH's epilogues quantize A and dH themselves (Fp8Output); false: they write bf16
 // A / dH and fp8_quantize_rows quantizes it, one more pass and a bf16 A buffer. The one switch.
-// up's and dH's quantizing epilogues: not implemented (measured slower than the separate pass,
-// docs/kernels.md "FP8 up and dH"; the launchers refuse a_q / dh_q).
-constexpr bool kEpilogueQuantizes = false;
-
 // An FP8 operand carved from a workspace: codes and their 1x128 or 128x128 scales (none when count 0).
 struct Fp8Slice {
   uint8_t* codes = nullptr;
@@ -144,7 +140,7 @@ struct ForwardWorkspace {
   cuda::RoutingScratch routing;
   int32_t* given_meta = nullptr;  // pair_metadata_scratch_ints(T * K, E), routing given only
   double* loss_partial;
-  bf16_storage* a;       // [R_max, n] (FP8 with kEpilogueQuantizes: none)
+  bf16_storage* a;       // [R_max, n] (FP8: then quantized into a_q)
   bf16_storage* y;       // [R_max, d]
   void* expert_gemm;     // down_proj's argument arrays and TMA descriptors
   // FP8: x's rows [T, d], A [R_max, n], the weights (forward's direction; none when given).
@@ -161,7 +157,7 @@ struct ForwardWorkspace {
       given_meta = c.take<int32_t>(cuda::pair_metadata_scratch_ints(T * cfg.K, E));
     loss_partial = c.take<double>(router ? cuda::loss_partial_doubles(T, E) : 0);
     const int64_t fp8 = cfg.precision == Precision::fp8;
-    a = c.take<bf16_storage>(fp8 && kEpilogueQuantizes ? 0 : R * cfg.n);
+    a = c.take<bf16_storage>(R * cfg.n);
     y = c.take<bf16_storage>(R * cfg.d);
     expert_gemm = c.take<char>(int64_t(cuda::expert_gemm_workspace_bytes(E)));
     x_q = Fp8Slice(c, fp8 * T * cfg.d, kRowTile);
@@ -584,9 +580,10 @@ class CudaBackend final : public Backend {
       cuda::fp8_quantize_rows(x.data, T, cfg.d, w.x_q.codes, w.x_q.scales, stream);
       const Fp8Weights::Operands w_q = w.w_q.operands(cfg, wt, stream);
       cuda::up_proj_act_fp8(rows, shape, expert_function(cfg), w.x_q.op(), w_q.w1, wt.gate_up_bias.data, s.h.data,
-                            w.a, kEpilogueQuantizes ? w.a_q.out() : cuda::Fp8Output{}, stream);
-      if (!kEpilogueQuantizes)
-        cuda::fp8_quantize_rows(w.a, s.rows_capacity, cfg.n, w.a_q.codes, w.a_q.scales, stream);
+                            w.a, cuda::Fp8Output{}, stream);
+      // A and dH are quantized by a pass of their own: quantizing in up's and dH's epilogues measured
+      // slower (up +5-37%, dH 2.6-3.6x; docs/kernels.md "FP8 up and dH").
+      cuda::fp8_quantize_rows(w.a, s.rows_capacity, cfg.n, w.a_q.codes, w.a_q.scales, stream);
       cuda::down_proj_fp8(rows, shape, w.a_q.op(), w_q.w2, w.y, stream, w.expert_gemm);
     } else {
       cuda::up_proj_act(rows, shape, expert_function(cfg), x.data, wt.gate_up_proj.data, wt.gate_up_bias.data,
@@ -636,10 +633,8 @@ class CudaBackend final : public Backend {
       cuda::fp8_quantize_rows(d_out.data, T, cfg.d, w.d_out_q.codes, w.d_out_q.scales, stream);
       w_q = w.w_q.operands(cfg, wt, stream);
       cuda::dh_act_bwd_fp8(rows, shape, expert_function(cfg), w.d_out_q.op(), w_q.w2, s.h.data, w.dh,
-                           w.a_prime_dxexp, w.ds_partial, kEpilogueQuantizes ? w.dh_q.out() : cuda::Fp8Output{},
-                           stream);
-      if (!kEpilogueQuantizes)
-        cuda::fp8_quantize_rows(w.dh, s.rows_capacity, up_width(cfg), w.dh_q.codes, w.dh_q.scales, stream);
+                           w.a_prime_dxexp, w.ds_partial, cuda::Fp8Output{}, stream);
+      cuda::fp8_quantize_rows(w.dh, s.rows_capacity, up_width(cfg), w.dh_q.codes, w.dh_q.scales, stream);
     } else {
       cuda::dh_act_bwd(rows, shape, expert_function(cfg), d_out.data, wt.down_proj.data, s.h.data, w.dh,
                        w.a_prime_dxexp, w.ds_partial, stream);
