@@ -33,11 +33,11 @@ using Compiled = std::tuple<k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 
 using KMajor = Compiled<cutlass::layout::ColumnMajor>;
 using NMajor = Compiled<cutlass::layout::RowMajor>;
 // FP8 (B always K-major: the weights as stored or their transposed copy): cooperative 128x128 in 1x2
-// and 2x1 clusters, ping-pong 64x128 in 2x1; the heuristic picks by shape. Not compiled: 256x128
-// (spills, half the speed), 128x256 (CUTLASS 4.2's promotion takes tiles at most 128 wide).
+// and 2x1 clusters; the heuristic picks by shape. Not compiled: ping-pong 64x128 (slower on every
+// shape, gemm_heuristics.cpp), 256x128 (spills, half the speed), 128x256 (CUTLASS 4.2's promotion
+// takes tiles at most 128 wide).
 using Fp8 = std::tuple<k::GroupedGemm<cutlass::layout::ColumnMajor, k::Fp8Config<false, 128, 128, 1, 2>>,
-                       k::GroupedGemm<cutlass::layout::ColumnMajor, k::Fp8Config<false, 128, 128, 2, 1>>,
-                       k::GroupedGemm<cutlass::layout::ColumnMajor, k::Fp8Config<true, 64, 128, 2, 1>>>;
+                       k::GroupedGemm<cutlass::layout::ColumnMajor, k::Fp8Config<false, 128, 128, 2, 1>>>;
 
 // The GemmConfig G runs (run-time fields 0).
 template <class G>

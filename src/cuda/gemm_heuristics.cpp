@@ -39,12 +39,18 @@ GemmConfig cutlass(GemmSchedule schedule, int tile_m, int tile_n, bool pairs_of_
   return c;
 }
 
+// 1x2 clusters (pairs of n-tiles) when the column tiles (ceil(d / tile_n)) pair up, else 2x1.
+GemmConfig cutlass_paired(GemmKind kind, const ExpertShape& s, GemmSchedule schedule, int tile_m, int tile_n) {
+  GemmConfig c = cutlass(schedule, tile_m, tile_n, true);
+  if (gemm_column_tiles(kind, s, c) % 2 != 0) c = cutlass(schedule, tile_m, tile_n, false);
+  return c;
+}
+
 // bf16: ping-pong 128x192 in 1x2 clusters unless d makes an odd number of 192-wide n-tiles.
 // CUTLASS pads the n-tiles to whole clusters, so there 1x2 runs an empty half-cluster per column
 // (d = 2048: 11 n-tiles run as 12) and 2x1 wins: olmoe (d = 2048) down 598 vs 577 TFLOP/s, dx 627 vs 564.
 GemmConfig cutlass_pingpong(GemmKind kind, const ExpertShape& s) {
-  GemmConfig c = cutlass(GemmSchedule::Pingpong, 128, 192, true);
-  if (gemm_column_tiles(kind, s, c) % 2 != 0) c = cutlass(GemmSchedule::Pingpong, 128, 192, false);  // ceil(d / 192)
+  GemmConfig c = cutlass_paired(kind, s, GemmSchedule::Pingpong, 128, 192);
   // Down at n <= 256 (K = 4 k-steps, too short to hide twelve 64x32 subtile stores): 64x64 subtiles,
   // 7B-n256 426 -> 470, 30B-n256 414 -> 490 TFLOP/s; at n = 512 -10% to +6%, so only there. Compiled
   // for 1x2 clusters alone.
@@ -52,16 +58,13 @@ GemmConfig cutlass_pingpong(GemmKind kind, const ExpertShape& s) {
   return c;
 }
 
-// FP8 blockwise (tiles at most 128 wide; dev/fp8_grouped measured the candidates, TFLOP/s
-// bf16-equivalent): cooperative 128x128, 1x2 at small d, 2x1 at large d: down 1x2 at d <= 2048
-// (7B-n1024 787 vs 769, qwen3-30b-a3b 773 vs 691), 2x1 above (120B-n2048 912 vs 862); dx 1x2 at
-// d < 2048 (7B-n1024 988 vs 892), 2x1 from 2048 (qwen3-30b-a3b 823 vs 781, 120B-n2048 941 vs 871).
-// Down at d > 2048 with n <= 1024 (K = n: 8 k-tiles, short mainloops) runs ping-pong 64x128 2x1, one
-// tile's epilogue under the other's MMAs: 30B-n1024 817 vs 790.
+// FP8 blockwise (tiles at most 128 wide): cooperative 128x128 in 1x2 clusters (pairs of n-tiles
+// sharing the A tile) was the fastest compiled config for down and dx on all 7 shapes measured in the
+// library (bench/results/2026-12-04-h200-s12 call 9): 120B-n2048 down 2.057 ms vs 2.349 in 2x1 and
+// 3.203 for ping-pong 64x128, dx 4.717 vs 4.770 / 5.551; 30B-n1024 down 1.205 vs 1.294 / 1.505. 2x1
+// only where d / 128 is odd (1x2 would pad a half-empty cluster per column, as for bf16 above).
 GemmConfig cutlass_fp8(GemmKind kind, const ExpertShape& s) {
-  const bool small_d = kind == GemmKind::Down ? s.d <= 2048 : s.d < 2048;
-  if (kind == GemmKind::Down && !small_d && s.n <= 1024) return cutlass(GemmSchedule::Pingpong, 64, 128, false);
-  return cutlass(GemmSchedule::Cooperative, 128, 128, small_d);
+  return cutlass_paired(kind, s, GemmSchedule::Cooperative, 128, 128);
 }
 
 // Varlen-M tile order of up and dH: bands of 8 column tiles (about 16 m-tiles x 8 column tiles run
