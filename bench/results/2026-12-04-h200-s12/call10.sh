@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 12, device call 10 (issue 16): main with fp8gather's cleanup, fp8weights and fp8optim merged
+# Session 12, device call 10 (issue 16): main after the FP8 down/dx rule change (coop 128x128 in 1x2 clusters;
+# ping-pong 64x128 no longer compiled)
 # (.carry/s12h: leanmoe, leanmoe_gpu_tests, commit): the FP8 tests (FP8 up now in 2x1 clusters for every
 # function), the FP8 layer tests, memcheck and racecheck on FP8 up/dH tests, the layer fp8 (codes given)
 # vs bf16 at 120B-n2048 and olmoe-1b-7b.
