@@ -75,8 +75,6 @@ cuda::ExpertFunction expert_function(const MoEConfig& cfg) {
 }
 
 // ---- FP8 (cfg.precision = fp8; docs/DESIGN.md "FP8") ----
-// Whether up's and dH's epilogues quantize A and dH themselves (Fp8Output); false: they write bf16
-// A / dH and fp8_quantize_rows quantizes it, one more pass and a bf16 A buffer. The one switch.
 // An FP8 operand carved from a workspace: codes and their 1x128 or 128x128 scales (none when count 0).
 struct Fp8Slice {
   uint8_t* codes = nullptr;
@@ -85,7 +83,6 @@ struct Fp8Slice {
   Fp8Slice(Carver& c, int64_t count, int64_t values_per_scale)
       : codes(c.take<uint8_t>(count)), scales(c.take<float>(count / values_per_scale)) {}
   cuda::Fp8Operand op() const { return {codes, scales}; }
-  cuda::Fp8Output out() const { return {codes, scales}; }
 };
 constexpr int64_t kRowTile = 128, kBlock = 128 * 128;
 
@@ -576,7 +573,7 @@ class CudaBackend final : public Backend {
                        const ForwardWorkspace& w, const Tensor& out, cudaStream_t stream, bool weighted = true) {
     const cuda::RoutedRows rows = routed_rows(s, cfg.E);
     const cuda::ExpertShape shape = expert_shape(cfg, T);
-    if (shape.fp8) {  // x's rows and the weights quantized once; A quantized where up computes it
+    if (shape.fp8) {  // x's rows and the weights (unless given) quantized once per call
       cuda::fp8_quantize_rows(x.data, T, cfg.d, w.x_q.codes, w.x_q.scales, stream);
       const Fp8Weights::Operands w_q = w.w_q.operands(cfg, wt, stream);
       cuda::up_proj_act_fp8(rows, shape, expert_function(cfg), w.x_q.op(), w_q.w1, wt.gate_up_bias.data, s.h.data,
@@ -627,14 +624,13 @@ class CudaBackend final : public Backend {
 
     // FP8: dO's rows quantized once, the weights' transposes given or quantized once (read by dH
     // here and dx_expert on the GEMM stream, both before the callback that may rewrite them: W2's
-    // follows dH on this stream, W1's follows the join), dH where dH's GEMM computes it.
+    // follows dH on this stream, W1's follows the join); dH quantized for dx_expert only, below.
     Fp8Weights::Operands w_q{};
     if (shape.fp8) {
       cuda::fp8_quantize_rows(d_out.data, T, cfg.d, w.d_out_q.codes, w.d_out_q.scales, stream);
       w_q = w.w_q.operands(cfg, wt, stream);
       cuda::dh_act_bwd_fp8(rows, shape, expert_function(cfg), w.d_out_q.op(), w_q.w2, s.h.data, w.dh,
                            w.a_prime_dxexp, w.ds_partial, cuda::Fp8Output{}, stream);
-      cuda::fp8_quantize_rows(w.dh, s.rows_capacity, up_width(cfg), w.dh_q.codes, w.dh_q.scales, stream);
     } else {
       cuda::dh_act_bwd(rows, shape, expert_function(cfg), d_out.data, wt.down_proj.data, s.h.data, w.dh,
                        w.a_prime_dxexp, w.ds_partial, stream);
@@ -648,10 +644,12 @@ class CudaBackend final : public Backend {
       st.mark(GemmStream::kDw2Done);
     }
     if (g.dx.defined()) {
-      if (shape.fp8)
+      if (shape.fp8) {  // dH (written by dH_act_bwd_fp8 before the fork) quantized where it is read
+        cuda::fp8_quantize_rows(w.dh, s.rows_capacity, up_width(cfg), w.dh_q.codes, w.dh_q.scales, st.gemm);
         cuda::dx_expert_fp8(rows, shape, w.dh_q.op(), w_q.w1, w.a_prime_dxexp, st.gemm, w.expert_gemm, config[1]);
-      else
+      } else {
         cuda::dx_expert(rows, shape, w.dh, wt.gate_up_proj.data, w.a_prime_dxexp, st.gemm, w.expert_gemm, config[1]);
+      }
       st.mark(GemmStream::kDxDone);
     }
     if (g.d_down_bias.defined())  // db2_e = sum over e's rows of gate · dO[token]

@@ -309,12 +309,14 @@ const std::vector<GatherKernel>& gather_kernels(GemmKind kind, bool fp8) {
   }
 }
 
-// A launcher runs one precision: the bf16 ones refuse s.fp8, the *_fp8 ones a bf16 shape and d or n
-// off the 128-value scale blocks (every FP8 GEMM's K and N are d, n or 2n).
+// A launcher runs one precision: the bf16 ones (`what`) refuse s.fp8, naming their FP8 twin
+// (`what`_fp8); the *_fp8 ones refuse a bf16 shape and d or n off the 128-value scale blocks (every
+// FP8 GEMM's K and N are d, n or 2n).
 void require_precision(const ExpertShape& s, bool fp8_launcher, const char* what) {
   if (s.fp8 != fp8_launcher)
-    throw leanmoe::Error(std::string(what) + ": s.fp8 is " + (s.fp8 ? "true" : "false") + "; " +
-                         (s.fp8 ? "an FP8 shape runs the *_fp8 launchers" : "the *_fp8 launchers need s.fp8"));
+    throw leanmoe::Error(std::string(what) + ": s.fp8 = " + (s.fp8 ? "true" : "false") + "; " +
+                         (s.fp8 ? std::string("an FP8 shape runs ") + what + "_fp8"
+                                : std::string("the *_fp8 launchers need s.fp8")));
   if (fp8_launcher && (s.d % 128 != 0 || s.n % 128 != 0))
     throw leanmoe::Error(std::string(what) + ": d = " + std::to_string(s.d) + ", n = " + std::to_string(s.n) +
                          ": FP8 needs d and n multiples of 128 (the scale block)");
@@ -326,11 +328,8 @@ template <GemmKind kKind>
 void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const GemmConfig* requested,
             cudaStream_t stream, const char* what, const ExpertFunction& fn = {},  // fn: up and dH only
             const Fp8Scales* fp8 = nullptr) {
-  if (runs_fp8(kKind, s) != (fp8 != nullptr))
-    throw leanmoe::Error(std::string(what) + ": the shape has fp8 = " + (s.fp8 ? "true" : "false") + "; " +
-                         (s.fp8 ? "up and dH with fp8 run up_proj_act_fp8 and dh_act_bwd_fp8"
-                                : "the FP8 launchers need ExpertShape::fp8"));
-  if (fp8) require_precision(s, true, what);
+  // up and dH run in the shape's precision; dW1 and dW2 stay bf16 on an FP8 shape (runs_fp8).
+  if (!kernels::is_varlen_k(kKind)) require_precision(s, fp8 != nullptr, what);
   if (!kernels::is_varlen_k(kKind) && activation_is_gated(fn.activation) != s.gated)
     throw leanmoe::Error(std::string(what) + ": activation " + activation_name(fn.activation) + " is " +
                          (s.gated ? "plain" : "gated") + " but the shape says " + (s.gated ? "gated" : "plain"));
@@ -371,7 +370,6 @@ GemmArgs make_args(const void* a, const void* b) {
   args.b = static_cast<const kernels::bf16*>(b);
   return args;
 }
-
 
 }  // namespace
 
