@@ -126,7 +126,7 @@ def moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_the
     the losses 0 and the weight gradients 0). Returns MoEOutput, or MoEOutputWithStats with
     ``return_stats=True`` (RouterStats: device tensors, no host synchronisation).
     precision="fp8": the up, down, dH and dX expert GEMMs on e4m3 operands with block scales
-    (bfloat16 tensors, d and n multiples of 128; CPU only for now; docs/DESIGN.md "FP8")."""
+    (bfloat16 tensors, d and n multiples of 128; the weights quantized per call; docs/DESIGN.md "FP8")."""
     if router not in ROUTERS:
         raise ValueError(f"leanmoe.moe: argument 'router': must be one of {ROUTERS}, got {router!r}")
     if routing not in ROUTINGS:

@@ -37,7 +37,7 @@ class MoE(nn.Module):
     ("topk" by default, docs/SPEC.md §5; "token_rounding" to round there too).
 
     precision="fp8" runs the up, down, dH and dX expert GEMMs on e4m3 operands with block scales
-    (dtype=torch.bfloat16, d and n multiples of 128; CPU only for now; docs/DESIGN.md "FP8").
+    (dtype=torch.bfloat16, d and n multiples of 128; the weights quantized per call; docs/DESIGN.md "FP8").
 
     A transformers MoE block's state_dict (keys ``gate.weight`` or ``router.weight``,
     ``experts.gate_up_proj``, ``experts.down_proj``) loads directly; ``MoE.from_hf_block(block)``

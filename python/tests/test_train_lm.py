@@ -81,3 +81,18 @@ def test_train_lm_learns_and_its_checks_pass(tmp_path):
     subprocess.run([sys.executable, EXAMPLE, "--plot-only", out], check=True, capture_output=True, timeout=300)
     assert open(os.path.join(out, "results.md")).read() == report
     assert os.path.exists(plot) == (importlib.util.find_spec("matplotlib") is not None)
+
+
+def test_train_lm_fp8_run_learns_and_is_judged_against_topk(tmp_path):
+    """The fp8 run (leanmoe.MoE precision="fp8") at widths FP8 takes (d, n multiples of 128): it
+    learns, it is not the bf16 run under another name, and results.md judges it against top-K."""
+    out = str(tmp_path / "out")
+    train_lm("--steps", "40", "--runs", "topk,fp8", "--d", "128", "--n", "128", "--heads", "4", "--dtype", "bfloat16",
+             "--out", out)
+    topk, fp8 = load(out, "topk"), load(out, "fp8")
+    assert fp8["precision"] == "fp8" and topk["precision"] == "storage"
+    assert fp8["final_val_loss"] < fp8["val"][0][2] - 0.5
+    assert fp8["train_loss"] != topk["train_loss"]  # e4m3 operands change the losses, slightly
+    assert abs(fp8["final_val_loss"] - topk["final_val_loss"]) < 0.2
+    with open(os.path.join(out, "results.md")) as f:
+        assert "- fp8: |Δ val loss|" in f.read()
