@@ -426,19 +426,21 @@ class Trainer:
         return loss.detach(), aux.detach(), norm, stats
 
     @torch.no_grad()
-    def evaluate(self, batches, routing=EVAL_ROUTING):
+    def evaluate(self, batches, routing=EVAL_ROUTING, precision=None):
         """Mean validation loss per token. In eval mode leanmoe.MoE routes with its inference_routing:
-        `routing` (plain top-K unless asked), whatever the run trains with."""
+        `routing` (plain top-K unless asked), whatever the run trains with; its expert GEMMs in the
+        run's precision unless `precision` is given."""
         self.model.eval()
-        saved = [b.moe.inference_routing for b in self.model.blocks]
+        saved = [(b.moe.inference_routing, b.moe.precision) for b in self.model.blocks]
         for b in self.model.blocks:
             b.moe.inference_routing = routing
+            b.moe.precision = precision or b.moe.precision
         try:
             losses = [self.model(x, y)[0] for x, y in batches]
         finally:
             self.model.train()
-            for b, r in zip(self.model.blocks, saved):
-                b.moe.inference_routing = r
+            for b, (r, p) in zip(self.model.blocks, saved):
+                b.moe.inference_routing, b.moe.precision = r, p
         return torch.stack(losses).mean().item()
 
     def state_dict(self):
@@ -614,6 +616,10 @@ def train_run(run, args, cfg, data, tok_json, meta, *, trainer=None, record=None
         if run.routing != EVAL_ROUTING:  # the same model validated with its training routing: how much of
             # the gap to top-K is the train/eval routing mismatch rather than a worse model
             record["final_val_loss_train_routing"] = trainer.evaluate(data.val, run.routing)
+        if "fp8" in args.runs:  # beside an fp8 run, every model validated in the other precision too: is a
+            # difference in the trained weights, or in the GEMMs that evaluate them?
+            other = "storage" if run.precision == "fp8" else "fp8"
+            record["final_val_loss_other_precision"] = [other, trainer.evaluate(data.val, precision=other)]
     times = record["step_ms"]
     record.update(
         final_val_loss=record["val"][-1][2] if record["val"] and "diverged_at" not in record else None,
@@ -790,6 +796,11 @@ def render_table(records):
                      f"the budget")
             lines.append(f"- {r['name']}: |Δ val loss| {abs(dv):.4f} {'<=' if ok else '>'} {bar} nats: "
                          f"{'PASS' if ok else 'FAIL'}{speed}{reach}")
+    for r in records:
+        other = r.get("final_val_loss_other_precision")
+        if other and r["final_val_loss"] is not None:
+            lines.append(f"- {r['name']}: the final model validated with its expert GEMMs in {other[0]}: "
+                         f"{other[1]:.4f} (in its own precision {r['final_val_loss']:.4f})")
     for r in records:
         c = r["checks"].get("in_backward_bitwise")
         if c:

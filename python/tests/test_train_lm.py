@@ -94,5 +94,10 @@ def test_train_lm_fp8_run_learns_and_is_judged_against_topk(tmp_path):
     assert fp8["final_val_loss"] < fp8["val"][0][2] - 0.5
     assert fp8["train_loss"] != topk["train_loss"]  # e4m3 operands change the losses, slightly
     assert abs(fp8["final_val_loss"] - topk["final_val_loss"]) < 0.2
+    # Each final model validated in the other precision: the GEMMs change the loss, a little.
+    assert fp8["final_val_loss_other_precision"][0] == "storage" and topk["final_val_loss_other_precision"][0] == "fp8"
+    for r in (topk, fp8):
+        assert 0 < abs(r["final_val_loss_other_precision"][1] - r["final_val_loss"]) < 0.1
     with open(os.path.join(out, "results.md")) as f:
-        assert "- fp8: |Δ val loss|" in f.read()
+        text = f.read()
+    assert "- fp8: |Δ val loss|" in text and "- fp8: the final model validated with its expert GEMMs in storage" in text
