@@ -225,13 +225,16 @@ TEST(OptimFp8, UpdateTensorEqualsExpertOptimizerStep) {
 TEST(OptimFp8, UpdateTensorRules) {
   const int64_t numel = 128 * 128;
   std::vector<bf16> w(static_cast<size_t>(numel)), g(static_cast<size_t>(numel));
-  std::vector<float> wf(static_cast<size_t>(numel)), m(static_cast<size_t>(numel)), v(static_cast<size_t>(numel)), small(16);
+  const size_t count = static_cast<size_t>(numel);
+  std::vector<float> wf(count), m(count), v(count), small(16);
   std::vector<uint8_t> codes(static_cast<size_t>(numel));
   std::vector<float> scales(1);
   const Tensor p = Tensor::contiguous(w.data(), DType::bf16, Device::cpu, {1, 128, 128});
   const Tensor pf = Tensor::contiguous(wf.data(), DType::f32, Device::cpu, {1, 128, 128});
   const Tensor grad = Tensor::contiguous(g.data(), DType::bf16, Device::cpu, {1, 128, 128});
-  auto f32 = [&](std::vector<float>& b, int64_t n) { return Tensor::contiguous(b.data(), DType::f32, Device::cpu, {n}); };
+  auto f32 = [](std::vector<float>& b, int64_t n) {
+    return Tensor::contiguous(b.data(), DType::f32, Device::cpu, {n});
+  };
   UpdateState adam;
   adam.exp_avg = f32(m, numel);
   adam.exp_avg_sq = f32(v, numel);
