@@ -158,8 +158,9 @@ class ExpertAdamW(torch.optim.Optimizer):
             if self._uses_master(p):
                 state["master"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format)
                 like = state["master"]
-            state["exp_avg"] = torch.zeros_like(like, dtype=moments, memory_format=torch.contiguous_format)
-            state["exp_avg_sq"] = torch.zeros_like(like, dtype=moments, memory_format=torch.contiguous_format)
+            layout = torch.contiguous_format if kernel == "leanmoe" else torch.preserve_format
+            state["exp_avg"] = torch.zeros_like(like, dtype=moments, memory_format=layout)
+            state["exp_avg_sq"] = torch.zeros_like(like, dtype=moments, memory_format=layout)
             return state
         if state["step"].device != step_device:
             state["step"] = state["step"].to(step_device)
