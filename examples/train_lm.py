@@ -37,8 +37,9 @@ Runs (--runs), each from the same initialisation over the same batches (batch i 
   in-backward   top-K, expert tensors updated inside backward (Sonar-MoE)
   tr-nearest    token rounding (docs/SPEC.md §5), each expert's count rounded to the nearest tile multiple
   tr-up, tr-down  rounded up / down
-  fp8           top-K, the expert GEMMs on e4m3 operands with block scales (leanmoe.MoE precision="fp8";
-                d and n multiples of 128: not at the cpu preset; not in the default --runs)
+  fp8           top-K, the expert GEMMs on e4m3 operands with block scales (leanmoe.MoE precision="fp8":
+                the layer keeps its weights' FP8 codes, ExpertAdamW's update rewrites them; d and n
+                multiples of 128: not at the cpu preset; not in the default --runs)
 Token rounding is a training-time routing: validation always routes with plain top-K (SonicMoE).
 Each run logs train loss every step, validation loss every --eval-every steps, tokens/s, step time
 (median over the timed steps: a step is forward + backward + optimizer, synchronised) and peak

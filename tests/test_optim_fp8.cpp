@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "expect_error.h"
@@ -147,3 +148,115 @@ TEST(OptimFp8, SetFp8CopyRules) {
 }
 
 }  // namespace
+
+// optim::update_tensor on caller-owned state (the PyTorch front's ExpertAdamW): the same bits as
+// ExpertOptimizer::step, parameter, state and FP8 copy, over several steps; and its argument rules.
+namespace {
+struct CallerState {
+  std::vector<float> m, v, master;
+  UpdateState view(int64_t numel, bool adamw, bool momentum, bool with_master) {
+    UpdateState s;
+    auto t = [&](std::vector<float>& b) { return Tensor::contiguous(b.data(), DType::f32, Device::cpu, {numel}); };
+    if (adamw || momentum) s.exp_avg = t(m);
+    if (adamw) s.exp_avg_sq = t(v);
+    if (!adamw && momentum) s.momentum = std::exchange(s.exp_avg, Tensor{});
+    if (with_master) s.master = t(master);
+    return s;
+  }
+};
+
+void check_update_tensor_equals_step(const Rule& rule, bool with_master) {
+  const int64_t E = 2, R = 256, C = 128, numel = E * R * C;
+  std::vector<bf16> ours(static_cast<size_t>(numel)), theirs;
+  std::vector<bf16> grad(static_cast<size_t>(numel));
+  uint32_t s = 12345;
+  auto next = [&] { s = s * 1664525u + 1013904223u; return float(int(s >> 9) - (1 << 22)) / float(1 << 22); };
+  for (int64_t i = 0; i < numel; ++i) ours[size_t(i)] = float_to_bf16(next() * (i < numel / 2 ? 1.f : 1e-3f));
+  theirs = ours;
+  const bool adamw = std::holds_alternative<AdamW>(rule);
+  const bool momentum = !adamw && std::get<SGD>(rule).momentum != 0.f;
+  CallerState st{std::vector<float>(static_cast<size_t>(numel)), std::vector<float>(static_cast<size_t>(numel)), {}};
+  for (int64_t i = 0; i < numel; ++i) st.master.push_back(bf16_to_float(ours[size_t(i)]));
+  const UpdateState state = st.view(numel, adamw, momentum, with_master);
+  std::vector<uint8_t> codes[2], codes_t[2];
+  std::vector<float> scales[2], scales_t[2];
+  Fp8Copy copy[2];
+  for (int k = 0; k < 2; ++k) {
+    codes[k].resize(static_cast<size_t>(numel)), codes_t[k].resize(static_cast<size_t>(numel));
+    scales[k].resize(size_t(numel / 128 / 128)), scales_t[k].resize(size_t(numel / 128 / 128));
+    copy[k] = {E, R, C, codes[k].data(), scales[k].data(), codes_t[k].data(), scales_t[k].data()};
+  }
+  const Tensor p = Tensor::contiguous(ours.data(), DType::bf16, Device::cpu, {E, R, C});
+  const Tensor q = Tensor::contiguous(theirs.data(), DType::bf16, Device::cpu, {E, R, C});
+  ExpertOptimizer opt(rule);
+  opt.register_tensor("w", q, with_master);
+  opt.set_fp8_copy("w", copy[1]);
+  for (int t = 1; t <= 3; ++t) {
+    SCOPED_TRACE("step " + std::to_string(t));
+    for (auto& g : grad) g = float_to_bf16(next());
+    const Tensor g = Tensor::contiguous(grad.data(), DType::bf16, Device::cpu, {E, R, C});
+    update_tensor(rule, t, p, g, state, copy[0], 0.5f);
+    opt.step("w", g, 0.5f);
+    EXPECT_EQ(std::memcmp(ours.data(), theirs.data(), ours.size() * 2), 0) << "parameter";
+    EXPECT_EQ(codes[0], codes[1]);
+    EXPECT_EQ(scales[0], scales[1]);
+    EXPECT_EQ(codes_t[0], codes_t[1]);
+    EXPECT_EQ(scales_t[0], scales_t[1]);
+    for (auto [kind, mine] : {std::pair{adamw ? StateKind::exp_avg : StateKind::momentum, &st.m},
+                              {StateKind::exp_avg_sq, &st.v}, {StateKind::master, &st.master}}) {
+      const Tensor b = opt.state("w", kind);
+      if (b.data) EXPECT_EQ(std::memcmp(b.data, mine->data(), b.nbytes()), 0) << state_kind_name(kind);
+    }
+  }
+  const Fp8Snapshot want = fp8_case_quantize({"", rule, with_master, E, R, C, true, DType::bf16, false},
+                                             std::vector<uint16_t>(reinterpret_cast<uint16_t*>(ours.data()),
+                                                                   reinterpret_cast<uint16_t*>(ours.data()) + numel));
+  expect_same(codes[0], want.codes, "codes of the updated parameter");
+}
+}  // namespace
+
+TEST(OptimFp8, UpdateTensorEqualsExpertOptimizerStep) {
+  check_update_tensor_equals_step(kAdamW, false);
+  check_update_tensor_equals_step(kAdamW, true);
+  check_update_tensor_equals_step(kSgd, true);
+  check_update_tensor_equals_step(SGD{0.5f, 0.f, 0.f, false}, false);
+}
+
+TEST(OptimFp8, UpdateTensorRules) {
+  const int64_t numel = 128 * 128;
+  std::vector<bf16> w(static_cast<size_t>(numel)), g(static_cast<size_t>(numel));
+  const size_t count = static_cast<size_t>(numel);
+  std::vector<float> wf(count), m(count), v(count), small(16);
+  std::vector<uint8_t> codes(static_cast<size_t>(numel));
+  std::vector<float> scales(1);
+  const Tensor p = Tensor::contiguous(w.data(), DType::bf16, Device::cpu, {1, 128, 128});
+  const Tensor pf = Tensor::contiguous(wf.data(), DType::f32, Device::cpu, {1, 128, 128});
+  const Tensor grad = Tensor::contiguous(g.data(), DType::bf16, Device::cpu, {1, 128, 128});
+  auto f32 = [](std::vector<float>& b, int64_t n) {
+    return Tensor::contiguous(b.data(), DType::f32, Device::cpu, {n});
+  };
+  UpdateState adam;
+  adam.exp_avg = f32(m, numel);
+  adam.exp_avg_sq = f32(v, numel);
+  const Fp8Copy copy{1, 128, 128, codes.data(), scales.data(), nullptr, nullptr};
+  update_tensor(kAdamW, 1, p, grad, adam, copy);  // valid
+  expect_error([&] { update_tensor(kAdamW, 0, p, grad, adam); }, {"update_tensor", "'t'", ">= 1", "0"});
+  UpdateState bad = adam;
+  bad.exp_avg_sq = Tensor{};
+  expect_error([&] { update_tensor(kAdamW, 1, p, grad, bad); }, {"'state.exp_avg_sq'", "f32", "numel (16384)"});
+  bad = adam;
+  bad.exp_avg = f32(small, 16);
+  expect_error([&] { update_tensor(kAdamW, 1, p, grad, bad); }, {"'state.exp_avg'", "numel (16384)", "f32[16]"});
+  expect_error([&] { update_tensor(kSgd, 1, p, grad, adam); }, {"'state.momentum'", "f32"});
+  expect_error([&] { update_tensor(SGD{0.1f, 0.f, 0.f, false}, 1, p, grad, adam); },
+               {"'state.exp_avg_sq'", "undefined", "second moment"});
+  bad = adam;
+  bad.master = f32(m, numel);
+  expect_error([&] { update_tensor(kAdamW, 1, pf, grad, bad); }, {"'state.master'", "bf16 parameters"});
+  expect_error([&] { update_tensor(kAdamW, 1, pf, grad, adam, copy); }, {"update_tensor", "'param'", "bf16"});
+  expect_error([&] { update_tensor(kAdamW, 1, p, Tensor{}, adam); }, {"'grad'", "defined"});
+  expect_error([&] { write_fp8_copy(pf, copy); }, {"write_fp8_copy", "'param'", "bf16"});
+  expect_error([&] { write_fp8_copy(p, {1, 128, 256, codes.data(), scales.data(), nullptr, nullptr}); },
+               {"write_fp8_copy", "'copy'", "numel"});
+  write_fp8_copy(p, copy);
+}

@@ -83,6 +83,26 @@ class Fp8WeightBuffers {
 enum class StateKind { exp_avg, exp_avg_sq, momentum, master };
 const char* state_kind_name(StateKind);
 
+// One tensor's optimizer state kept by the caller, for update_tensor (a front that owns its state,
+// e.g. the PyTorch ExpertAdamW): each fp32, contiguous, of the parameter's numel, on its device.
+struct UpdateState {
+  Tensor exp_avg, exp_avg_sq;  // AdamW: both; SGD: neither
+  Tensor momentum;             // SGD with momentum != 0; else undefined
+  Tensor master;               // optional, bf16 parameters only: the fp32 master copy (as register_tensor's)
+};
+
+// The update ExpertOptimizer::step runs, on caller-owned state: `t` is the tensor's step count after
+// this update (>= 1); `param` contiguous bf16 or f32; `grad` as in step(); `fp8` (codes not null)
+// is rewritten in the same pass, under set_fp8_copy's rules. The same bits as ExpertOptimizer::step
+// given the same state. Enqueued on `stream` for the GPU. Errors name the argument (state.exp_avg, ...).
+void update_tensor(const Rule& rule, int64_t t, const Tensor& param, const Tensor& grad, const UpdateState& state,
+                   const Fp8Copy& fp8 = {}, float grad_scale = 1.f, Stream stream = nullptr);
+
+// Writes `copy` from the bf16 `param`'s current values (what set_fp8_copy writes when called: on
+// the GPU fp8_quantize_blocks, enqueued on `stream`), under set_fp8_copy's rules. For a caller
+// whose weights changed outside the update (loaded, edited).
+void write_fp8_copy(const Tensor& param, const Fp8Copy& copy, Stream stream = nullptr);
+
 class ExpertOptimizer {
  public:
   explicit ExpertOptimizer(Rule rule);

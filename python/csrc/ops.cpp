@@ -7,6 +7,7 @@
 //                                 weight is updated by AdamW the moment its gradient is complete
 //                                 (the API's on_expert_grad callback) and its gradient is dropped
 //   leanmoe::adamw_step_          the same AdamW update, for the standard (after-backward) path
+//   leanmoe::fp8_weight_codes_    writes an expert weight's FP8 codes (leanmoe.MoE, precision="fp8")
 //   leanmoe::moe_routed_forward   routing given by the caller (topk_experts, topk_weights): experts
 //                                 only, any activation, optional biases, every weight layout
 //   leanmoe::moe_routed_backward  gradients of x, the routing weights, the expert weights and biases
@@ -30,6 +31,7 @@
 #include <utility>
 
 #include "leanmoe/leanmoe.h"
+#include "leanmoe/optim.h"
 #include "torch_bridge.h"
 
 namespace {
@@ -56,7 +58,8 @@ leanmoe::Precision parse_precision(c10::string_view name) {
 
 leanmoe::MoEConfig make_config(const at::Tensor& gate_up_proj, int64_t top_k, c10::string_view router,
                                bool norm_topk_prob, c10::string_view routing, int64_t tile,
-                               c10::string_view rounding_mode, c10::string_view precision) {
+                               c10::string_view rounding_mode, c10::string_view precision,
+                               bool fp8_weights_given = false) {
   TORCH_CHECK(gate_up_proj.dim() == 3, "leanmoe: argument 'gate_up_proj': must be 3-D [E, 2n, d], got ",
               gate_up_proj.sizes());
   leanmoe::MoEConfig c;
@@ -80,6 +83,7 @@ leanmoe::MoEConfig make_config(const at::Tensor& gate_up_proj, int64_t top_k, c1
   else TORCH_CHECK(false, "leanmoe: argument 'rounding_mode': must be 'nearest', 'up' or 'down', got '",
                    std::string(rounding_mode), "'");
   c.precision = parse_precision(precision);
+  c.fp8_weights_given = fp8_weights_given;
   return c;
 }
 
@@ -112,21 +116,71 @@ leanmoe::SavedState saved_state(const leanmoe::MoEConfig& cfg, const at::Tensor&
   return s;
 }
 
+// The expert weights' FP8 codes kept by leanmoe.MoE (precision="fp8"): gate_up_proj's codes,
+// scales, codes_t and scales_t, then down_proj's (MoEWeights::fp8's layout, e4m3 codes as
+// torch.float8_e4m3fn). None: the layer quantizes the weights per call.
+using Fp8Weights = c10::optional<at::TensorList>;
+
+constexpr const char* kFp8WeightArgs[2][4] = {
+    {"fp8_weights[0] (gate_up_proj codes)", "fp8_weights[1] (gate_up_proj scales)",
+     "fp8_weights[2] (gate_up_proj codes_t)", "fp8_weights[3] (gate_up_proj scales_t)"},
+    {"fp8_weights[4] (down_proj codes)", "fp8_weights[5] (down_proj scales)", "fp8_weights[6] (down_proj codes_t)",
+     "fp8_weights[7] (down_proj scales_t)"}};
+
+at::TensorList fp8_weight_list(const Fp8Weights& fp8, int which) {
+  TORCH_CHECK_VALUE(fp8->size() == 8, "leanmoe: argument 'fp8_weights': 8 tensors (codes, scales, codes_t, "
+                    "scales_t of gate_up_proj, then of down_proj), got ", fp8->size());
+  return fp8->slice(4 * which, 4);
+}
+
 leanmoe::MoEWeights weights(const at::Tensor& router_weight, const at::Tensor& gate_up_proj,
-                            const at::Tensor& down_proj) {
-  return {view_of(router_weight, "router_weight"), view_of(gate_up_proj, "gate_up_proj"),
-          view_of(down_proj, "down_proj")};
+                            const at::Tensor& down_proj, const Fp8Weights& fp8 = c10::nullopt) {
+  leanmoe::MoEWeights w{view_of(router_weight, "router_weight"), view_of(gate_up_proj, "gate_up_proj"),
+                        view_of(down_proj, "down_proj")};
+  if (fp8) {  // checked by the API (validate.cpp, check_fp8_weights)
+    leanmoe::Fp8WeightCodes* dst[2] = {&w.fp8.gate_up_proj, &w.fp8.down_proj};
+    for (int which = 0; which < 2; ++which) {
+      const at::TensorList t = fp8_weight_list(fp8, which);
+      const char* const* arg = kFp8WeightArgs[which];
+      *dst[which] = {view_of(t[0], arg[0]), view_of(t[1], arg[1]), view_of(t[2], arg[2]), view_of(t[3], arg[3])};
+    }
+  }
+  return w;
+}
+
+// One expert weight's FP8 copy for the optimizer's update and for fp8_weight_codes_: the weight
+// [E, R, C] as stored, codes [E, R, C], scales [E, R/128, C/128], codes_t [E, C, R], scales_t
+// [E, C/128, R/128]. Checked here: only raw pointers cross into leanmoe::optim::Fp8Copy.
+leanmoe::optim::Fp8Copy fp8_copy_of(const at::Tensor& weight, at::TensorList t, const char* const* arg) {
+  TORCH_CHECK_VALUE(t.size() == 4, "leanmoe: an FP8 copy is 4 tensors (codes, scales, codes_t, scales_t), got ",
+                    t.size());
+  TORCH_CHECK_VALUE(weight.dim() == 3, "leanmoe: an expert weight with an FP8 copy must be 3-D [E, R, C], got ",
+                    weight.sizes());
+  const int64_t E = weight.size(0), R = weight.size(1), C = weight.size(2);
+  TORCH_CHECK_VALUE(R % 128 == 0 && C % 128 == 0, "leanmoe: an expert weight with an FP8 copy needs both matrix "
+                    "dims multiples of 128 (the FP8 block), got ", weight.sizes());
+  const std::vector<int64_t> shapes[4] = {{E, R, C}, {E, R / 128, C / 128}, {E, C, R}, {E, C / 128, R / 128}};
+  for (int i = 0; i < 4; ++i) {
+    const at::ScalarType want = i % 2 == 0 ? at::kFloat8_e4m3fn : at::kFloat;
+    TORCH_CHECK_VALUE(t[i].scalar_type() == want && t[i].sizes() == at::IntArrayRef(shapes[i]) &&
+                          t[i].is_contiguous() && t[i].device() == weight.device(),
+                      "leanmoe: argument '", arg[i], "': must be a contiguous ", want, " tensor of shape ",
+                      at::IntArrayRef(shapes[i]), " on ", weight.device(), ", got ", t[i].scalar_type(), t[i].sizes(),
+                      " on ", t[i].device());
+  }
+  return {E, R, C, static_cast<uint8_t*>(t[0].data_ptr()), t[1].data_ptr<float>(),
+          static_cast<uint8_t*>(t[2].data_ptr()), t[3].data_ptr<float>()};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 moe_forward(const at::Tensor& x, const at::Tensor& router_weight, const at::Tensor& gate_up_proj,
             const at::Tensor& down_proj, int64_t top_k, c10::string_view router, bool norm_topk_prob,
             c10::string_view routing, int64_t tile, c10::string_view rounding_mode,
-            c10::string_view precision) {
+            c10::string_view precision, const Fp8Weights& fp8_weights) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
-    const leanmoe::MoEConfig cfg =
-        make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode, precision);
+    const leanmoe::MoEConfig cfg = make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile,
+                                               rounding_mode, precision, fp8_weights.has_value());
     TORCH_CHECK(x.dim() == 2, "leanmoe::moe_forward: argument 'x': must be 2-D [T, d], got ", x.sizes());
     for (auto [name, t] : {std::pair{"x", &x}, {"router_weight", &router_weight}, {"gate_up_proj", &gate_up_proj},
                            {"down_proj", &down_proj}})
@@ -154,7 +208,8 @@ moe_forward(const at::Tensor& x, const at::Tensor& router_weight, const at::Tens
     leanmoe::SavedState saved =
         saved_state(cfg, x, h, row_gate, row_token, token_rows, token_offsets, expert_offsets, topk_experts);
     at::Tensor ws = workspace(plan.forward_workspace_bytes, x);
-    leanmoe::forward(cfg, view_of(x, "x"), weights(router_weight, gate_up_proj, down_proj), view_of(out, "out"),
+    leanmoe::forward(cfg, view_of(x, "x"), weights(router_weight, gate_up_proj, down_proj, fp8_weights),
+                     view_of(out, "out"),
                      view_of(losses, "losses"), saved, {ws.data_ptr(), plan.forward_workspace_bytes},
                      current_stream(x));
     return std::make_tuple(out, losses, h, row_gate, row_token, token_rows, token_offsets, expert_offsets,
@@ -170,7 +225,7 @@ std::tuple<at::Tensor, at::Tensor> run_backward(
     const at::Tensor& h, const at::Tensor& row_gate, const at::Tensor& row_token, const at::Tensor& token_rows,
     const at::Tensor& token_offsets, const at::Tensor& expert_offsets, const at::Tensor& topk_experts,
     const leanmoe::Tensor& d_gate_up_proj, const leanmoe::Tensor& d_down_proj,
-    const leanmoe::ExpertGradCallback& on_expert_grad) {
+    const leanmoe::ExpertGradCallback& on_expert_grad, const Fp8Weights& fp8_weights) {
   const int64_t T = x.size(0);
   // Autograd may hand over a non-contiguous or expanded gradient; the API wants row-major storage.
   const at::Tensor dout = d_out.contiguous();
@@ -183,7 +238,7 @@ std::tuple<at::Tensor, at::Tensor> run_backward(
   at::Tensor ws = workspace(plan.backward_workspace_bytes, x);
   const leanmoe::MoEGrads grads{view_of(dx, "dx"), view_of(d_router, "d_router"), d_gate_up_proj, d_down_proj};
   leanmoe::backward(cfg, view_of(dout, "d_out"), view_of(dlosses, "d_losses"),
-                    weights(router_weight, gate_up_proj, down_proj), saved, grads,
+                    weights(router_weight, gate_up_proj, down_proj, fp8_weights), saved, grads,
                     {ws.data_ptr(), plan.backward_workspace_bytes}, on_expert_grad, current_stream(x));
   return {dx, d_router};
 }
@@ -194,16 +249,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_backward(
     const at::Tensor& row_token, const at::Tensor& token_rows, const at::Tensor& token_offsets,
     const at::Tensor& expert_offsets, const at::Tensor& topk_experts, int64_t top_k, c10::string_view router,
     bool norm_topk_prob, c10::string_view routing, int64_t tile, c10::string_view rounding_mode,
-    c10::string_view precision) {
+    c10::string_view precision, const Fp8Weights& fp8_weights) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
-    const leanmoe::MoEConfig cfg =
-        make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode, precision);
+    const leanmoe::MoEConfig cfg = make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile,
+                                               rounding_mode, precision, fp8_weights.has_value());
     at::Tensor d_gate_up = at::empty_like(gate_up_proj, at::MemoryFormat::Contiguous);
     at::Tensor d_down = at::empty_like(down_proj, at::MemoryFormat::Contiguous);
     auto [dx, d_router] = run_backward(cfg, d_out, d_losses, x, router_weight, gate_up_proj, down_proj, h, row_gate,
                                        row_token, token_rows, token_offsets, expert_offsets, topk_experts,
-                                       view_of(d_gate_up, "d_gate_up_proj"), view_of(d_down, "d_down_proj"), nullptr);
+                                       view_of(d_gate_up, "d_gate_up_proj"), view_of(d_down, "d_down_proj"), nullptr,
+                                       fp8_weights);
     return std::make_tuple(dx, d_router, d_gate_up, d_down);
   });
 }
@@ -216,6 +272,40 @@ struct AdamWHyper {
 // (64 MiB) whatever the tensor's size.
 constexpr int64_t kMasterChunk = int64_t(1) << 24;
 
+// Which arithmetic steps a tensor (leanmoe.optim.ExpertAdamW picks it per tensor): "torch", torch's
+// fused AdamW kernel (torch.optim.AdamW(fused=True)'s bits), or "leanmoe", the core's fused update
+// (leanmoe::optim::update_tensor, the C++ ExpertOptimizer's AdamW: fp32 moments, the step count on
+// the host, the same bits on CPU and GPU), which also writes the tensor's FP8 copy in its pass (the
+// expert weights of leanmoe.MoE(precision="fp8") take it).
+enum class UpdateKernel { torch, leanmoe };
+
+UpdateKernel parse_update(c10::string_view name) {
+  if (name == "torch") return UpdateKernel::torch;
+  TORCH_CHECK_VALUE(name == "leanmoe", "leanmoe: argument 'update': must be 'torch' or 'leanmoe', got '",
+                    std::string(name), "'");
+  return UpdateKernel::leanmoe;
+}
+
+// The "leanmoe" update: the step count is a CPU float32 scalar (read without a device sync).
+void leanmoe_adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
+                          const at::Tensor& exp_avg_sq, const at::Tensor& step, const AdamWHyper& hp,
+                          const c10::optional<at::Tensor>& master, const leanmoe::optim::Fp8Copy& fp8) {
+  TORCH_CHECK_VALUE(step.device().is_cpu() && step.numel() == 1 && step.scalar_type() == at::kFloat,
+                    "leanmoe: argument 'step': update='leanmoe' counts steps on the host: a CPU float32 scalar, "
+                    "got ", step.scalar_type(), step.sizes(), " on ", step.device());
+  const int64_t t = int64_t(step.item<float>()) + 1;
+  leanmoe::optim::UpdateState state;
+  state.exp_avg = view_of(exp_avg, "exp_avg");
+  state.exp_avg_sq = view_of(exp_avg_sq, "exp_avg_sq");
+  if (master && master->defined()) state.master = view_of(*master, "master");
+  const at::Tensor g = grad.contiguous();
+  const leanmoe::optim::AdamW rule{float(hp.lr), float(hp.beta1), float(hp.beta2), float(hp.eps),
+                                   float(hp.weight_decay)};
+  leanmoe::optim::update_tensor(rule, t, view_of(param, "param"), view_of(g, "grad"), state, fp8, 1.f,
+                                current_stream(param));
+  step.fill_(double(t));
+}
+
 // One AdamW step of one tensor: exactly what torch.optim.AdamW(fused=True) does per parameter
 // (step += 1, then the fused kernel), so both training modes and plain torch agree bit for bit.
 // With an fp32 master copy (bf16 parameters, ExpertAdamW(master_weights=True)): the same step on
@@ -224,7 +314,10 @@ constexpr int64_t kMasterChunk = int64_t(1) << 24;
 // torch.optim.AdamW(fused=True) over fp32 copies of the parameters computes, rounded to bf16.
 void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                   const at::Tensor& exp_avg_sq, const at::Tensor& step, const AdamWHyper& hp,
-                  const c10::optional<at::Tensor>& master = c10::nullopt) {
+                  const c10::optional<at::Tensor>& master, UpdateKernel kernel, const leanmoe::optim::Fp8Copy& fp8) {
+  if (kernel == UpdateKernel::leanmoe)
+    return leanmoe_adamw_update(param, grad, exp_avg, exp_avg_sq, step, hp, master, fp8);
+  TORCH_CHECK_VALUE(fp8.codes == nullptr, "leanmoe: argument 'fp8_copy': written by update='leanmoe' only");
   step.add_(1);
   if (!master.has_value() || !master->defined()) {
     at::_fused_adamw_({param}, {grad}, {exp_avg}, {exp_avg_sq}, {}, {step}, hp.lr, hp.beta1, hp.beta2,
@@ -247,11 +340,31 @@ void adamw_update(const at::Tensor& param, const at::Tensor& grad, const at::Ten
   param.copy_(master->view(param.sizes()));
 }
 
+constexpr const char* kFp8CopyArgs[4] = {"fp8_copy[0] (codes)", "fp8_copy[1] (scales)", "fp8_copy[2] (codes_t)",
+                                         "fp8_copy[3] (scales_t)"};
+
 void adamw_step_(const at::Tensor& param, const at::Tensor& grad, const at::Tensor& exp_avg,
                  const at::Tensor& exp_avg_sq, const at::Tensor& step, double lr, double beta1, double beta2,
-                 double weight_decay, double eps, const c10::optional<at::Tensor>& master) {
-  c10::DeviceGuard guard(param.device());
-  adamw_update(param, grad, exp_avg, exp_avg_sq, step, {lr, beta1, beta2, weight_decay, eps}, master);
+                 double weight_decay, double eps, const c10::optional<at::Tensor>& master, c10::string_view update,
+                 const c10::optional<at::TensorList>& fp8_copy) {
+  translate_errors([&] {
+    c10::DeviceGuard guard(param.device());
+    leanmoe::optim::Fp8Copy copy;
+    if (fp8_copy) copy = fp8_copy_of(param, *fp8_copy, kFp8CopyArgs);
+    adamw_update(param, grad, exp_avg, exp_avg_sq, step, {lr, beta1, beta2, weight_decay, eps}, master,
+                 parse_update(update), copy);
+  });
+}
+
+void fp8_weight_codes_(const at::Tensor& weight, at::TensorList codes) {
+  translate_errors([&] {
+    c10::DeviceGuard guard(weight.device());
+    TORCH_CHECK_VALUE(weight.scalar_type() == at::kBFloat16 && weight.is_contiguous(),
+                      "leanmoe::fp8_weight_codes_: argument 'weight': must be a contiguous bfloat16 tensor, got ",
+                      weight.scalar_type(), weight.sizes());
+    leanmoe::optim::write_fp8_copy(view_of(weight, "weight"), fp8_copy_of(weight, codes, kFp8CopyArgs),
+                                   current_stream(weight));
+  });
 }
 
 // The in-backward AdamW step of one layer's two expert weights, for both routings. One gradient
@@ -266,11 +379,20 @@ struct InBackwardAdamW {
   const char* op;
   Weight gate_up, down;
   AdamWHyper hp;
+  UpdateKernel kernel;
+  leanmoe::optim::Fp8Copy gate_up_fp8, down_fp8;  // the FP8 copies the update rewrites (codes null: none)
   at::Tensor d_gate_up, d_down;
   bool updated_down = false, updated_gate_up = false;
 
-  InBackwardAdamW(const char* op_name, Weight gate_up_w, Weight down_w, AdamWHyper hyper)
-      : op(op_name), gate_up(gate_up_w), down(down_w), hp(hyper) {
+  InBackwardAdamW(const char* op_name, Weight gate_up_w, Weight down_w, AdamWHyper hyper,
+                  UpdateKernel update = UpdateKernel::torch, const Fp8Weights& fp8 = c10::nullopt)
+      : op(op_name), gate_up(gate_up_w), down(down_w), hp(hyper), kernel(update) {
+    if (fp8) {  // refused before backward runs: only the leanmoe update writes a copy
+      TORCH_CHECK_VALUE(kernel == UpdateKernel::leanmoe, op, ": argument 'fp8_weights': the weights' FP8 codes "
+                        "are rewritten by update='leanmoe' only");
+      gate_up_fp8 = fp8_copy_of(gate_up.param, fp8_weight_list(fp8, 0), kFp8WeightArgs[0]);
+      down_fp8 = fp8_copy_of(down.param, fp8_weight_list(fp8, 1), kFp8WeightArgs[1]);
+    }
     TORCH_CHECK_VALUE(gate_up.param.is_contiguous() && down.param.is_contiguous(), op,
                       ": arguments 'gate_up_proj' and 'down_proj': must be contiguous (they are updated in place)");
     at::Tensor grad_buffer = at::empty({gate_up.param.numel()}, gate_up.param.options());
@@ -281,11 +403,11 @@ struct InBackwardAdamW {
   leanmoe::ExpertGradCallback callback() {
     return [this](leanmoe::ExpertWeight which, const leanmoe::Tensor&) {
       if (which == leanmoe::ExpertWeight::down_proj) {
-        adamw_update(down.param, d_down, down.exp_avg, down.exp_avg_sq, down.step, hp, down.master);
+        adamw_update(down.param, d_down, down.exp_avg, down.exp_avg_sq, down.step, hp, down.master, kernel, down_fp8);
         updated_down = true;
       } else if (which == leanmoe::ExpertWeight::gate_up_proj) {
         adamw_update(gate_up.param, d_gate_up, gate_up.exp_avg, gate_up.exp_avg_sq, gate_up.step, hp,
-                     gate_up.master);
+                     gate_up.master, kernel, gate_up_fp8);
         updated_gate_up = true;
       }
     };
@@ -305,19 +427,22 @@ std::tuple<at::Tensor, at::Tensor> moe_backward_adamw_(
     c10::string_view precision, const at::Tensor& gate_up_exp_avg, const at::Tensor& gate_up_exp_avg_sq,
     const at::Tensor& gate_up_step, const at::Tensor& down_exp_avg, const at::Tensor& down_exp_avg_sq,
     const at::Tensor& down_step, double lr, double beta1, double beta2, double weight_decay, double eps,
-    const c10::optional<at::Tensor>& gate_up_master, const c10::optional<at::Tensor>& down_master) {
+    const c10::optional<at::Tensor>& gate_up_master, const c10::optional<at::Tensor>& down_master,
+    c10::string_view update_kernel, const Fp8Weights& fp8_weights) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
-    const leanmoe::MoEConfig cfg =
-        make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile, rounding_mode, precision);
+    const leanmoe::MoEConfig cfg = make_config(gate_up_proj, top_k, router, norm_topk_prob, routing, tile,
+                                               rounding_mode, precision, fp8_weights.has_value());
+    // With the weights' codes given, the update rewrites them (the backend's callback order makes it
+    // safe: docs/DESIGN.md "The weights' codes given").
     InBackwardAdamW update("leanmoe::moe_backward_adamw_",
                            {gate_up_proj, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, gate_up_master},
                            {down_proj, down_exp_avg, down_exp_avg_sq, down_step, down_master},
-                           {lr, beta1, beta2, weight_decay, eps});
+                           {lr, beta1, beta2, weight_decay, eps}, parse_update(update_kernel), fp8_weights);
     auto result = run_backward(cfg, d_out, d_losses, x, router_weight, gate_up_proj, down_proj, h, row_gate,
                                row_token, token_rows, token_offsets, expert_offsets, topk_experts,
                                view_of(update.d_gate_up, "d_gate_up_proj"), view_of(update.d_down, "d_down_proj"),
-                               update.callback());
+                               update.callback(), fp8_weights);
     update.check_done();
     return result;
   });
@@ -531,10 +656,13 @@ TORCH_LIBRARY(leanmoe, m) {
   const std::string saved =
       "Tensor h, Tensor row_gate, Tensor row_token, Tensor token_rows, Tensor token_offsets, "
       "Tensor expert_offsets, Tensor topk_experts";
-  m.def(("moe_forward(Tensor x, Tensor router_weight, Tensor gate_up_proj, Tensor down_proj, " + config +
-        ") -> (Tensor out, Tensor losses, " + saved + ")").c_str());
+  // The weights' FP8 codes (leanmoe.MoE, precision="fp8"): read by the layer, and rewritten by the
+  // in-backward update.
+  const std::string fp8_weights = "Tensor[]? fp8_weights=None";
+  m.def(("moe_forward(Tensor x, Tensor router_weight, Tensor gate_up_proj, Tensor down_proj, " + config + ", " +
+         fp8_weights + ") -> (Tensor out, Tensor losses, " + saved + ")").c_str());
   m.def(("moe_backward(Tensor d_out, Tensor d_losses, Tensor x, Tensor router_weight, Tensor gate_up_proj, "
-        "Tensor down_proj, " + saved + ", " + config +
+        "Tensor down_proj, " + saved + ", " + config + ", " + fp8_weights +
         ") -> (Tensor dx, Tensor d_router, Tensor d_gate_up_proj, Tensor d_down_proj)").c_str());
   // The AdamW state and hyper-parameters of both in-backward operators (InBackwardAdamW).
   const std::string adamw_state =
@@ -544,9 +672,11 @@ TORCH_LIBRARY(leanmoe, m) {
       "Tensor(j!)? down_master=None";
   m.def(("moe_backward_adamw_(Tensor d_out, Tensor d_losses, Tensor x, Tensor router_weight, "
         "Tensor(a!) gate_up_proj, Tensor(b!) down_proj, " + saved + ", " + config + ", " + adamw_state +
-        ") -> (Tensor dx, Tensor d_router)").c_str());
+        ", str update=\"torch\", Tensor(k!)[]? fp8_weights=None) -> (Tensor dx, Tensor d_router)").c_str());
   m.def("adamw_step_(Tensor(a!) param, Tensor grad, Tensor(b!) exp_avg, Tensor(c!) exp_avg_sq, Tensor(d!) step, "
-        "float lr, float beta1, float beta2, float weight_decay, float eps, Tensor(e!)? master=None) -> ()");
+        "float lr, float beta1, float beta2, float weight_decay, float eps, Tensor(e!)? master=None, "
+        "str update=\"torch\", Tensor(f!)[]? fp8_copy=None) -> ()");
+  m.def("fp8_weight_codes_(Tensor weight, Tensor(a!)[] codes) -> ()");
   m.def("cuda_available() -> bool", [] { return leanmoe::backend_available(leanmoe::Device::cuda); });
   const std::string experts =
       "Tensor gate_up_proj, Tensor down_proj, Tensor? gate_up_bias, Tensor? down_bias";
@@ -579,6 +709,7 @@ TORCH_LIBRARY_IMPL(leanmoe, CPU, m) {
   m.impl("moe_backward", &moe_backward);
   m.impl("moe_backward_adamw_", &moe_backward_adamw_);
   m.impl("adamw_step_", &adamw_step_);
+  m.impl("fp8_weight_codes_", &fp8_weight_codes_);
 }
 
 TORCH_LIBRARY_IMPL(leanmoe, CUDA, m) {
@@ -589,4 +720,5 @@ TORCH_LIBRARY_IMPL(leanmoe, CUDA, m) {
   m.impl("moe_backward", &moe_backward);
   m.impl("moe_backward_adamw_", &moe_backward_adamw_);
   m.impl("adamw_step_", &adamw_step_);
+  m.impl("fp8_weight_codes_", &fp8_weight_codes_);
 }

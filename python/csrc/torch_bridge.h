@@ -22,7 +22,9 @@ inline leanmoe::Tensor view_of(const at::Tensor& t, const char* arg) {
     case at::kBFloat16: v.dtype = DType::bf16; break;
     case at::kFloat: v.dtype = DType::f32; break;
     case at::kInt: v.dtype = DType::i32; break;
-    default: TORCH_CHECK(false, "leanmoe: argument '", arg, "': dtype must be bfloat16, float32 or int32, got ",
+    case at::kFloat8_e4m3fn: v.dtype = DType::e4m3; break;  // FP8 codes (MoEWeights::fp8)
+    default: TORCH_CHECK(false, "leanmoe: argument '", arg, "': dtype must be bfloat16, float32, int32 or "
+                         "float8_e4m3fn, got ",
                          t.scalar_type());
   }
   TORCH_CHECK(t.is_cpu() || t.is_cuda(), "leanmoe: argument '", arg, "': must be on cpu or cuda, got ",

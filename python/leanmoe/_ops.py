@@ -25,7 +25,7 @@ def max_routed_rows(T, E, K, routing, tile, rounding_mode):
 
 @torch.library.register_fake("leanmoe::moe_forward")
 def _moe_forward_fake(x, router_weight, gate_up_proj, down_proj, top_k, router, norm_topk_prob, routing, tile,
-                      rounding_mode, precision):
+                      rounding_mode, precision, fp8_weights=None):
     torch._check(x.dim() == 2, lambda: "leanmoe::moe_forward: x must be 2-D [T, d]")
     T, d = x.shape
     E, two_n = gate_up_proj.shape[0], gate_up_proj.shape[1]
@@ -59,7 +59,13 @@ def _moe_backward_adamw_fake(d_out, d_losses, x, router_weight, *rest):
 
 
 @torch.library.register_fake("leanmoe::adamw_step_")
-def _adamw_step_fake(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, weight_decay, eps, master=None):
+def _adamw_step_fake(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, weight_decay, eps, master=None,
+                     update="torch", fp8_copy=None):
+    return None
+
+
+@torch.library.register_fake("leanmoe::fp8_weight_codes_")
+def _fp8_weight_codes_fake(weight, codes):
     return None
 
 
@@ -79,7 +85,9 @@ def _backward(ctx, d_out, d_losses, *unused):
     d_out, d_losses = _incoming_grads(x, d_out, d_losses)
     with torch.no_grad():  # moe_backward has no derivative of its own (see _once_differentiable)
         grads = ops.moe_backward(d_out, d_losses, x, router_weight, gate_up_proj, down_proj, *saved, *ctx.config)
-    return _once_differentiable(tuple(grads), ctx.needs_input_grad[:4]) + (None,) * len(ctx.config)
+    # No gradient for the config, nor for each of the weights' FP8 codes (a list: one None per tensor).
+    no_grads = tuple([None] * len(c) if isinstance(c, (list, tuple)) else None for c in ctx.config)
+    return _once_differentiable(tuple(grads), ctx.needs_input_grad[:4]) + no_grads
 
 
 _NO_DOUBLE_BACKWARD = (b"leanmoe: the MoE layer has no second derivative (double backward is not implemented): a "

@@ -120,13 +120,16 @@ def _check_precision(fn, precision):
 
 
 def moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_then_topk", norm_topk_prob=False,
-        routing="topk", tile=128, rounding_mode="nearest", return_stats=False, precision="storage"):
+        routing="topk", tile=128, rounding_mode="nearest", return_stats=False, precision="storage",
+        _fp8_weights=None):
     """x [..., d]; router_weight [E, d]; gate_up_proj [E, 2n, d]; down_proj [E, d, n] (HF v5 layout).
     All of one dtype (bfloat16 or float32) and device; x may have no tokens (then the output is empty,
     the losses 0 and the weight gradients 0). Returns MoEOutput, or MoEOutputWithStats with
     ``return_stats=True`` (RouterStats: device tensors, no host synchronisation).
     precision="fp8": the up, down, dH and dX expert GEMMs on e4m3 operands with block scales
-    (bfloat16 tensors, d and n multiples of 128; the weights quantized per call; docs/DESIGN.md "FP8")."""
+    (bfloat16 tensors, d and n multiples of 128; the weights quantized per call; docs/DESIGN.md "FP8").
+    _fp8_weights (leanmoe.MoE's, python/leanmoe/_fp8_codes.py): the weights' FP8 codes, which the
+    caller keeps current; then no weight is quantized (the in-backward update rewrites them)."""
     if router not in ROUTERS:
         raise ValueError(f"leanmoe.moe: argument 'router': must be one of {ROUTERS}, got {router!r}")
     if routing not in ROUTINGS:
@@ -143,13 +146,15 @@ def moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_the
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     config = (int(top_k), router, bool(norm_topk_prob), routing, int(tile), rounding_mode, precision)
+    # Codes of the parameters, not of autocast's copies.
+    fp8_weights = _fp8_weights if gate_up_proj is params[0] and down_proj is params[1] else None
     optimizer = _in_backward_optimizer_of_call(params, (gate_up_proj, down_proj))
     if optimizer is not None:
         out, losses, *routing_arrays = _InBackwardMoE.apply(x2, router_weight, gate_up_proj, down_proj, config,
-                                                            optimizer)
+                                                            optimizer, fp8_weights)
     else:
         out, losses, _, _, _, _, token_offsets, expert_offsets, topk_experts = ops.moe_forward(
-            x2, router_weight, gate_up_proj, down_proj, *config)
+            x2, router_weight, gate_up_proj, down_proj, *config, fp8_weights)
         routing_arrays = (expert_offsets, token_offsets, topk_experts)
     if return_stats:
         return MoEOutputWithStats(out.view(shape), losses[0], losses[1], router_stats(x2.shape[0], *routing_arrays))
@@ -190,12 +195,12 @@ def _warn_autocast_in_backward():
 
 class _InBackwardMoE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, router_weight, gate_up_proj, down_proj, config, optimizer):
-        out, losses, *saved = ops.moe_forward(x, router_weight, gate_up_proj, down_proj, *config)
+    def forward(ctx, x, router_weight, gate_up_proj, down_proj, config, optimizer, fp8_weights):
+        out, losses, *saved = ops.moe_forward(x, router_weight, gate_up_proj, down_proj, *config, fp8_weights)
         ctx.save_for_backward(x, router_weight, *saved)
         # The parameters themselves (not saved-tensor copies): the optimizer finds its state by identity.
         ctx.experts = (gate_up_proj, down_proj)
-        ctx.config, ctx.optimizer = config, optimizer
+        ctx.config, ctx.optimizer, ctx.fp8_weights = config, optimizer, fp8_weights
         ctx.set_materialize_grads(False)
         token_offsets, expert_offsets, topk_experts = saved[4], saved[5], saved[6]
         ctx.mark_non_differentiable(expert_offsets, token_offsets, topk_experts)
@@ -208,10 +213,10 @@ class _InBackwardMoE(torch.autograd.Function):
         d_out, d_losses = _incoming_grads(x, d_out, d_losses)
         with torch.no_grad():
             dx, d_router = ctx.optimizer._backward_with_update(d_out, d_losses, x, router_weight, gate_up_proj,
-                                                               down_proj, saved, ctx.config)
+                                                               down_proj, saved, ctx.config, ctx.fp8_weights)
         # The expert weights were updated in place: no gradient reaches .grad.
         dx, d_router = _once_differentiable((dx, d_router), ctx.needs_input_grad[:2])
-        return dx, d_router, None, None, None, None
+        return dx, d_router, None, None, None, None, None
 
 
 def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_bias=None, down_bias=None, *,

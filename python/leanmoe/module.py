@@ -5,6 +5,7 @@ from typing import Optional, Union
 import torch
 from torch import nn
 
+from . import _fp8_codes
 from ._ops import PRECISIONS
 from .functional import (ROUNDING_MODES, ROUTERS, ROUTINGS, STORAGE_DTYPES, _WHY_NOT_F64, MoEOutput,
                          MoEOutputWithStats, moe, routing_for_call)
@@ -37,7 +38,15 @@ class MoE(nn.Module):
     ("topk" by default, docs/SPEC.md §5; "token_rounding" to round there too).
 
     precision="fp8" runs the up, down, dH and dX expert GEMMs on e4m3 operands with block scales
-    (dtype=torch.bfloat16, d and n multiples of 128; the weights quantized per call; docs/DESIGN.md "FP8").
+    (dtype=torch.bfloat16, d and n multiples of 128; docs/DESIGN.md "FP8"). With fp8_weight_codes
+    (the default) the layer keeps its weights' FP8 codes in buffers (``gate_up_proj_fp8``, ...; the
+    bf16 weights' bytes again, not in state_dict) and no forward or backward quantizes a weight:
+    leanmoe.optim.ExpertAdamW rewrites them in its update pass, and the layer writes them again
+    before a call when the weights changed otherwise (load_state_dict, in-place edits, another
+    optimizer, .to(); writes through ``.data`` are not seen: call ``refresh_fp8_codes()``). Under
+    torch.compile the layer quantizes the weights per call. fp8_weight_codes=False: every call
+    quantizes the weights (the same codes, bit for bit; no buffers). ExpertAdamW steps the expert
+    weights of an fp8 layer with leanmoe's fused update either way (python/README.md "FP8").
 
     A transformers MoE block's state_dict (keys ``gate.weight`` or ``router.weight``,
     ``experts.gate_up_proj``, ``experts.down_proj``) loads directly; ``MoE.from_hf_block(block)``
@@ -47,7 +56,8 @@ class MoE(nn.Module):
     def __init__(self, d: int, n: int, E: int, K: int, router: str = "softmax_then_topk", routing: str = "topk", *,
                  norm_topk_prob: bool = False, tile: int = 128, rounding_mode: str = "nearest",
                  inference_routing: str = "topk", return_stats: bool = False, precision: str = "storage",
-                 device: Optional[Union[torch.device, str]] = None, dtype: Optional[torch.dtype] = None):
+                 fp8_weight_codes: bool = True, device: Optional[Union[torch.device, str]] = None,
+                 dtype: Optional[torch.dtype] = None):
         super().__init__()
         for name, value in (("d", d), ("n", n), ("E", E), ("K", K), ("tile", tile)):
             _positive_int(name, value)
@@ -73,6 +83,13 @@ class MoE(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(E, d, n, **factory))
         self.reset_parameters()
         self._register_load_state_dict_pre_hook(_rename_hf_block_keys)
+        self.fp8_weight_codes = bool(fp8_weight_codes)
+        if precision == "fp8":
+            self._fp8_stamps = {}  # weight name -> what its codes were written from (_fp8_codes._stamp)
+            for name in _fp8_codes.EXPERT_WEIGHTS:
+                for suffix in _fp8_codes.CODE_BUFFERS:  # allocated at first use, on the weights' device
+                    self.register_buffer(f"{name}_{suffix}", None, persistent=False)
+            _fp8_codes.register(self)
 
     def reset_parameters(self) -> None:
         # N(0, 1/fan_in) for every matrix, so activations keep their scale through the layer.
@@ -83,9 +100,18 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Union[MoEOutput, MoEOutputWithStats]:
         routing = routing_for_call(self.routing, self.inference_routing, self.training)
+        fp8_weights = _fp8_codes.codes_for_call(self) if self.precision == "fp8" else None
         return moe(x, self.router.weight, self.gate_up_proj, self.down_proj, self.K, router=self.router_convention,
                    norm_topk_prob=self.norm_topk_prob, routing=routing, tile=self.tile,
-                   rounding_mode=self.rounding_mode, return_stats=self.return_stats, precision=self.precision)
+                   rounding_mode=self.rounding_mode, return_stats=self.return_stats, precision=self.precision,
+                   _fp8_weights=fp8_weights)
+
+    def refresh_fp8_codes(self) -> None:
+        """Writes the FP8 codes of the current weights now (precision="fp8" with fp8_weight_codes).
+        Needed only after a write torch's version counter does not see (through ``weight.data``, or
+        outside torch); every other change of the weights is found before the next call."""
+        if self.precision == "fp8":
+            _fp8_codes.refresh(self)
 
     @classmethod
     def from_hf_block(cls, block: nn.Module, **kwargs) -> "MoE":
@@ -93,7 +119,7 @@ class MoE(nn.Module):
         Qwen3MoeSparseMoeBlock, GraniteMoeMoE, MixtralSparseMoeBlock: leanmoe.hf.SUPPORTED_BLOCKS)
         computes, on the block's device and dtype, with a copy of its weights (Mixtral's training-time
         router jitter is not part of the layer). kwargs (routing, tile, rounding_mode, precision,
-        inference_routing, return_stats) go to the constructor."""
+        fp8_weight_codes, inference_routing, return_stats) go to the constructor."""
         from .hf import block_spec  # late import: hf imports functional
 
         spec = block_spec(block, "leanmoe.MoE.from_hf_block")
@@ -111,6 +137,8 @@ class MoE(nn.Module):
             s += f", tile={self.tile}, rounding_mode={self.rounding_mode}, inference_routing={self.inference_routing}"
         if self.precision != "storage":
             s += f", precision={self.precision}"
+            if not self.fp8_weight_codes:
+                s += ", fp8_weight_codes=False"
         return s
 
 

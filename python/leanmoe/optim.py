@@ -21,6 +21,13 @@ and stores bf16(master) into the parameter, so updates smaller than a bf16 ulp a
 of rounding away (the C++ ExpertOptimizer's fp32_master). Both modes stay bitwise equal, and equal
 to torch.optim.AdamW(fused=True) over fp32 copies of the parameters fed the upcast gradients.
 
+FP8 layers (leanmoe.MoE(precision="fp8"), python/README.md "FP8"): their expert weights are
+stepped, in both modes, by leanmoe's fused update instead of torch's kernel (the C++
+ExpertOptimizer's AdamW, leanmoe::optim::update_tensor: fp32 moments, the step count as a CPU
+scalar, the same bits on CPU and GPU; torch.optim.AdamW's formula, not its rounding), which also
+rewrites the layer's FP8 codes of the updated weight in the same pass (on the GPU one kernel: no
+separate quantization per step). Both modes stay bitwise equal, with or without the codes kept.
+
 Lifetime: the optimizer holds its parameters, not the reverse. The in-backward registry refers to
 the optimizer weakly, so a deleted optimizer stops updating in backward; a new in-backward
 ExpertAdamW over the same tensors takes them over from an older one (resuming from a checkpoint:
@@ -37,6 +44,7 @@ import weakref
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from . import _fp8_codes
 from ._ops import ops
 
 # expert parameter -> weakref to the in-backward ExpertAdamW owning it (weak both ways: neither
@@ -94,6 +102,8 @@ def _check_hyper(lr, betas, eps, weight_decay):
 
 
 class ExpertAdamW(torch.optim.Optimizer):
+    _writes_fp8_codes = True  # its update rewrites FP8 layers' codes (no stale stamp after its step)
+
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, in_backward=True,
                  master_weights=False):
         _check_hyper(lr, betas, eps, weight_decay)
@@ -103,9 +113,10 @@ class ExpertAdamW(torch.optim.Optimizer):
         # fused=True: load_state_dict then puts 'step' on the parameter's device, as the fused kernel needs.
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=True)
         super().__init__(params, defaults)
-        # torch's load_state_dict casts every state tensor to its parameter's dtype: keep the fp32 masters.
-        self.register_load_state_dict_pre_hook(_stash_masters)
-        self.register_load_state_dict_post_hook(_restore_masters)
+        # torch's load_state_dict casts every state tensor to its parameter's dtype: keep the fp32 ones
+        # (masters, and the moments with a master or of the leanmoe update).
+        self.register_load_state_dict_pre_hook(_stash_fp32_state)
+        self.register_load_state_dict_post_hook(_restore_fp32_state)
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
@@ -133,18 +144,29 @@ class ExpertAdamW(torch.optim.Optimizer):
     def _uses_master(self, p):
         return self.master_weights and p.dtype == torch.bfloat16
 
-    def _state(self, p):
+    def _state(self, p, kernel):
+        """p's state for `kernel` (_fp8_codes.update_kernel). 'torch': torch.optim.AdamW(fused=True)'s, an
+        fp32 step on the device, moments like p (like the fp32 master when there is one). 'leanmoe':
+        the step on the CPU (read without a device sync), fp32 moments. A state loaded or made for the
+        other kernel is converted once."""
         state = self.state[p]
+        step_device = torch.device("cpu") if kernel == "leanmoe" else p.device
+        moments = torch.float32 if kernel == "leanmoe" or self._uses_master(p) else p.dtype
         if len(state) == 0:
-            # torch.optim.AdamW(fused=True)'s state: an fp32 step on the device, moments like p
-            # (like the fp32 master when there is one).
-            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["step"] = torch.zeros((), dtype=torch.float32, device=step_device)
             like = p
             if self._uses_master(p):
                 state["master"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format)
                 like = state["master"]
-            state["exp_avg"] = torch.zeros_like(like, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(like, memory_format=torch.preserve_format)
+            layout = torch.contiguous_format if kernel == "leanmoe" else torch.preserve_format
+            state["exp_avg"] = torch.zeros_like(like, dtype=moments, memory_format=layout)
+            state["exp_avg_sq"] = torch.zeros_like(like, dtype=moments, memory_format=layout)
+            return state
+        if state["step"].device != step_device:
+            state["step"] = state["step"].to(step_device)
+        for key in ("exp_avg", "exp_avg_sq"):
+            if state[key].dtype != moments:
+                state[key] = state[key].to(moments)
         return state
 
     def _master(self, state):
@@ -179,28 +201,40 @@ class ExpertAdamW(torch.optim.Optimizer):
                     "model.zero_grad() (set_to_none=True), or step() it away with the standard path.")
 
     def _prepare_update(self, gate_up_proj, down_proj):
-        """Checks and the state of an in-backward update of one layer: (gate_up state, down state, hyper)."""
+        """Checks and the state of an in-backward update of one layer: (gate_up state, down state, hyper,
+        update kernel)."""
         self._check_not_updated(gate_up_proj, down_proj, "a second backward")
         hyper = self._hyper(gate_up_proj)
         if self._hyper(down_proj) != hyper:
             raise ValueError("leanmoe.optim.ExpertAdamW: a layer's gate_up_proj and down_proj must share their "
                              "hyper-parameters (put them in the same param group)")
-        return self._state(gate_up_proj), self._state(down_proj), hyper
+        kernel = _fp8_codes.update_kernel(gate_up_proj)
+        if _fp8_codes.update_kernel(down_proj) != kernel:
+            raise ValueError("leanmoe.optim.ExpertAdamW: a layer's gate_up_proj and down_proj must both be the "
+                             "expert weights of one precision='fp8' leanmoe.MoE, or neither")
+        return self._state(gate_up_proj, kernel), self._state(down_proj, kernel), hyper, kernel
 
-    def _backward_with_update(self, d_out, d_losses, x, router_weight, gate_up_proj, down_proj, saved, config):
-        g, d, hyper = self._prepare_update(gate_up_proj, down_proj)
+    def _backward_with_update(self, d_out, d_losses, x, router_weight, gate_up_proj, down_proj, saved, config,
+                              fp8_weights=None):
+        """fp8_weights: the layer's codes the call read (leanmoe.MoE); the update rewrites them."""
+        g, d, hyper, kernel = self._prepare_update(gate_up_proj, down_proj)
         with torch.no_grad():
             dx, d_router = ops.moe_backward_adamw_(
                 d_out, d_losses, x, router_weight, gate_up_proj, down_proj, *saved, *config,
                 g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper,
-                self._master(g), self._master(d))
+                self._master(g), self._master(d), kernel, fp8_weights)
         self._updated.update((id(gate_up_proj), id(down_proj)))
+        _fp8_codes.updated(gate_up_proj, fp8_weights[:4] if fp8_weights is not None else None)
+        _fp8_codes.updated(down_proj, fp8_weights[4:] if fp8_weights is not None else None)
         return dx, d_router
 
     def _backward_routed_with_update(self, d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, saved,
                                      expert_fn, weights_dtype):
         """Routing given by the caller: returns dx, d_topk_weights and the bias gradients."""
-        g, d, hyper = self._prepare_update(gate_up_proj, down_proj)
+        g, d, hyper, kernel = self._prepare_update(gate_up_proj, down_proj)
+        if kernel != "torch":
+            raise ValueError("leanmoe.optim.ExpertAdamW: the weights of a precision='fp8' leanmoe.MoE were handed to "
+                             "leanmoe.moe_routed with an in-backward optimizer: call the layer itself")
         with torch.no_grad():
             result = ops.moe_routed_backward_adamw_(
                 d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved, *expert_fn, weights_dtype,
@@ -222,25 +256,31 @@ class ExpertAdamW(torch.optim.Optimizer):
                 if id(p) in self._updated:
                     raise RuntimeError("leanmoe.optim.ExpertAdamW: a tensor was updated in backward and also has a "
                                        ".grad (two paths into one weight)")
-                state = self._state(p)
+                kernel = _fp8_codes.update_kernel(p)
+                state = self._state(p, kernel)
+                codes = _fp8_codes.codes_for_update(p) if kernel == "leanmoe" else None
                 ops.adamw_step_(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], *self._hyper(p),
-                                self._master(state))
+                                self._master(state), kernel, codes)
+                if kernel == "leanmoe":
+                    _fp8_codes.updated(p, codes)
         self._updated.clear()
         return loss
 
 
-_FP32_WITH_MASTER = ("master", "exp_avg", "exp_avg_sq")
+_FP32_STATE = ("master", "exp_avg", "exp_avg_sq")
 
 
-def _stash_masters(optimizer, state_dict):
-    """load_state_dict pre-hook: keeps the fp32 master copies and their fp32 moments out of torch's
-    cast of every state tensor to its parameter's dtype."""
-    optimizer._loading_fp32 = {k: {name: v[name] for name in _FP32_WITH_MASTER}
-                               for k, v in state_dict["state"].items() if isinstance(v, dict) and "master" in v}
+def _stash_fp32_state(optimizer, state_dict):
+    """load_state_dict pre-hook: keeps fp32 state (master copies, moments with a master or of the
+    leanmoe update) out of torch's cast of every state tensor to its parameter's dtype. A moment
+    in fp32 that the tensor's kernel keeps in bf16 is cast by _state at its next update."""
+    optimizer._loading_fp32 = {
+        k: {name: v[name] for name in _FP32_STATE if torch.is_tensor(v.get(name)) and v[name].dtype == torch.float32}
+        for k, v in state_dict["state"].items() if isinstance(v, dict)}
     return state_dict
 
 
-def _restore_masters(optimizer):
+def _restore_fp32_state(optimizer):
     stashed = getattr(optimizer, "_loading_fp32", {})
     index = 0
     for group in optimizer.param_groups:

@@ -145,12 +145,9 @@ void ExpertOptimizer::register_tensor(const std::string& name, const Tensor& par
 
 namespace {
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-}  // namespace
 
-void ExpertOptimizer::set_fp8_copy(const std::string& name, const Fp8Copy& copy, Stream stream) {
-  Slot& s = slot(name, "set_fp8_copy");
-  const Tensor& p = s.param;
-  const std::string fn = "ExpertOptimizer::set_fp8_copy: tensor '" + name + "': ";
+// set_fp8_copy's rules for a copy of p; `fn` prefixes each message ("...: tensor 'name': ").
+void check_fp8_copy(const std::string& fn, const Tensor& p, const Fp8Copy& copy) {
   auto refuse = [&](const char* arg, const std::string& rule) { throw Error(fn + "argument '" + arg + "': " + rule); };
   if (p.dtype != DType::bf16) refuse("param", "an FP8 copy is of a bf16 parameter, got " + p.describe());
   if (copy.E < 1) refuse("copy.E", "must be >= 1, got " + std::to_string(copy.E));
@@ -174,14 +171,10 @@ void ExpertOptimizer::set_fp8_copy(const std::string& name, const Fp8Copy& copy,
   if (p.device != Device::cpu)  // the kernel's 16-byte accesses
     for (const auto& [arg, ptr] : {buffers[0], buffers[2], std::pair<const char*, const void*>{"param", p.data}})
       if (!aligned16(ptr)) refuse(arg, "must be 16-byte aligned on the GPU");
-  detail::write_fp8_copy(p, copy, stream);
-  s.fp8 = copy;
 }
 
-void ExpertOptimizer::step(const std::string& name, const Tensor& grad, float grad_scale, Stream stream) {
-  Slot& s = slot(name, "step");
-  const Tensor& p = s.param;
-  const std::string fn = "ExpertOptimizer::step: tensor '" + name + "': argument 'grad': ";
+// step()'s rules for the gradient of p; `fn` ends with "argument 'grad': ".
+void check_grad(const std::string& fn, const Tensor& p, const Tensor& grad, bool has_fp8_copy) {
   if (grad.data == nullptr) throw Error(fn + "must be defined");
   if (!same_shape(grad, p))
     throw Error(fn + "shape must equal the parameter's " + p.shape_str() + ", got " + grad.describe());
@@ -190,24 +183,28 @@ void ExpertOptimizer::step(const std::string& name, const Tensor& grad, float gr
   if (grad.device != p.device || grad.device_index != p.device_index)
     throw Error(fn + "must be on the parameter's device, got " + grad.describe());
   if (!grad.is_contiguous()) throw Error(fn + "must be contiguous, got " + grad.describe());
-  if (s.fp8.codes && p.device != Device::cpu && !aligned16(grad.data))
+  if (has_fp8_copy && p.device != Device::cpu && !aligned16(grad.data))
     throw Error(fn + "must be 16-byte aligned on the GPU (the tensor has an FP8 copy)");
+}
 
-  const int64_t t = s.step + 1;
+// The fused update of p at step t (arguments checked by the caller). m: AdamW exp_avg or SGD momentum
+// (nullptr: none), v: AdamW exp_avg_sq.
+void run_update(const Rule& rule, int64_t t, const Tensor& p, const Tensor& grad, float* m, float* v, float* master,
+                const Fp8Copy& fp8, float grad_scale, Stream stream) {
   detail::FusedUpdate u;
   u.param = p;
   u.grad = grad;
-  u.master = s.ptr(StateKind::master);
+  u.master = master;
   u.grad_scale = grad_scale;
-  u.fp8 = s.fp8;
+  u.fp8 = fp8;
   u.stream = stream;
-  if (const AdamW* a = std::get_if<AdamW>(&rule_)) {
+  u.m = m;
+  if (const AdamW* a = std::get_if<AdamW>(&rule)) {
     // Step scalars in double, rounded once: the per-element math stays in float on every device.
     const double bc1 = 1.0 - std::pow(double(a->beta1), double(t));
     const double bc2 = 1.0 - std::pow(double(a->beta2), double(t));
     u.kind = detail::UpdateKind::adamw;
-    u.m = s.ptr(StateKind::exp_avg);
-    u.v = s.ptr(StateKind::exp_avg_sq);
+    u.v = v;
     u.decay = float(1.0 - double(a->lr) * double(a->weight_decay));
     u.beta1 = a->beta1;
     u.one_minus_beta1 = float(1.0 - double(a->beta1));
@@ -217,16 +214,72 @@ void ExpertOptimizer::step(const std::string& name, const Tensor& grad, float gr
     u.inv_sqrt_bc2 = float(1.0 / std::sqrt(bc2));
     u.eps = a->eps;
   } else {
-    const SGD& g = std::get<SGD>(rule_);
+    const SGD& g = std::get<SGD>(rule);
     u.kind = detail::UpdateKind::sgd;
-    u.m = s.ptr(StateKind::momentum);
     u.lr = g.lr;
     u.momentum = g.momentum;
     u.weight_decay = g.weight_decay;
     u.nesterov = g.nesterov;
   }
   detail::fused_update(u);
+}
+}  // namespace
+
+void ExpertOptimizer::set_fp8_copy(const std::string& name, const Fp8Copy& copy, Stream stream) {
+  Slot& s = slot(name, "set_fp8_copy");
+  check_fp8_copy("ExpertOptimizer::set_fp8_copy: tensor '" + name + "': ", s.param, copy);
+  detail::write_fp8_copy(s.param, copy, stream);
+  s.fp8 = copy;
+}
+
+void ExpertOptimizer::step(const std::string& name, const Tensor& grad, float grad_scale, Stream stream) {
+  Slot& s = slot(name, "step");
+  check_grad("ExpertOptimizer::step: tensor '" + name + "': argument 'grad': ", s.param, grad, s.fp8.codes != nullptr);
+  const int64_t t = s.step + 1;
+  const bool adamw = std::holds_alternative<AdamW>(rule_);
+  run_update(rule_, t, s.param, grad, s.ptr(adamw ? StateKind::exp_avg : StateKind::momentum),
+             adamw ? s.ptr(StateKind::exp_avg_sq) : nullptr, s.ptr(StateKind::master), s.fp8, grad_scale, stream);
   s.step = t;
+}
+
+void update_tensor(const Rule& rule, int64_t t, const Tensor& param, const Tensor& grad, const UpdateState& state,
+                   const Fp8Copy& fp8, float grad_scale, Stream stream) {
+  const std::string fn = "optim::update_tensor: ";
+  if (param.data == nullptr || param.numel() <= 0 || (param.dtype != DType::bf16 && param.dtype != DType::f32) ||
+      !param.is_contiguous())
+    throw Error(fn + "argument 'param': must be a non-empty contiguous bf16 or f32 tensor, got " + param.describe());
+  if (t < 1) throw Error(fn + "argument 't': the step count after this update must be >= 1, got " + std::to_string(t));
+  const bool adamw = std::holds_alternative<AdamW>(rule);
+  const bool momentum = !adamw && std::get<SGD>(rule).momentum != 0.f;
+  auto state_buffer = [&](const char* arg, const Tensor& b, bool wanted, const char* why) -> float* {
+    if (!wanted) {
+      if (b.defined()) throw Error(fn + "argument '" + arg + "': must be undefined " + why + ", got " + b.describe());
+      return nullptr;
+    }
+    if (b.data == nullptr || b.dtype != DType::f32 || b.numel() != param.numel() || !b.is_contiguous() ||
+        b.device != param.device || b.device_index != param.device_index)
+      throw Error(fn + "argument '" + arg + "': must be a contiguous f32 tensor of the parameter's numel (" +
+                  std::to_string(param.numel()) + ") on its device, got " + b.describe());
+    return b.ptr<float>();
+  };
+  float* m = adamw ? state_buffer("state.exp_avg", state.exp_avg, true, "")
+                   : state_buffer("state.momentum", state.momentum, momentum, "(SGD with momentum 0 keeps no buffer)");
+  float* v = state_buffer("state.exp_avg_sq", state.exp_avg_sq, adamw, "(SGD keeps no second moment)");
+  if (!adamw) state_buffer("state.exp_avg", state.exp_avg, false, "(SGD keeps no AdamW moment)");
+  else state_buffer("state.momentum", state.momentum, false, "(AdamW keeps no momentum buffer)");
+  if (state.master.defined() && param.dtype != DType::bf16)
+    throw Error(fn + "argument 'state.master': a master copy is only for bf16 parameters, got " + param.describe());
+  float* master = state_buffer("state.master", state.master, state.master.defined(), "");
+  check_grad(fn + "argument 'grad': ", param, grad, fp8.codes != nullptr);
+  if (fp8.codes) check_fp8_copy(fn, param, fp8);
+  run_update(rule, t, param, grad, m, v, master, fp8, grad_scale, stream);
+}
+
+void write_fp8_copy(const Tensor& param, const Fp8Copy& copy, Stream stream) {
+  if (param.data == nullptr || !param.is_contiguous())
+    throw Error("optim::write_fp8_copy: argument 'param': must be a contiguous tensor, got " + param.describe());
+  check_fp8_copy("optim::write_fp8_copy: ", param, copy);
+  detail::write_fp8_copy(param, copy, stream);
 }
 
 int64_t ExpertOptimizer::step_count(const std::string& name) const { return slot(name, "step_count").step; }
