@@ -86,7 +86,9 @@ def _backward(ctx, d_out, d_losses, *unused):
     with torch.no_grad():  # moe_backward has no derivative of its own (see _once_differentiable)
         grads = ops.moe_backward(d_out, d_losses, x, router_weight, gate_up_proj, down_proj, *saved, *ctx.config)
     # No gradient for the config, nor for each of the weights' FP8 codes (a list: one None per tensor).
-    no_grads = tuple([None] * len(c) if isinstance(c, (list, tuple)) else None for c in ctx.config)
+    # The structure torch expects is that of needs_input_grad, not of ctx.config: torch 2.11 drops a
+    # trailing argument left at its default (fp8_weights=None) from the inputs it checks against.
+    no_grads = tuple([None] * len(n) if isinstance(n, (list, tuple)) else None for n in ctx.needs_input_grad[4:])
     return _once_differentiable(tuple(grads), ctx.needs_input_grad[:4]) + no_grads
 
 
