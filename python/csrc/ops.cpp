@@ -160,25 +160,13 @@ leanmoe::optim::Fp8Copy fp8_copy_of(const at::Tensor& weight, at::TensorList t, 
   TORCH_CHECK_VALUE(R % 128 == 0 && C % 128 == 0, "leanmoe: an expert weight with an FP8 copy needs both matrix "
                     "dims multiples of 128 (the FP8 block), got ", weight.sizes());
   const std::vector<int64_t> shapes[4] = {{E, R, C}, {E, R / 128, C / 128}, {E, C, R}, {E, C / 128, R / 128}};
-  // The message is built as plain strings: streaming ScalarType / IntArrayRef / Device into
-  // TORCH_CHECK_VALUE here crashed the process on the H200's torch 2.11 (Python 3.12) instead of
-  // raising (bench/results/2026-12-04-h200-s13 call 7); the same check raised on CPU-only machines.
-  auto dims = [](at::IntArrayRef v) {
-    std::string r = "[";
-    for (size_t k = 0; k < v.size(); ++k) r += (k ? ", " : "") + std::to_string(v[k]);
-    return r + "]";
-  };
   for (int i = 0; i < 4; ++i) {
     const at::ScalarType want = i % 2 == 0 ? at::kFloat8_e4m3fn : at::kFloat;
-    if (t[i].scalar_type() == want && t[i].sizes() == at::IntArrayRef(shapes[i]) && t[i].is_contiguous() &&
-        t[i].device() == weight.device())
-      continue;
-    const std::string msg = std::string("leanmoe: argument '") + arg[i] + "': must be a contiguous " +
-                            c10::toString(want) + " tensor of shape " + dims(shapes[i]) + " on " +
-                            weight.device().str() + ", got " + c10::toString(t[i].scalar_type()) +
-                            dims(t[i].sizes()) + (t[i].is_contiguous() ? "" : " (not contiguous)") + " on " +
-                            t[i].device().str();
-    throw leanmoe::Error(msg);
+    TORCH_CHECK_VALUE(t[i].scalar_type() == want && t[i].sizes() == at::IntArrayRef(shapes[i]) &&
+                          t[i].is_contiguous() && t[i].device() == weight.device(),
+                      "leanmoe: argument '", arg[i], "': must be a contiguous ", want, " tensor of shape ",
+                      at::IntArrayRef(shapes[i]), " on ", weight.device(), ", got ", t[i].scalar_type(), t[i].sizes(),
+                      " on ", t[i].device());
   }
   return {E, R, C, static_cast<uint8_t*>(t[0].data_ptr()), t[1].data_ptr<float>(),
           static_cast<uint8_t*>(t[2].data_ptr()), t[3].data_ptr<float>()};
