@@ -432,16 +432,17 @@ class Trainer:
         `routing` (plain top-K unless asked), whatever the run trains with; its expert GEMMs in the
         run's precision unless `precision` is given."""
         self.model.eval()
-        saved = [(b.moe.inference_routing, b.moe.precision) for b in self.model.blocks]
+        saved = [(b.moe.inference_routing, b.moe.precision, b.moe.fp8_weight_codes) for b in self.model.blocks]
         for b in self.model.blocks:
             b.moe.inference_routing = routing
-            b.moe.precision = precision or b.moe.precision
+            if precision:  # weights quantized per call (a layer built in bf16 keeps no codes): the same bits
+                b.moe.precision, b.moe.fp8_weight_codes = precision, False
         try:
             losses = [self.model(x, y)[0] for x, y in batches]
         finally:
             self.model.train()
-            for b, (r, p) in zip(self.model.blocks, saved):
-                b.moe.inference_routing, b.moe.precision = r, p
+            for b, (r, p, c) in zip(self.model.blocks, saved):
+                b.moe.inference_routing, b.moe.precision, b.moe.fp8_weight_codes = r, p, c
         return torch.stack(losses).mean().item()
 
     def state_dict(self):
