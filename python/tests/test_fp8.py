@@ -442,18 +442,12 @@ def test_code_arguments_are_checked():
     state = (torch.zeros_like(p, dtype=torch.float32), torch.zeros_like(p, dtype=torch.float32))
     hyper = (1e-3, 0.9, 0.999, 0.01, 1e-8)
     step = torch.ops.leanmoe.adamw_step_
-    # KNOWN DEFECT: on the H200's torch 2.11 + CUDA these three raises crash the process instead
-    # (segfault while the op's error propagates with an fp8_copy list given; bench/results/
-    # 2026-12-04-h200-s13 calls 6-8: also with the message built as plain strings). They raise on
-    # CPU-only machines (torch 2.11 and 2.15), so they run there; the public path (ExpertAdamW)
-    # only ever passes the layer's own, valid buffers.
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match=r"fp8_copy\[0\] \(codes\)'.*Float8_e4m3fn tensor of shape \[4, 256, 128\]"):
-            step(p, torch.randn_like(p), *state, torch.zeros(()), *hyper, None, "leanmoe", codes[:4])
-        with pytest.raises(ValueError, match="4 tensors"):
-            step(p, torch.randn_like(p), *state, torch.zeros(()), *hyper, None, "leanmoe", codes[4:7])
-        with pytest.raises(ValueError, match="written by update='leanmoe' only"):
-            step(p, torch.randn_like(p), *state, torch.zeros(()), *hyper, None, "torch", codes[4:])
+    with pytest.raises(ValueError, match=r"fp8_copy\[0\] \(codes\)'.*Float8_e4m3fn tensor of shape \[4, 256, 128\]"):
+        step(p, torch.randn_like(p), *state, torch.zeros(()), *hyper, None, "leanmoe", codes[:4])
+    with pytest.raises(ValueError, match="4 tensors"):
+        step(p, torch.randn_like(p), *state, torch.zeros(()), *hyper, None, "leanmoe", codes[4:7])
+    with pytest.raises(ValueError, match="written by update='leanmoe' only"):
+        step(p, torch.randn_like(p), *state, torch.zeros(()), *hyper, None, "torch", codes[4:])
     with pytest.raises(ValueError, match="argument 'update'"):
         step(p, torch.randn_like(p), *state, torch.zeros(()), *hyper, None, "adam")
     with pytest.raises(ValueError, match="argument 'step'.*CPU float32 scalar"):
