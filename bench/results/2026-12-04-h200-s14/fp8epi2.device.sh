@@ -22,11 +22,13 @@ echo "fp8epi2 commit $(cat "$CARRY/commit")"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv,noheader
 
 echo "== 1. GPU tests beside memcheck (t=$((SECONDS - T0)))"
-timeout -k 5 180 "$B/leanmoe_gpu_tests" --gtest_brief=1 --gtest_filter='*Fp8*:CudaBackend*:*Workspace*' \
+TF='*Fp8*:CudaBackend*:*Workspace*'; MF='ExpertGemmsFp8.*:CudaBackendFp8.*'
+[ -n "${LAYER_ONLY:-}" ] && TF=NONE && MF=NONE  # s14 call 6: the layer rows only
+timeout -k 5 180 "$B/leanmoe_gpu_tests" --gtest_brief=1 --gtest_filter="$TF" \
   > "$W/tests.txt" 2>&1 &
 P1=$!
 timeout -k 5 200 compute-sanitizer --tool memcheck --print-limit 10 "$B/leanmoe_gpu_tests" --gtest_brief=1 \
-  --gtest_filter='ExpertGemmsFp8.*:CudaBackendFp8.*' > "$W/memcheck.txt" 2>&1
+  --gtest_filter="$MF" > "$W/memcheck.txt" 2>&1
 R2=$?
 wait $P1; R1=$?
 echo "tests rc=$R1 memcheck rc=$R2 (t=$((SECONDS - T0)))"
@@ -38,7 +40,7 @@ echo "tests rc=$R1 memcheck rc=$R2 (t=$((SECONDS - T0)))"
 } > "$FINAL/fp8epi2_tests.txt"
 
 echo "== 2. layer bf16 vs fp8 (t=$((SECONDS - T0)))"
-ROWS="120B-n2048 30B-n1024 olmoe-1b-7b qwen3-30b-a3b"
+ROWS="${ROWS:-120B-n2048 30B-n1024 olmoe-1b-7b qwen3-30b-a3b}"
 i=0
 for row in $ROWS; do
   read -r warm iters < <(python3 bench/steady_iters.py "$row")
