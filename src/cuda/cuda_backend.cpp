@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -32,6 +33,7 @@
 #include "backend.h"
 #include "carver.h"
 #include "cuda/backward_overlap.h"
+#include "cuda/fp8_output_quantization.h"
 #include "cuda/check.h"
 #include "cuda/expert_gemms.h"
 #include "cuda/gemm_heuristics.h"
@@ -55,6 +57,12 @@ BackwardOverlap backward_overlap() {
   std::lock_guard<std::mutex> lock(overlap_mutex);
   return overlap_setting;
 }
+
+namespace {
+std::atomic<Fp8OutputQuantization> fp8_output_setting{Fp8OutputQuantization::pass};
+}  // namespace
+void set_fp8_output_quantization(Fp8OutputQuantization where) { fp8_output_setting = where; }
+Fp8OutputQuantization fp8_output_quantization() { return fp8_output_setting; }
 }  // namespace leanmoe::cuda
 
 namespace leanmoe::detail {
@@ -83,6 +91,7 @@ struct Fp8Slice {
   Fp8Slice(Carver& c, int64_t count, int64_t values_per_scale)
       : codes(c.take<uint8_t>(count)), scales(c.take<float>(count / values_per_scale)) {}
   cuda::Fp8Operand op() const { return {codes, scales}; }
+  cuda::Fp8Output out() const { return {codes, scales}; }
 };
 constexpr int64_t kRowTile = 128, kBlock = 128 * 128;
 
@@ -576,11 +585,16 @@ class CudaBackend final : public Backend {
     if (shape.fp8) {  // x's rows and the weights (unless given) quantized once per call
       cuda::fp8_quantize_rows(x.data, T, cfg.d, w.x_q.codes, w.x_q.scales, stream);
       const Fp8Weights::Operands w_q = w.w_q.operands(cfg, wt, stream);
-      cuda::up_proj_act_fp8(rows, shape, expert_function(cfg), w.x_q.op(), w_q.w1, wt.gate_up_bias.data, s.h.data,
-                            w.a, cuda::Fp8Output{}, stream);
-      // A and dH are quantized by a pass of their own: quantizing in up's and dH's epilogues measured
-      // slower (up +5-37%, dH 2.6-3.6x; docs/kernels.md "FP8 up and dH").
-      cuda::fp8_quantize_rows(w.a, s.rows_capacity, cfg.n, w.a_q.codes, w.a_q.scales, stream);
+      // A quantized in up's epilogue (no bf16 A: down reads the codes only) or by a pass over the bf16
+      // A (fp8_output_quantization.h); the same codes either way.
+      if (cuda::fp8_output_quantization() == cuda::Fp8OutputQuantization::epilogue) {
+        cuda::up_proj_act_fp8(rows, shape, expert_function(cfg), w.x_q.op(), w_q.w1, wt.gate_up_bias.data,
+                              s.h.data, nullptr, w.a_q.out(), stream);
+      } else {
+        cuda::up_proj_act_fp8(rows, shape, expert_function(cfg), w.x_q.op(), w_q.w1, wt.gate_up_bias.data,
+                              s.h.data, w.a, cuda::Fp8Output{}, stream);
+        cuda::fp8_quantize_rows(w.a, s.rows_capacity, cfg.n, w.a_q.codes, w.a_q.scales, stream);
+      }
       cuda::down_proj_fp8(rows, shape, w.a_q.op(), w_q.w2, w.y, stream, w.expert_gemm);
     } else {
       cuda::up_proj_act(rows, shape, expert_function(cfg), x.data, wt.gate_up_proj.data, wt.gate_up_bias.data,
@@ -626,11 +640,15 @@ class CudaBackend final : public Backend {
     // here and dx_expert on the GEMM stream, both before the callback that may rewrite them: W2's
     // follows dH on this stream, W1's follows the join); dH quantized for dx_expert only, below.
     Fp8Weights::Operands w_q{};
+    // FP8: dH quantized in dH's epilogue, or by a pass before dx_expert (fp8_output_quantization.h).
+    const bool dh_q_in_epilogue =
+        shape.fp8 && cuda::fp8_output_quantization() == cuda::Fp8OutputQuantization::epilogue;
     if (shape.fp8) {
       cuda::fp8_quantize_rows(d_out.data, T, cfg.d, w.d_out_q.codes, w.d_out_q.scales, stream);
       w_q = w.w_q.operands(cfg, wt, stream);
       cuda::dh_act_bwd_fp8(rows, shape, expert_function(cfg), w.d_out_q.op(), w_q.w2, s.h.data, w.dh,
-                           w.a_prime_dxexp, w.ds_partial, cuda::Fp8Output{}, stream);
+                           w.a_prime_dxexp, w.ds_partial, dh_q_in_epilogue ? w.dh_q.out() : cuda::Fp8Output{},
+                           stream);
     } else {
       cuda::dh_act_bwd(rows, shape, expert_function(cfg), d_out.data, wt.down_proj.data, s.h.data, w.dh,
                        w.a_prime_dxexp, w.ds_partial, stream);
@@ -644,8 +662,9 @@ class CudaBackend final : public Backend {
       st.mark(GemmStream::kDw2Done);
     }
     if (g.dx.defined()) {
-      if (shape.fp8) {  // dH (written by dH_act_bwd_fp8 before the fork) quantized where it is read
-        cuda::fp8_quantize_rows(w.dh, s.rows_capacity, up_width(cfg), w.dh_q.codes, w.dh_q.scales, st.gemm);
+      if (shape.fp8) {  // dH (written by dH_act_bwd_fp8 before the fork) quantized where it is read, or by it
+        if (!dh_q_in_epilogue)
+          cuda::fp8_quantize_rows(w.dh, s.rows_capacity, up_width(cfg), w.dh_q.codes, w.dh_q.scales, st.gemm);
         cuda::dx_expert_fp8(rows, shape, w.dh_q.op(), w_q.w1, w.a_prime_dxexp, st.gemm, w.expert_gemm, config[1]);
       } else {
         cuda::dx_expert(rows, shape, w.dh, wt.gate_up_proj.data, w.a_prime_dxexp, st.gemm, w.expert_gemm, config[1]);

@@ -14,10 +14,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "../../src/cuda/fp8_output_quantization.h"
 #include "../expect_error.h"
 #include "leanmoe/leanmoe.h"
 #include "naive_moe.h"
@@ -99,6 +101,47 @@ TEST(CudaBackendFp8, LayoutsBiasesActivations) {
   c.K = 4;
   c.routing = Routing::token_rounding;
   expect_close(reference::random_inputs(c, 1000, DType::bf16, 5), "gelu token rounding");
+}
+
+// A and dH quantized in the up and dH epilogues (cuda::Fp8OutputQuantization::epilogue) give the
+// same codes and scales as the separate passes, so every output and gradient is bitwise the same.
+TEST(CudaBackendFp8, EpilogueQuantizationBitwise) {
+  REQUIRE_GPU();
+  struct RestoreAtExit {
+    ~RestoreAtExit() { cuda::set_fp8_output_quantization(cuda::Fp8OutputQuantization::pass); }
+  } restore;
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+  };
+  MoEConfig biased = fp8_config();
+  biased.transposed = true;
+  biased.interleaved = true;
+  MoEConfig plain = fp8_config();
+  plain.activation = Activation::gelu;
+  plain.E = 16;
+  plain.K = 4;
+  plain.routing = Routing::token_rounding;
+  std::vector<std::pair<std::string, HostLayerInputs>> cases;
+  cases.emplace_back("swiglu T=300", reference::random_inputs(fp8_config(), 300, DType::bf16, 11));
+  cases.emplace_back("transposed interleaved biases T=257", reference::random_inputs(biased, 257, DType::bf16, 12));
+  reference::add_random_biases(cases.back().second, 13);
+  cases.emplace_back("gelu token rounding T=1000", reference::random_inputs(plain, 1000, DType::bf16, 14));
+  cases.emplace_back("T=1", reference::random_inputs(fp8_config(), 1, DType::bf16, 15));
+  for (const auto& [what, in] : cases) {
+    SCOPED_TRACE(what);
+    cuda::set_fp8_output_quantization(cuda::Fp8OutputQuantization::pass);
+    const HostLayerOutputs ref = reference::run_backend(in, Device::cuda);
+    cuda::set_fp8_output_quantization(cuda::Fp8OutputQuantization::epilogue);
+    const HostLayerOutputs o = reference::run_backend(in, Device::cuda);
+    EXPECT_TRUE(same_bits(o.out, ref.out)) << "out";
+    EXPECT_TRUE(same_bits(o.dx, ref.dx)) << "dx";
+    EXPECT_TRUE(same_bits(o.d_router, ref.d_router)) << "d_router";
+    EXPECT_TRUE(same_bits(o.d_gate_up, ref.d_gate_up)) << "d_gate_up";
+    EXPECT_TRUE(same_bits(o.d_down, ref.d_down)) << "d_down";
+    EXPECT_TRUE(same_bits(o.d_gate_up_bias, ref.d_gate_up_bias)) << "d_gate_up_bias";
+    EXPECT_TRUE(same_bits(o.d_down_bias, ref.d_down_bias)) << "d_down_bias";
+    EXPECT_TRUE(same_bits(o.d_topk_weights, ref.d_topk_weights)) << "d_topk_weights";
+  }
 }
 
 TEST(CudaBackendFp8, Refusals) {
