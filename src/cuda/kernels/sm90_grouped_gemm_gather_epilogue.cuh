@@ -107,13 +107,14 @@ __device__ __forceinline__ void quantize_row_tiles(const Fp8RowsOut& out_q, int6
     scale[h] = fp8::scale_of(amax);
     inv[h] = fp8::inverse_scale(scale[h]);
   }
-#pragma unroll
-  for (int p = 0; p < 2; ++p) {
+  // Columns 64p .. 64p + 63 (pairs 8p .. 8p + 7). Called with literal p: every index is a constant,
+  // so `pairs` stays in registers (a loop over p was left rolled and put them in local memory).
+  auto half = [&](const int p) {
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int i = p * kPairs / 2; i < (p + 1) * kPairs / 2; ++i) {
-        const int col = col_of(i) - 64 * p;  // even, in [0, 64)
+      for (int k = 0; k < kPairs / 2; ++k) {
+        const int i = p * kPairs / 2 + k, col = col_of(i) - 64 * p;  // col even, in [0, 64)
         const uint32_t w = pairs[h][i];
         st_shared_u16(tile + warp_tile_offset(lane / 4 + 8 * h, col >> 4) + (col & 15),
                       fp8_detail::encode_x2(fp8::float_of(w << 16) * inv[h], fp8::float_of(w & 0xffff0000u) * inv[h]));
@@ -126,7 +127,9 @@ __device__ __forceinline__ void quantize_row_tiles(const Fp8RowsOut& out_q, int6
       if (row0 + row < row_end) *reinterpret_cast<uint4*>(out_q.codes + (row0 + row) * ld + col0 + 64 * p + 16 * q) = v;
     }
     __syncwarp();  // the next half (or the caller) overwrites the tile
-  }
+  };
+  half(0);
+  half(1);
   if (q == 0)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -139,9 +142,9 @@ __device__ __forceinline__ void quantize_row_tiles(const Fp8RowsOut& out_q, int6
 //      columns at a time into its three tiles (H gate, H up, A = Act::forward(g, u)) and copies
 //      them out. kBias: b1 (in W1's row order) is added to the accumulators first, so H holds the
 //      biased pre-activation and A its activation. kInterleaved: H's columns in W1's interleaved
-//      row order, (g_j, u_j) pairs through the first two tiles. kQuant (FP8 kernels) with
-//      out_q.codes: A (the tile's 128 j's, one 1x128 tile of each row) also quantized
-//      (quantize_row_tiles), and args.out2 may be null (no bf16 A). ----
+//      row order, (g_j, u_j) pairs through the first two tiles. kQuant (FP8 kernels, out_q asked
+//      for): A (the tile's 128 j's, one 1x128 tile of each row) also quantized (quantize_row_tiles),
+//      and args.out2 may be null (no bf16 A). ----
 template <class Act, int kTileN, bool kBias, bool kInterleaved, bool kQuant = false>
 __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float (&acc)[kTileN / 2], int64_t m0,
                                                int row_end, int n_tile, int expert, uint32_t staging,
@@ -218,7 +221,6 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
     __syncwarp();  // the next chunk overwrites the tiles
   }
   if constexpr (kQuant)
-    if (out_q.codes != nullptr)
       quantize_row_tiles(out_q, n, j0, a_pairs, [&](int i) { return 8 * i + 2 * (lane % 4); }, row0, row_end,
                          gate_tile);
 }
@@ -226,7 +228,7 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
 // ---- up, plain (H [R, n], A = f(h)): the tile's kTileN columns are n-columns j0 .. j0 + kTileN,
 //      acc block b the first half's, b + kHalf/8 the second half's. Per 32-column chunk: the two
 //      halves' H and the first half's A through the three tiles, then the second half's A through
-//      the first. kQuant with out_q.codes: A also quantized, each half's 128 columns one 1x128 tile
+//      the first. kQuant (out_q asked for): A also quantized, each half's 128 columns one 1x128 tile
 //      of the row (quantize_row_tiles), and args.out2 may be null. ----
 template <class Act, int kTileN, bool kBias, bool kQuant = false>
 __device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float (&acc)[kTileN / 2], int64_t m0,
@@ -295,7 +297,6 @@ __device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float
     copy_out(tile0, args.out2, col1);
   }
   if constexpr (kQuant)
-    if (out_q.codes != nullptr)
 #pragma unroll
       for (int half = 0; half < 2; ++half)
         if (j0 + half * kHalf < n)  // the last tile's second half past n (n an odd multiple of 128)
@@ -358,10 +359,10 @@ __device__ __forceinline__ void store_up_pairs(const GemmArgs& args, const float
 // up's epilogue: the variant for the activation's kind (compile time) and for the bias and W1's
 // row order (compile time on the default path, Act::kNoBiasGateUp; else run time, uniform per launch).
 // Transposed weights change only interleaved H's columns in the tile (store_up_pairs).
-template <class Act, int kTileN, bool kTransposed, bool kQuant = false>
-__device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, const float (&acc)[kTileN / 2],
-                                                          int64_t m0, int row_end, int n_tile, int expert,
-                                                          uint32_t staging, Fp8RowsOut out_q = {}) {
+template <class Act, int kTileN, bool kTransposed, bool kQuant>
+__device__ __forceinline__ void store_up_variant(const GemmArgs& args, const float (&acc)[kTileN / 2], int64_t m0,
+                                                 int row_end, int n_tile, int expert, uint32_t staging,
+                                                 Fp8RowsOut out_q) {
   if constexpr (Act::kNoBiasGateUp) {
     static_assert(!kTransposed, "the default path is the HF layout");
     store_up_gated<Act, kTileN, false, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
@@ -391,6 +392,17 @@ __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, 
       store_up_plain<Act, kTileN, true, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
   }
 }
+// kQuant (FP8 kernels): the quantizing variant only when out_q is asked for, a branch of its own, so
+// that the other keeps the plain epilogue's code.
+template <class Act, int kTileN, bool kTransposed, bool kQuant = false>
+__device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, const float (&acc)[kTileN / 2],
+                                                          int64_t m0, int row_end, int n_tile, int expert,
+                                                          uint32_t staging, Fp8RowsOut out_q = {}) {
+  if (kQuant && out_q.codes != nullptr)
+    store_up_variant<Act, kTileN, kTransposed, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
+  else
+    store_up_variant<Act, kTileN, kTransposed, false>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
+}
 
 // ---- dH: each warp walks its 16 rows 32 columns at a time: H's gate and up columns of the chunk
 //      come into two of its tiles by cp.async (lane l: 16-byte chunk l % 4 of rows l/4 and l/4 + 8),
@@ -400,7 +412,7 @@ __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, 
 //      rows into L2 (prefetch_h_row_l2). Rows past the expert's and columns past n get no ds term
 //      and no store. kInterleaved: H and dH in W1's interleaved row order (a chunk's 64 H columns
 //      through the two tiles, (dg_j, du_j) pairs out in two passes). A plain activation: H and dH
-//      [R, n], one tile in, dg and A' out. kQuant with out_q.codes: dH also quantized in 1x128 tiles
+//      [R, n], one tile in, dg and A' out. kQuant (out_q asked for): dH also quantized in 1x128 tiles
 //      of its rows (W1's row order: [gate; up] and plain, the dg (du) columns of 4 chunks; interleaved,
 //      the (dg, du) pairs of 2), each tile once its last chunk is out (quantize_row_tiles); dH itself
 //      stays (dW1 and db1 read it). ----
@@ -532,32 +544,30 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
       else store_o_tile(args.out2, n, c);
     }
     if constexpr (kQuant) {
-      if (out_q.codes != nullptr) {
-        if constexpr (kInterleaved) {  // dH columns 2(n0 + 32c) + 16bl + 4q + [0, 4): (dg, du) of two j's
+      if constexpr (kInterleaved) {  // dH columns 2(n0 + 32c) + 16bl + 4q + [0, 4): (dg, du) of two j's
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int bl = 0; bl < 4; ++bl) {
-              q_g[h][8 * (c % 2) + 2 * bl] = low_halves(dg2[h][bl], du2[h][bl]);
-              q_g[h][8 * (c % 2) + 2 * bl + 1] = high_halves(dg2[h][bl], du2[h][bl]);
-            }
-          if (c % 2 == 1)
-            quantize_row_tiles(out_q, w, 2 * n0 + 64 * (c - 1), q_g,
-                               [&](int i) { return 64 * (i / 8) + 16 * (i % 8 / 2) + 4 * q + 2 * (i % 2); }, row0,
-                               row_end, o_tile);
-        } else {  // columns n0 + 32c + 8bl + 2q (+ n: du)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int bl = 0; bl < 4; ++bl) {
-              q_g[h][4 * (c % 4) + bl] = dg2[h][bl];
-              if constexpr (kGated) q_u[h][4 * (c % 4) + bl] = du2[h][bl];
-            }
-          if (c % 4 == 3) {
-            const auto col_of = [&](int i) { return 8 * i + 2 * q; };
-            quantize_row_tiles(out_q, w, n0 + 32 * (c - 3), q_g, col_of, row0, row_end, o_tile);
-            if constexpr (kGated) quantize_row_tiles(out_q, w, n + n0 + 32 * (c - 3), q_u, col_of, row0, row_end, o_tile);
+          for (int bl = 0; bl < 4; ++bl) {
+            q_g[h][8 * (c % 2) + 2 * bl] = low_halves(dg2[h][bl], du2[h][bl]);
+            q_g[h][8 * (c % 2) + 2 * bl + 1] = high_halves(dg2[h][bl], du2[h][bl]);
           }
+        if (c % 2 == 1)
+          quantize_row_tiles(out_q, w, 2 * n0 + 64 * (c - 1), q_g,
+                             [&](int i) { return 64 * (i / 8) + 16 * (i % 8 / 2) + 4 * q + 2 * (i % 2); }, row0,
+                             row_end, o_tile);
+      } else {  // columns n0 + 32c + 8bl + 2q (+ n: du)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int bl = 0; bl < 4; ++bl) {
+            q_g[h][4 * (c % 4) + bl] = dg2[h][bl];
+            if constexpr (kGated) q_u[h][4 * (c % 4) + bl] = du2[h][bl];
+          }
+        if (c % 4 == 3) {
+          const auto col_of = [&](int i) { return 8 * i + 2 * q; };
+          quantize_row_tiles(out_q, w, n0 + 32 * (c - 3), q_g, col_of, row0, row_end, o_tile);
+          if constexpr (kGated) quantize_row_tiles(out_q, w, n + n0 + 32 * (c - 3), q_u, col_of, row0, row_end, o_tile);
         }
       }
     }
@@ -565,10 +575,9 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
   store_ds_partials<kParts>(args, ds, row0 + lane / 4, row_end, n_tile);
 }
 
-template <class Act, int kTileN, bool kQuant = false>
-__device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0,
-                                                          int row_end, int n_tile, uint32_t staging,
-                                                          Fp8RowsOut out_q = {}) {
+template <class Act, int kTileN, bool kQuant>
+__device__ __forceinline__ void store_dh_variant(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0,
+                                                 int row_end, int n_tile, uint32_t staging, Fp8RowsOut out_q) {
   if constexpr (Act::kNoBiasGateUp) {
     store_dh_rows<Act, kTileN, false, kQuant>(args, acc, m0, row_end, n_tile, staging, out_q);
   } else if constexpr (Act::kGated) {
@@ -579,6 +588,16 @@ __device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, 
   } else {
     store_dh_rows<Act, kTileN, false, kQuant>(args, acc, m0, row_end, n_tile, staging, out_q);
   }
+}
+// kQuant: as store_up_rows_warp_staged.
+template <class Act, int kTileN, bool kQuant = false>
+__device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0,
+                                                          int row_end, int n_tile, uint32_t staging,
+                                                          Fp8RowsOut out_q = {}) {
+  if (kQuant && out_q.codes != nullptr)
+    store_dh_variant<Act, kTileN, kQuant>(args, acc, m0, row_end, n_tile, staging, out_q);
+  else
+    store_dh_variant<Act, kTileN, false>(args, acc, m0, row_end, n_tile, staging, out_q);
 }
 
 // dH: H's gate and up columns [n0, n0 + kTileN) of routed row `row` into L2, issued by the producer
