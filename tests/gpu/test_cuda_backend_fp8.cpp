@@ -14,7 +14,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,6 +22,7 @@
 #include "../expect_error.h"
 #include "leanmoe/leanmoe.h"
 #include "naive_moe.h"
+#include "../reference_checks.h"
 
 namespace {
 
@@ -110,9 +110,6 @@ TEST(CudaBackendFp8, EpilogueQuantizationBitwise) {
   struct RestoreAtExit {
     ~RestoreAtExit() { cuda::set_fp8_output_quantization(cuda::Fp8OutputQuantization::pass); }
   } restore;
-  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
-    return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-  };
   MoEConfig biased = fp8_config();
   biased.transposed = true;
   biased.interleaved = true;
@@ -133,14 +130,7 @@ TEST(CudaBackendFp8, EpilogueQuantizationBitwise) {
     const HostLayerOutputs ref = reference::run_backend(in, Device::cuda);
     cuda::set_fp8_output_quantization(cuda::Fp8OutputQuantization::epilogue);
     const HostLayerOutputs o = reference::run_backend(in, Device::cuda);
-    EXPECT_TRUE(same_bits(o.out, ref.out)) << "out";
-    EXPECT_TRUE(same_bits(o.dx, ref.dx)) << "dx";
-    EXPECT_TRUE(same_bits(o.d_router, ref.d_router)) << "d_router";
-    EXPECT_TRUE(same_bits(o.d_gate_up, ref.d_gate_up)) << "d_gate_up";
-    EXPECT_TRUE(same_bits(o.d_down, ref.d_down)) << "d_down";
-    EXPECT_TRUE(same_bits(o.d_gate_up_bias, ref.d_gate_up_bias)) << "d_gate_up_bias";
-    EXPECT_TRUE(same_bits(o.d_down_bias, ref.d_down_bias)) << "d_down_bias";
-    EXPECT_TRUE(same_bits(o.d_topk_weights, ref.d_topk_weights)) << "d_topk_weights";
+    leanmoe::testing::expect_bitwise_equal(o, ref);
   }
 }
 
