@@ -6,7 +6,8 @@
 // Inputs span 2^15 in magnitude: every 1x128 tile of x and dO and every 128x128 block of W1 and W2
 // gets its own factor 2^m, m in [-7, 8], so a scale read for the wrong row, k-block, weight block or
 // expert moves the result by powers of two (uniform data would hide it: a power-of-two scale is the
-// same for any amax within ~2^15). Routings are ragged with an empty expert, one expert taking every
+// same for any amax within ~2^15); one token is 2^12 times larger and one 2^-20 times smaller than
+// the rest (outlier rows of A and dH). Routings are ragged with an empty expert, one expert taking every
 // row, T not a multiple of 128, T = 0; n = 384 (an odd number of 128-column blocks: dH's and plain
 // up's last 256-wide tile has a half past n, whose weight block does not exist). Outputs poisoned
 // with NaN bytes first. Each case runs every compiled FP8 config, also capped at 2 CTAs (each CTA
@@ -219,7 +220,16 @@ void run_fp8_case(const Case& c, const Function& f) {
   const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, R_max, E};
 
   std::mt19937 rng(2024u + uint32_t(T));
-  const auto x = spanning_bf16(1, T, d, 1, 1.f, rng), d_out = spanning_bf16(1, T, d, 1, 1.f, rng);
+  auto x = spanning_bf16(1, T, d, 1, 1.f, rng), d_out = spanning_bf16(1, T, d, 1, 1.f, rng);
+  // Outlier tokens: one 2^12 times larger, one 2^-20 times smaller (their A and dH rows follow), so
+  // the epilogues' per-row scales span far beyond the tiles' factors.
+  for (int64_t t : {T / 2, T - 1})
+    if (T > 2)
+      for (int64_t k = 0; k < d; ++k) {
+        const float f = t == T / 2 ? 4096.f : std::ldexp(1.f, -20);
+        x[size_t(t * d + k)] = float_to_bf16(bf16_to_float(x[size_t(t * d + k)]) * f);
+        d_out[size_t(t * d + k)] = float_to_bf16(bf16_to_float(d_out[size_t(t * d + k)]) * f);
+      }
   const auto w1 = spanning_bf16(E, W, d, kB, 1.f / std::sqrt(float(d)), rng);  // [E, W, d], W1's row order
   const auto w2 = spanning_bf16(E, d, n, kB, 1.f / std::sqrt(float(n)), rng);  // [E, d, n]
   std::vector<bf16> b1(size_t(E * W));
