@@ -635,8 +635,8 @@ int run_bench(const Options& o, const std::string& command) {
     std::printf(" (tile %lld, %s)", (long long)o.layer.tile, rounding_mode_name(o.layer.rounding_mode));
   if (o.layer.transposed) std::printf(", transposed weights");
   if (o.layer.precision == Precision::fp8)
-    std::printf(", fp8 (weights' codes %s; A, dH quantized %s)", o.fp8_per_call ? "quantized per call" : "given, quantized once",
-                o.fp8_quant_epilogue ? "in the epilogues" : "by a pass");
+    std::printf(", fp8 (weights' codes %s%s)", o.fp8_per_call ? "quantized per call" : "given, quantized once",
+                dev != Device::cuda ? "" : o.fp8_quant_epilogue ? "; A, dH quantized in the epilogues" : "; A, dH quantized by a pass");
   if (dev == Device::cuda) std::printf("; bwd overlap %s", o.bwd_overlap.c_str());
   std::printf("; median of %d after %d warm-up%s\n", iters, warmup,
               graph ? "; graph = CUDA-graph replays, timed with events" : "");
