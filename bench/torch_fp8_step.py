@@ -13,9 +13,9 @@ weights, bf16), x [T, d] ~ N(0, 1), a fixed output gradient; then steps for --wa
 H200 boosts for ~2 s at the start of a run), then steps for --measure-s seconds timed with CUDA
 events: fwd+bwd (forward and backward), step (ExpertAdamW.step: the whole update in the standard
 mode; in the in-backward mode the updates run inside backward and step only ends the step), total.
-Medians. The bf16 layer's expert weights are stepped by torch's fused AdamW kernel (bf16 moments),
-the FP8 layers' by leanmoe's fused update (fp32 moments; with codes kept it also writes them), so
-'step' differs between bf16 and FP8 by that update, not by FP8; fwd+bwd compares the layers.
+Medians. The bf16 layer's expert weights are stepped by torch's fused AdamW kernel, the FP8 layers'
+by leanmoe's fused update (with codes kept it also writes them), both with bf16 moments, so 'step'
+differs between bf16 and FP8 by the kernel and the codes it writes; fwd+bwd compares the layers.
 """
 import argparse
 import statistics

@@ -91,8 +91,8 @@ Row bench_tensor(const char* name, int64_t E, int64_t R, int64_t C, int reps) {
   a.param = param.data();
   a.grad = grad.data();
   a.master = static_cast<float*>(with_copy.state(name, StateKind::master).data);
-  a.m = static_cast<float*>(with_copy.state(name, StateKind::exp_avg).data);
-  a.v = static_cast<float*>(with_copy.state(name, StateKind::exp_avg_sq).data);
+  a.m = with_copy.state(name, StateKind::exp_avg).data;
+  a.v = with_copy.state(name, StateKind::exp_avg_sq).data;
   a.numel = numel;
   a.decay = 1.f - 1e-5f;
   a.beta1 = 0.9f, a.one_minus_beta1 = 0.1f, a.beta2 = 0.95f, a.one_minus_beta2 = 0.05f;
@@ -101,9 +101,9 @@ Row bench_tensor(const char* name, int64_t E, int64_t R, int64_t C, int reps) {
   const unsigned grid = unsigned(numel / (128 * 128));
   using cuda::optim::Rule;
   using bf = __nv_bfloat16;
-  const double k1 = median_ms(reps, [&] { cuda::optim::fused_update_fp8_kernel<Rule::adamw, bf, 1><<<grid, 256>>>(a, q); });
-  const double k2 = median_ms(reps, [&] { cuda::optim::fused_update_fp8_kernel<Rule::adamw, bf, 2><<<grid, 256>>>(a, q); });
-  const double k3 = median_ms(reps, [&] { cuda::optim::fused_update_fp8_kernel<Rule::adamw, bf, 3><<<grid, 256>>>(a, q); });
+  const double k1 = median_ms(reps, [&] { cuda::optim::fused_update_fp8_kernel<Rule::adamw, bf, float, 1><<<grid, 256>>>(a, q); });
+  const double k2 = median_ms(reps, [&] { cuda::optim::fused_update_fp8_kernel<Rule::adamw, bf, float, 2><<<grid, 256>>>(a, q); });
+  const double k3 = median_ms(reps, [&] { cuda::optim::fused_update_fp8_kernel<Rule::adamw, bf, float, 3><<<grid, 256>>>(a, q); });
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
   const double gb = double(numel) * 1e-9;

@@ -34,6 +34,7 @@ struct Fp8OptimCase {
   bool transposed;  // also the transposed codes and scales
   DType grad;
   bool specials;
+  DType moments = DType::f32;
   int64_t numel() const { return E * R * C; }
   int64_t blocks() const { return E * (R / fp8::kTile) * (C / fp8::kTile); }
 };
@@ -149,7 +150,7 @@ class Fp8OptimRun {
         scales_t_(device, with_copy && c.transposed ? size_t(c.blocks()) * 4 : 0), opt_(c.rule) {
     const std::vector<char> p = fp8_case_bytes(DType::bf16, fp8_case_param(c));
     copy_to_device(device, param_.data(), p.data(), p.size());
-    opt_.register_tensor("w", param(), c.master);
+    opt_.register_tensor("w", param(), c.master, c.moments);
     if (with_copy) {
       optim::Fp8Copy copy{c.E, c.R, c.C, codes_.data<uint8_t>(), scales_.data<float>(), nullptr, nullptr};
       if (c.transposed) {
@@ -181,7 +182,13 @@ class Fp8OptimRun {
       const Tensor t = opt_.state("w", k);
       if (!t.data) continue;
       s.state[int(k)].resize(size_t(t.numel()));
-      copy_to_host(device_, s.state[int(k)].data(), t.data, t.nbytes());
+      if (t.dtype == DType::bf16) {  // widened, so NaNs compare as NaN whatever their payload
+        std::vector<uint16_t> bits(size_t(t.numel()));
+        copy_to_host(device_, bits.data(), t.data, t.nbytes());
+        for (size_t i = 0; i < bits.size(); ++i) s.state[int(k)][i] = fp8::float_of(uint32_t(bits[i]) << 16);
+      } else {
+        copy_to_host(device_, s.state[int(k)].data(), t.data, t.nbytes());
+      }
     }
     s.codes = codes_.read<uint8_t>(guard_ok);
     s.scales = scales_.read<float>(guard_ok);

@@ -329,3 +329,187 @@ TEST(Optim, StepAndRegisterErrorsNameTheTensor) {
   strided.stride[0] = 7;
   EXPECT_THROW(opt.step("layers.2.gate_up_proj", strided), Error);
 }
+
+// ---- bf16 moments (register_tensor's `moments`): fp32 math, the moments rounded to bf16 on store ----
+namespace {
+
+std::vector<float> state_as_float(const ExpertOptimizer& opt, const std::string& name, StateKind kind) {
+  const Tensor t = opt.state(name, kind);
+  if (t.dtype == DType::f32) return state_values(opt, name, kind);
+  std::vector<float> out(size_t(t.numel()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(t.ptr<bf16>()[i]);
+  return out;
+}
+
+double round_bf16(double x) { return bf16_to_float(float_to_bf16(float(x))); }
+
+// |got - want| <= rel * max(|want|, floor): a bf16 value rounded the other way once (one ulp, 2^-8
+// relative) keeps that absolute error while the value later shrinks, so the bound is relative to
+// the larger of the value and the scale the trajectory passed through (`floor`).
+void expect_close_floor(const std::vector<float>& got, const std::vector<double>& want, double rel, double floor) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], rel * std::max(floor, std::abs(want[i]))) << "element " << i;
+}
+
+double rms(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x * x;
+  return std::sqrt(s / double(v.size()));
+}
+
+}  // namespace
+
+TEST(Optim, Bf16MomentsFirstStepIsTheRoundedFp32Step) {
+  // From zero state both optimizers compute the same fp32 moments and parameter: the parameter step
+  // uses the moments before their rounding, so it is bit for bit the fp32-moment step, and the stored
+  // moments are bf16 of the fp32 ones.
+  const size_t N = 256;
+  const std::vector<float> init = randn(N, 3);
+  std::vector<bf16> a = to_bf16(init), b = a;
+  const AdamW rule{5e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  ExpertOptimizer f32m(rule), b16m(rule);
+  f32m.register_tensor("w", view(a, {16, 16}));
+  b16m.register_tensor("w", view(b, {16, 16}), false, DType::bf16);
+  EXPECT_EQ(b16m.state("w", StateKind::exp_avg).dtype, DType::bf16);
+  EXPECT_EQ(b16m.state_bytes() * 2, f32m.state_bytes());
+  std::vector<bf16> g = to_bf16(randn(N, 300));
+  f32m.step("w", view(g, {16, 16}));
+  b16m.step("w", view(g, {16, 16}));
+  ASSERT_EQ(std::memcmp(a.data(), b.data(), N * sizeof(bf16)), 0);
+  for (StateKind k : {StateKind::exp_avg, StateKind::exp_avg_sq}) {
+    const std::vector<float> m32 = state_values(f32m, "w", k);
+    const Tensor m16 = b16m.state("w", k);
+    for (size_t i = 0; i < N; ++i) ASSERT_EQ(m16.ptr<bf16>()[i].bits, float_to_bf16(m32[i]).bits) << i;
+  }
+  // Later steps read the rounded moments: the two runs part (the rounding is real).
+  int differ = 0;
+  for (int s = 1; s < 8; ++s) {
+    g = to_bf16(randn(N, 300 + s));
+    f32m.step("w", view(g, {16, 16}));
+    b16m.step("w", view(g, {16, 16}));
+  }
+  for (size_t i = 0; i < N; ++i) differ += a[i].bits != b[i].bits;
+  EXPECT_GT(differ, 0);
+}
+
+TEST(Optim, Bf16MomentsMatchRoundedDoubleReference) {
+  // The same formula in double, the moments and the parameter rounded to bf16 after every step: the
+  // float kernel may round a value the other way where double and float straddle a bf16 rounding
+  // boundary (one bf16 ulp, 2^-8 relative), so 2^-7 leaves margin (expect_close_floor: parameters
+  // move by <= ~0.12 over the 6 steps, so a value now small was at most ~0.25 when it flipped; the
+  // moments' scale is their RMS). A wrong formula (bias correction, decay) is off by >= 1e-2.
+  const size_t N = 512;
+  std::vector<bf16> p = to_bf16(randn(N, 4));
+  const AdamW rule{2e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  ExpertOptimizer opt(rule);
+  opt.register_tensor("w", view(p, {N}), false, DType::bf16);
+  AdamWRef ref{{}, std::vector<double>(N), std::vector<double>(N)};
+  for (bf16 x : p) ref.p.push_back(bf16_to_float(x));
+  for (int s = 0; s < 6; ++s) {
+    std::vector<bf16> g = to_bf16(randn(N, 400 + s));
+    std::vector<float> gf(N);
+    for (size_t i = 0; i < N; ++i) gf[i] = bf16_to_float(g[i]);
+    opt.step("w", view(g, {N}));
+    ref.step(rule, gf);
+    for (size_t i = 0; i < N; ++i) {
+      ref.p[i] = round_bf16(ref.p[i]);
+      ref.m[i] = round_bf16(ref.m[i]);
+      ref.v[i] = round_bf16(ref.v[i]);
+    }
+    std::vector<float> pf(N);
+    for (size_t i = 0; i < N; ++i) pf[i] = bf16_to_float(p[i]);
+    expect_close_floor(pf, ref.p, 0x1p-7, 0.25);
+    expect_close_floor(state_as_float(opt, "w", StateKind::exp_avg), ref.m, 0x1p-7, rms(ref.m));
+    expect_close_floor(state_as_float(opt, "w", StateKind::exp_avg_sq), ref.v, 0x1p-7, rms(ref.v));
+  }
+}
+
+TEST(Optim, Bf16MomentumSgdMatchesRoundedDoubleReference) {
+  const size_t N = 256;
+  std::vector<bf16> p = to_bf16(randn(N, 5));
+  const SGD rule{5e-2f, 0.9f, 1e-3f, true};
+  ExpertOptimizer opt(rule);
+  opt.register_tensor("w", view(p, {N}), false, DType::bf16);
+  EXPECT_EQ(opt.state("w", StateKind::momentum).dtype, DType::bf16);
+  std::vector<double> rp(N), rb(N);
+  for (size_t i = 0; i < N; ++i) rp[i] = bf16_to_float(p[i]);
+  for (int s = 0; s < 5; ++s) {
+    std::vector<bf16> g = to_bf16(randn(N, 500 + s));
+    opt.step("w", view(g, {N}));
+    for (size_t i = 0; i < N; ++i) {
+      const double gi = double(bf16_to_float(g[i])) + double(rule.weight_decay) * rp[i];
+      const double b = double(rule.momentum) * rb[i] + gi;
+      rp[i] = round_bf16(rp[i] - double(rule.lr) * (gi + double(rule.momentum) * b));
+      rb[i] = round_bf16(b);
+    }
+    std::vector<float> pf(N);
+    for (size_t i = 0; i < N; ++i) pf[i] = bf16_to_float(p[i]);
+    expect_close_floor(pf, rp, 0x1p-7, 0.5);
+    expect_close_floor(state_as_float(opt, "w", StateKind::momentum), rb, 0x1p-7, rms(rb));
+  }
+}
+
+TEST(Optim, Bf16MomentsSaveLoadAndRules) {
+  std::vector<bf16> wa = to_bf16(randn(32, 6)), wb = wa;
+  const AdamW rule{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  ExpertOptimizer a(rule);
+  a.register_tensor("w", view(wa, {4, 8}), false, DType::bf16);
+  auto train = [](ExpertOptimizer& o, int steps, uint64_t seed) {
+    for (int s = 0; s < steps; ++s) {
+      std::vector<bf16> g = to_bf16(randn(32, seed + s));
+      o.step("w", view(g, {4, 8}));
+    }
+  };
+  train(a, 3, 20);
+  std::stringstream saved;
+  a.save(saved);
+  wb = wa;
+  ExpertOptimizer b(rule);
+  b.register_tensor("w", view(wb, {4, 8}), false, DType::bf16);
+  b.load(saved);
+  train(a, 3, 40);
+  train(b, 3, 40);
+  ASSERT_EQ(std::memcmp(wa.data(), wb.data(), wa.size() * sizeof(bf16)), 0);
+  std::stringstream sa, sb;
+  a.save(sa);
+  b.save(sb);
+  EXPECT_EQ(sa.str(), sb.str());
+  {  // a bf16-moment state does not load where f32 moments are kept (and the other way round)
+    std::vector<bf16> wc = wa;
+    ExpertOptimizer c(rule);
+    c.register_tensor("w", view(wc, {4, 8}));
+    std::stringstream in(sa.str());
+    try {
+      c.load(in);
+      ADD_FAILURE() << "loaded bf16 moments into f32 ones";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("moment dtype differs"), std::string::npos) << e.what();
+    }
+    std::stringstream f32_state;
+    c.save(f32_state);
+    try {
+      b.load(f32_state);
+      ADD_FAILURE() << "loaded f32 moments into bf16 ones";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("saved as f32, kept here as bf16"), std::string::npos) << e.what();
+    }
+  }
+  // Unsupported combinations name the argument.
+  std::vector<float> f(8);
+  ExpertOptimizer o(rule);
+  auto expect_moments_error = [&](auto call, const char* needle) {
+    try {
+      call();
+      ADD_FAILURE() << "expected an Error containing '" << needle << "'";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("argument 'moments'"), std::string::npos) << what;
+      EXPECT_NE(what.find(needle), std::string::npos) << what;
+    }
+  };
+  expect_moments_error([&] { o.register_tensor("f", view(f, {8}), false, DType::bf16); }, "bf16 parameters only");
+  expect_moments_error([&] { o.register_tensor("m", view(wa, {4, 8}), true, DType::bf16); }, "master");
+  expect_moments_error([&] { o.register_tensor("i", view(wa, {4, 8}), false, DType::i32); }, "f32 or bf16");
+  EXPECT_FALSE(o.has_tensor("m"));
+}

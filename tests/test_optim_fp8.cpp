@@ -88,6 +88,12 @@ TEST(OptimFp8, AdamWCopyIsQuantizeOfTheUpdatedParameter) {
   run_cpu_case({"adamw + master, specials", kAdamW, true, 2, 256, 256, true, DType::bf16, true});
 }
 
+TEST(OptimFp8, Bf16MomentsCopyIsQuantizeOfTheUpdatedParameter) {
+  run_cpu_case({"adamw, bf16 moments, transposed", kAdamW, false, 3, 256, 384, true, DType::bf16, false, DType::bf16});
+  run_cpu_case({"adamw, bf16 moments, specials", kAdamW, false, 2, 256, 256, true, DType::bf16, true, DType::bf16});
+  run_cpu_case({"sgd, bf16 moments, f32 grad", kSgd, false, 2, 256, 128, true, DType::f32, false, DType::bf16});
+}
+
 TEST(OptimFp8, SgdCopyIsQuantizeOfTheUpdatedParameter) {
   run_cpu_case({"sgd momentum + master, transposed", kSgd, true, 3, 128, 384, true, DType::bf16, false});
   run_cpu_case({"sgd nesterov, f32 grad", SGD{0.05f, 0.9f, 1e-2f, true}, false, 2, 256, 128, true, DType::f32, false});
@@ -153,19 +159,20 @@ TEST(OptimFp8, SetFp8CopyRules) {
 // ExpertOptimizer::step, parameter, state and FP8 copy, over several steps; and its argument rules.
 namespace {
 struct CallerState {
-  std::vector<float> m, v, master;
-  UpdateState view(int64_t numel, bool adamw, bool momentum, bool with_master) {
+  std::vector<float> m, v, master;  // m and v hold bf16 moments in their first half
+  UpdateState view(int64_t numel, bool adamw, bool momentum, bool with_master, DType moments) {
     UpdateState s;
-    auto t = [&](std::vector<float>& b) { return Tensor::contiguous(b.data(), DType::f32, Device::cpu, {numel}); };
-    if (adamw || momentum) s.exp_avg = t(m);
-    if (adamw) s.exp_avg_sq = t(v);
+    s.moments = moments;
+    auto t = [&](std::vector<float>& b, DType dt) { return Tensor::contiguous(b.data(), dt, Device::cpu, {numel}); };
+    if (adamw || momentum) s.exp_avg = t(m, moments);
+    if (adamw) s.exp_avg_sq = t(v, moments);
     if (!adamw && momentum) s.momentum = std::exchange(s.exp_avg, Tensor{});
-    if (with_master) s.master = t(master);
+    if (with_master) s.master = t(master, DType::f32);
     return s;
   }
 };
 
-void check_update_tensor_equals_step(const Rule& rule, bool with_master) {
+void check_update_tensor_equals_step(const Rule& rule, bool with_master, DType moments = DType::f32) {
   const int64_t E = 2, R = 256, C = 128, numel = E * R * C;
   std::vector<bf16> ours(static_cast<size_t>(numel)), theirs;
   std::vector<bf16> grad(static_cast<size_t>(numel));
@@ -177,7 +184,7 @@ void check_update_tensor_equals_step(const Rule& rule, bool with_master) {
   const bool momentum = !adamw && std::get<SGD>(rule).momentum != 0.f;
   CallerState st{std::vector<float>(static_cast<size_t>(numel)), std::vector<float>(static_cast<size_t>(numel)), {}};
   for (int64_t i = 0; i < numel; ++i) st.master.push_back(bf16_to_float(ours[size_t(i)]));
-  const UpdateState state = st.view(numel, adamw, momentum, with_master);
+  const UpdateState state = st.view(numel, adamw, momentum, with_master, moments);
   std::vector<uint8_t> codes[2], codes_t[2];
   std::vector<float> scales[2], scales_t[2];
   Fp8Copy copy[2];
@@ -189,7 +196,7 @@ void check_update_tensor_equals_step(const Rule& rule, bool with_master) {
   const Tensor p = Tensor::contiguous(ours.data(), DType::bf16, Device::cpu, {E, R, C});
   const Tensor q = Tensor::contiguous(theirs.data(), DType::bf16, Device::cpu, {E, R, C});
   ExpertOptimizer opt(rule);
-  opt.register_tensor("w", q, with_master);
+  opt.register_tensor("w", q, with_master, moments);
   opt.set_fp8_copy("w", copy[1]);
   for (int t = 1; t <= 3; ++t) {
     SCOPED_TRACE("step " + std::to_string(t));
@@ -220,6 +227,8 @@ TEST(OptimFp8, UpdateTensorEqualsExpertOptimizerStep) {
   check_update_tensor_equals_step(kAdamW, true);
   check_update_tensor_equals_step(kSgd, true);
   check_update_tensor_equals_step(SGD{0.5f, 0.f, 0.f, false}, false);
+  check_update_tensor_equals_step(kAdamW, false, DType::bf16);
+  check_update_tensor_equals_step(kSgd, false, DType::bf16);
 }
 
 TEST(OptimFp8, UpdateTensorRules) {
@@ -255,6 +264,25 @@ TEST(OptimFp8, UpdateTensorRules) {
   expect_error([&] { update_tensor(kAdamW, 1, pf, grad, bad); }, {"'state.master'", "bf16 parameters"});
   expect_error([&] { update_tensor(kAdamW, 1, pf, grad, adam, copy); }, {"update_tensor", "'param'", "bf16"});
   expect_error([&] { update_tensor(kAdamW, 1, p, Tensor{}, adam); }, {"'grad'", "defined"});
+  // The moment dtype is explicit: f32 tensors under state.moments = bf16 are refused, and so are bf16
+  // moments for f32 parameters or with a master copy.
+  bad = adam;
+  bad.moments = DType::bf16;
+  expect_error([&] { update_tensor(kAdamW, 1, p, grad, bad); }, {"'state.exp_avg'", "bf16", "state.moments", "f32[16384]"});
+  expect_error([&] { update_tensor(kAdamW, 1, pf, grad, bad); }, {"update_tensor", "'moments'", "bf16 parameters only"});
+  bad.master = f32(wf, numel);
+  expect_error([&] { update_tensor(kAdamW, 1, p, grad, bad); }, {"update_tensor", "'moments'", "master"});
+  bad = adam;
+  bad.moments = DType::i32;
+  expect_error([&] { update_tensor(kAdamW, 1, p, grad, bad); }, {"'moments'", "f32 or bf16", "i32"});
+  {  // bf16 moments: the valid call
+    std::vector<bf16> mb(count), vb(count);
+    UpdateState b16;
+    b16.moments = DType::bf16;
+    b16.exp_avg = Tensor::contiguous(mb.data(), DType::bf16, Device::cpu, {numel});
+    b16.exp_avg_sq = Tensor::contiguous(vb.data(), DType::bf16, Device::cpu, {numel});
+    update_tensor(kAdamW, 2, p, grad, b16, copy);
+  }
   expect_error([&] { write_fp8_copy(pf, copy); }, {"write_fp8_copy", "'param'", "bf16"});
   expect_error([&] { write_fp8_copy(p, {1, 128, 256, codes.data(), scales.data(), nullptr, nullptr}); },
                {"write_fp8_copy", "'copy'", "numel"});

@@ -2,7 +2,9 @@
 //
 // ExpertOptimizer: AdamW or SGD-with-momentum over whole batched expert tensors ([E, 2n, d] or
 // [E, d, n]); one fused, element-wise update per tensor (threaded on the CPU, one launch on the
-// GPU). fp32 moments; bf16 parameters with or without an fp32 master copy, or fp32 parameters.
+// GPU). fp32 moments, or bf16 moments for bf16 parameters (what torch's fused AdamW keeps for them:
+// the math in fp32, the moments rounded to bf16 when stored); bf16 parameters with or without an
+// fp32 master copy, or fp32 parameters.
 //
 // MoEStack: L MoE layers trained end to end in one of two modes with identical results, bit for bit:
 //   standard     every layer's dW1/dW2 is materialised, then step() updates every expert tensor;
@@ -79,16 +81,26 @@ class Fp8WeightBuffers {
   Fp8ExpertWeights weights_;
 };
 
-// Per-tensor state buffers (fp32, same numel as the parameter).
+// Per-tensor state buffers (same numel as the parameter): the moments (exp_avg, exp_avg_sq,
+// momentum) in the tensor's moment dtype, the master in fp32.
 enum class StateKind { exp_avg, exp_avg_sq, momentum, master };
 const char* state_kind_name(StateKind);
 
+// The dtype the moments are stored in (the update computes in fp32 either way). bf16 halves the
+// update's moment traffic (AdamW, bf16 parameters: 14 instead of 22 bytes moved per element) and
+// keeps the state of torch.optim.AdamW over the same bf16 parameters. Rules (else an Error naming
+// the argument): f32 or bf16; bf16 only for bf16 parameters without an fp32 master copy (a master
+// asks for fp32 state).
+void check_moment_dtype(const std::string& fn, DType moments, DType param, bool master);
+
 // One tensor's optimizer state kept by the caller, for update_tensor (a front that owns its state,
-// e.g. the PyTorch ExpertAdamW): each fp32, contiguous, of the parameter's numel, on its device.
+// e.g. the PyTorch ExpertAdamW): each contiguous, of the parameter's numel, on its device; the
+// moments of dtype `moments` (check_moment_dtype's rules), the master fp32.
 struct UpdateState {
   Tensor exp_avg, exp_avg_sq;  // AdamW: both; SGD: neither
   Tensor momentum;             // SGD with momentum != 0; else undefined
   Tensor master;               // optional, bf16 parameters only: the fp32 master copy (as register_tensor's)
+  DType moments = DType::f32;  // the dtype of exp_avg, exp_avg_sq and momentum
 };
 
 // The update ExpertOptimizer::step runs, on caller-owned state: `t` is the tensor's step count after
@@ -118,8 +130,10 @@ class ExpertOptimizer {
   // Registers a parameter (contiguous bf16 or f32, any shape) under a unique name. The optimizer
   // keeps the view and updates that memory in place; state is allocated on the parameter's device
   // and zeroed. fp32_master (bf16 parameters only): keep an fp32 copy, initialised from `param`,
-  // which the update reads and writes; the parameter then receives bf16(master).
-  void register_tensor(const std::string& name, const Tensor& param, bool fp32_master = false);
+  // which the update reads and writes; the parameter then receives bf16(master). moments: the
+  // dtype the moments are kept in (check_moment_dtype's rules).
+  void register_tensor(const std::string& name, const Tensor& param, bool fp32_master = false,
+                       DType moments = DType::f32);
   bool has_tensor(const std::string& name) const;
   std::vector<std::string> names() const;  // in registration order
 
@@ -139,13 +153,13 @@ class ExpertOptimizer {
   void step(const std::string& name, const Tensor& grad, float grad_scale = 1.f, Stream stream = nullptr);
   int64_t step_count(const std::string& name) const;
 
-  // A view of one state buffer of `name` (undefined when that rule/tensor has none).
+  // A view of one state buffer of `name` (undefined when that rule/tensor has none), in its dtype.
   Tensor state(const std::string& name, StateKind kind) const;
   size_t state_bytes() const;  // all state buffers together
 
   // Hyper-parameters, and for every tensor: name, dtype, shape, step count, moments, master copy.
   // load() restores it bit for bit into an optimizer whose registered tensors have the same names,
-  // dtypes and shapes (else an Error naming the tensor); parameters themselves are not touched.
+  // dtypes, shapes and moment dtypes (else an Error naming the tensor); parameters are not touched.
   void save(std::ostream& out) const;
   void load(std::istream& in);
 
@@ -167,6 +181,7 @@ struct StackOptions {
   ExpertUpdateMode mode = ExpertUpdateMode::in_backward;
   Rule expert_rule = AdamW{};
   bool fp32_master = false;            // bf16 stacks: fp32 master copies of the expert weights
+  DType expert_moments = DType::f32;  // the expert optimizer's moment dtype (check_moment_dtype)
   Rule dense_rule = AdamW{};           // the router weights (dense parameters)
   float dense_max_grad_norm = 0.f;     // global-norm clipping over the router gradients; 0 = off
   // Summing gradients over several backward() calls before step(). Incompatible with in_backward

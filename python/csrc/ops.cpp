@@ -274,7 +274,8 @@ constexpr int64_t kMasterChunk = int64_t(1) << 24;
 
 // Which arithmetic steps a tensor (leanmoe.optim.ExpertAdamW picks it per tensor): "torch", torch's
 // fused AdamW kernel (torch.optim.AdamW(fused=True)'s bits), or "leanmoe", the core's fused update
-// (leanmoe::optim::update_tensor, the C++ ExpertOptimizer's AdamW: fp32 moments, the step count on
+// (leanmoe::optim::update_tensor, the C++ ExpertOptimizer's AdamW: moments of exp_avg's dtype, fp32
+// or bf16 (what ExpertAdamW keeps for bf16 weights without a master), the step count on
 // the host, the same bits on CPU and GPU), which also writes the tensor's FP8 copy in its pass (the
 // expert weights of leanmoe.MoE(precision="fp8") take it).
 enum class UpdateKernel { torch, leanmoe };
@@ -297,6 +298,7 @@ void leanmoe_adamw_update(const at::Tensor& param, const at::Tensor& grad, const
   leanmoe::optim::UpdateState state;
   state.exp_avg = view_of(exp_avg, "exp_avg");
   state.exp_avg_sq = view_of(exp_avg_sq, "exp_avg_sq");
+  state.moments = state.exp_avg.dtype;  // the core checks exp_avg_sq against it
   if (master && master->defined()) state.master = view_of(*master, "master");
   const at::Tensor g = grad.contiguous();
   const leanmoe::optim::AdamW rule{float(hp.lr), float(hp.beta1), float(hp.beta2), float(hp.eps),

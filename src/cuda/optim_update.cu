@@ -43,16 +43,16 @@ int grid_for(int64_t work_items) {
   return int(std::clamp<int64_t>(wanted, 1, int64_t(blocks_per_sm) * sm_count()));
 }
 
-template <Rule R, class P, class G>
+template <Rule R, class P, class G, class M>
 void launch(const UpdateArgs& a, cudaStream_t stream) {
   constexpr int V = 16 / sizeof(P);  // 8 bf16 or 4 fp32 parameters per 16-byte access
   const bool vector = aligned16(a.param) && aligned16(a.grad) && aligned16(a.master) && aligned16(a.m) &&
                       aligned16(a.v);
   if (vector) {
-    constexpr auto kernel = cuda::optim::fused_update_kernel<R, P, G, V>;
+    constexpr auto kernel = cuda::optim::fused_update_kernel<R, P, G, M, V>;
     kernel<<<grid_for<kernel>(a.numel / V + a.numel % V), kThreads, 0, stream>>>(a);
   } else {  // a view into the middle of a buffer: same math, element by element
-    constexpr auto kernel = cuda::optim::fused_update_kernel<R, P, G, 1>;
+    constexpr auto kernel = cuda::optim::fused_update_kernel<R, P, G, M, 1>;
     kernel<<<grid_for<kernel>(a.numel), kThreads, 0, stream>>>(a);
   }
   LEANMOE_CUDA_CHECK_LAUNCH("fused_update_kernel");
@@ -60,21 +60,29 @@ void launch(const UpdateArgs& a, cudaStream_t stream) {
 
 // The update with the FP8 copy: a CTA per 128 x 128 block of the bf16 parameter. Alignment (16 bytes
 // for every pointer) and the grid size were checked by ExpertOptimizer::set_fp8_copy and step.
-template <Rule R, class G>
+template <Rule R, class G, class M>
 void launch_fp8(const UpdateArgs& a, const cuda::optim::Fp8Args& q, int64_t E, cudaStream_t stream) {
   const int64_t blocks = E * (q.R / fp8::kTile) * (q.C / fp8::kTile);
-  cuda::optim::fused_update_fp8_kernel<R, G><<<unsigned(blocks), cuda::kernels::kBlockThreads, 0, stream>>>(a, q);
+  cuda::optim::fused_update_fp8_kernel<R, G, M><<<unsigned(blocks), cuda::kernels::kBlockThreads, 0, stream>>>(a, q);
   LEANMOE_CUDA_CHECK_LAUNCH("fused_update_fp8_kernel");
 }
 
+// bf16 moments come only with bf16 parameters (check_moment_dtype), so 6 instantiations, not 8.
 template <Rule R>
-void launch_typed(const UpdateArgs& a, DType param, DType grad, cudaStream_t stream) {
+void launch_typed(const UpdateArgs& a, DType param, DType grad, DType moments, cudaStream_t stream) {
   using bf = __nv_bfloat16;
   const bool p16 = param == DType::bf16, g16 = grad == DType::bf16;
-  if (p16 && g16) return launch<R, bf, bf>(a, stream);
-  if (p16) return launch<R, bf, float>(a, stream);
-  if (g16) return launch<R, float, bf>(a, stream);
-  launch<R, float, float>(a, stream);
+  if (moments == DType::bf16) return g16 ? launch<R, bf, bf, bf>(a, stream) : launch<R, bf, float, bf>(a, stream);
+  if (p16 && g16) return launch<R, bf, bf, float>(a, stream);
+  if (p16) return launch<R, bf, float, float>(a, stream);
+  if (g16) return launch<R, float, bf, float>(a, stream);
+  launch<R, float, float, float>(a, stream);
+}
+
+template <Rule R, class M>
+void launch_fp8_typed(const UpdateArgs& a, const cuda::optim::Fp8Args& q, int64_t E, DType grad, cudaStream_t stream) {
+  if (grad == DType::bf16) return launch_fp8<R, __nv_bfloat16, M>(a, q, E, stream);
+  launch_fp8<R, float, M>(a, q, E, stream);
 }
 
 }  // namespace
@@ -103,22 +111,24 @@ void fused_update_cuda(const FusedUpdate& u) {
   const auto stream = static_cast<cudaStream_t>(u.stream);
   if (u.fp8.codes) {  // bf16 parameter (ExpertOptimizer::set_fp8_copy checked the copy's arguments)
     const cuda::optim::Fp8Args q{u.fp8.R, u.fp8.C, u.fp8.codes, u.fp8.scales, u.fp8.codes_t, u.fp8.scales_t};
-    const bool g16 = u.grad.dtype == DType::bf16;
-    using bf = __nv_bfloat16;
-    if (u.kind == UpdateKind::adamw)
-      return g16 ? launch_fp8<Rule::adamw, bf>(a, q, u.fp8.E, stream) : launch_fp8<Rule::adamw, float>(a, q, u.fp8.E, stream);
-    return g16 ? launch_fp8<Rule::sgd, bf>(a, q, u.fp8.E, stream) : launch_fp8<Rule::sgd, float>(a, q, u.fp8.E, stream);
+    const bool adamw = u.kind == UpdateKind::adamw, m16 = u.moments == DType::bf16;
+    const DType g = u.grad.dtype;
+    if (m16)
+      return adamw ? launch_fp8_typed<Rule::adamw, __nv_bfloat16>(a, q, u.fp8.E, g, stream)
+                   : launch_fp8_typed<Rule::sgd, __nv_bfloat16>(a, q, u.fp8.E, g, stream);
+    return adamw ? launch_fp8_typed<Rule::adamw, float>(a, q, u.fp8.E, g, stream)
+                 : launch_fp8_typed<Rule::sgd, float>(a, q, u.fp8.E, g, stream);
   }
   if (u.kind == UpdateKind::adamw)
-    launch_typed<Rule::adamw>(a, u.param.dtype, u.grad.dtype, stream);
+    launch_typed<Rule::adamw>(a, u.param.dtype, u.grad.dtype, u.moments, stream);
   else
-    launch_typed<Rule::sgd>(a, u.param.dtype, u.grad.dtype, stream);
+    launch_typed<Rule::sgd>(a, u.param.dtype, u.grad.dtype, u.moments, stream);
 }
 
 // Setup only (registration), so these finish before returning: the state is ready for a step on
 // any stream, blocking or not.
-void zero_state_cuda(float* state, int64_t numel) {
-  LEANMOE_CUDA_CHECK(cudaMemsetAsync(state, 0, size_t(numel) * sizeof(float), nullptr));
+void zero_state_cuda(void* state, size_t bytes) {
+  LEANMOE_CUDA_CHECK(cudaMemsetAsync(state, 0, bytes, nullptr));
   LEANMOE_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 

@@ -67,17 +67,35 @@ Rule get_rule(std::istream& in) {
 }
 
 const char* rule_name(const Rule& r) { return r.index() == 0 ? "AdamW" : "SGD"; }
+
+// save()'s byte per state buffer: absent, or present with its dtype (files from before bf16
+// moments hold 1, fp32, for every present buffer, and still load).
+uint8_t state_flag(const Buffer& b, DType dtype) { return b.data() ? (dtype == DType::bf16 ? 2 : 1) : 0; }
 }  // namespace
+
+void check_moment_dtype(const std::string& fn, DType moments, DType param, bool master) {
+  if (moments != DType::f32 && moments != DType::bf16)
+    throw Error(fn + "argument 'moments': the moment dtype must be f32 or bf16, got " + dtype_name(moments));
+  if (moments != DType::bf16) return;
+  if (param != DType::bf16)
+    throw Error(fn + "argument 'moments': bf16 moments are for bf16 parameters only, the parameter is " +
+                dtype_name(param));
+  if (master)
+    throw Error(fn + "argument 'moments': bf16 moments with an fp32 master copy are not supported (the "
+                "master asks for fp32 state: use f32 moments)");
+}
 
 struct ExpertOptimizer::Slot {
   std::string name;
   Tensor param;
   int64_t step = 0;
-  Buffer state[4];  // indexed by StateKind; empty when absent
-  Fp8Copy fp8;      // written by every step when fp8.codes is not null
+  DType moments = DType::f32;  // of exp_avg, exp_avg_sq, momentum (the master is fp32)
+  Buffer state[4];             // indexed by StateKind; empty when absent
+  Fp8Copy fp8;                 // written by every step when fp8.codes is not null
 
   Buffer& buf(StateKind k) { return state[int(k)]; }
-  float* ptr(StateKind k) { return static_cast<float*>(buf(k).data()); }
+  void* ptr(StateKind k) { return buf(k).data(); }
+  DType dtype(StateKind k) const { return k == StateKind::master ? DType::f32 : moments; }
 };
 
 ExpertOptimizer::ExpertOptimizer(Rule rule) : rule_(rule) {}
@@ -108,7 +126,8 @@ std::vector<std::string> ExpertOptimizer::names() const {
   return out;
 }
 
-void ExpertOptimizer::register_tensor(const std::string& name, const Tensor& param, bool fp32_master) {
+void ExpertOptimizer::register_tensor(const std::string& name, const Tensor& param, bool fp32_master,
+                                      DType moments) {
   const std::string fn = "ExpertOptimizer::register_tensor: tensor '" + name + "': ";
   if (has_tensor(name)) throw Error(fn + "argument 'name': already registered");
   if (param.data == nullptr || param.numel() <= 0)
@@ -118,16 +137,18 @@ void ExpertOptimizer::register_tensor(const std::string& name, const Tensor& par
   if (!param.is_contiguous()) throw Error(fn + "argument 'param': must be contiguous, got " + param.describe());
   if (fp32_master && param.dtype != DType::bf16)
     throw Error(fn + "argument 'fp32_master': a master copy is only for bf16 parameters, got " + param.describe());
+  check_moment_dtype(fn, moments, param.dtype, fp32_master);
 
   auto s = std::make_unique<Slot>();
   s->name = name;
   s->param = param;
+  s->moments = moments;
   const int64_t numel = param.numel();
-  const size_t bytes = size_t(numel) * sizeof(float);
   // Initialised on the device itself: a 16-layer OLMoE-shaped stack holds ~50 GB of AdamW moments.
   auto zeroed = [&](StateKind k) {
+    const size_t bytes = size_t(numel) * dtype_size(moments);
     s->buf(k) = Buffer(param.device, bytes);
-    detail::zero_state(param.device, s->ptr(k), numel);
+    detail::zero_state(param.device, s->ptr(k), bytes);
   };
   if (std::holds_alternative<AdamW>(rule_)) {
     zeroed(StateKind::exp_avg);
@@ -136,8 +157,8 @@ void ExpertOptimizer::register_tensor(const std::string& name, const Tensor& par
     zeroed(StateKind::momentum);
   }
   if (fp32_master) {
-    s->buf(StateKind::master) = Buffer(param.device, bytes);
-    detail::master_from_bf16(param.device, param.ptr<bf16>(), s->ptr(StateKind::master), numel);
+    s->buf(StateKind::master) = Buffer(param.device, size_t(numel) * sizeof(float));
+    detail::master_from_bf16(param.device, param.ptr<bf16>(), static_cast<float*>(s->ptr(StateKind::master)), numel);
   }
   index_[name] = slots_.size();
   slots_.push_back(std::move(s));
@@ -188,9 +209,9 @@ void check_grad(const std::string& fn, const Tensor& p, const Tensor& grad, bool
 }
 
 // The fused update of p at step t (arguments checked by the caller). m: AdamW exp_avg or SGD momentum
-// (nullptr: none), v: AdamW exp_avg_sq.
-void run_update(const Rule& rule, int64_t t, const Tensor& p, const Tensor& grad, float* m, float* v, float* master,
-                const Fp8Copy& fp8, float grad_scale, Stream stream) {
+// (nullptr: none), v: AdamW exp_avg_sq, both of dtype `moments`.
+void run_update(const Rule& rule, int64_t t, const Tensor& p, const Tensor& grad, void* m, void* v, DType moments,
+                float* master, const Fp8Copy& fp8, float grad_scale, Stream stream) {
   detail::FusedUpdate u;
   u.param = p;
   u.grad = grad;
@@ -199,6 +220,7 @@ void run_update(const Rule& rule, int64_t t, const Tensor& p, const Tensor& grad
   u.fp8 = fp8;
   u.stream = stream;
   u.m = m;
+  u.moments = moments;
   if (const AdamW* a = std::get_if<AdamW>(&rule)) {
     // Step scalars in double, rounded once: the per-element math stays in float on every device.
     const double bc1 = 1.0 - std::pow(double(a->beta1), double(t));
@@ -238,7 +260,8 @@ void ExpertOptimizer::step(const std::string& name, const Tensor& grad, float gr
   const int64_t t = s.step + 1;
   const bool adamw = std::holds_alternative<AdamW>(rule_);
   run_update(rule_, t, s.param, grad, s.ptr(adamw ? StateKind::exp_avg : StateKind::momentum),
-             adamw ? s.ptr(StateKind::exp_avg_sq) : nullptr, s.ptr(StateKind::master), s.fp8, grad_scale, stream);
+             adamw ? s.ptr(StateKind::exp_avg_sq) : nullptr, s.moments, static_cast<float*>(s.ptr(StateKind::master)),
+             s.fp8, grad_scale, stream);
   s.step = t;
 }
 
@@ -251,28 +274,32 @@ void update_tensor(const Rule& rule, int64_t t, const Tensor& param, const Tenso
   if (t < 1) throw Error(fn + "argument 't': the step count after this update must be >= 1, got " + std::to_string(t));
   const bool adamw = std::holds_alternative<AdamW>(rule);
   const bool momentum = !adamw && std::get<SGD>(rule).momentum != 0.f;
-  auto state_buffer = [&](const char* arg, const Tensor& b, bool wanted, const char* why) -> float* {
+  if (state.master.defined() && param.dtype != DType::bf16)
+    throw Error(fn + "argument 'state.master': a master copy is only for bf16 parameters, got " + param.describe());
+  check_moment_dtype(fn, state.moments, param.dtype, state.master.defined());
+  auto state_buffer = [&](const char* arg, const Tensor& b, bool wanted, const char* why, DType dtype) -> void* {
     if (!wanted) {
       if (b.defined()) throw Error(fn + "argument '" + arg + "': must be undefined " + why + ", got " + b.describe());
       return nullptr;
     }
-    if (b.data == nullptr || b.dtype != DType::f32 || b.numel() != param.numel() || !b.is_contiguous() ||
+    if (b.data == nullptr || b.dtype != dtype || b.numel() != param.numel() || !b.is_contiguous() ||
         b.device != param.device || b.device_index != param.device_index)
-      throw Error(fn + "argument '" + arg + "': must be a contiguous f32 tensor of the parameter's numel (" +
-                  std::to_string(param.numel()) + ") on its device, got " + b.describe());
-    return b.ptr<float>();
+      throw Error(fn + "argument '" + arg + "': must be a contiguous " + dtype_name(dtype) +
+                  " tensor (state.moments) of the parameter's numel (" + std::to_string(param.numel()) +
+                  ") on its device, got " + b.describe());
+    return b.data;
   };
-  float* m = adamw ? state_buffer("state.exp_avg", state.exp_avg, true, "")
-                   : state_buffer("state.momentum", state.momentum, momentum, "(SGD with momentum 0 keeps no buffer)");
-  float* v = state_buffer("state.exp_avg_sq", state.exp_avg_sq, adamw, "(SGD keeps no second moment)");
-  if (!adamw) state_buffer("state.exp_avg", state.exp_avg, false, "(SGD keeps no AdamW moment)");
-  else state_buffer("state.momentum", state.momentum, false, "(AdamW keeps no momentum buffer)");
-  if (state.master.defined() && param.dtype != DType::bf16)
-    throw Error(fn + "argument 'state.master': a master copy is only for bf16 parameters, got " + param.describe());
-  float* master = state_buffer("state.master", state.master, state.master.defined(), "");
+  const DType md = state.moments;
+  void* m = adamw ? state_buffer("state.exp_avg", state.exp_avg, true, "", md)
+                  : state_buffer("state.momentum", state.momentum, momentum, "(SGD with momentum 0 keeps no buffer)", md);
+  void* v = state_buffer("state.exp_avg_sq", state.exp_avg_sq, adamw, "(SGD keeps no second moment)", md);
+  if (!adamw) state_buffer("state.exp_avg", state.exp_avg, false, "(SGD keeps no AdamW moment)", md);
+  else state_buffer("state.momentum", state.momentum, false, "(AdamW keeps no momentum buffer)", md);
+  auto* master = static_cast<float*>(
+      state_buffer("state.master", state.master, state.master.defined(), "", DType::f32));
   check_grad(fn + "argument 'grad': ", param, grad, fp8.codes != nullptr);
   if (fp8.codes) check_fp8_copy(fn, param, fp8);
-  run_update(rule, t, param, grad, m, v, master, fp8, grad_scale, stream);
+  run_update(rule, t, param, grad, m, v, md, master, fp8, grad_scale, stream);
 }
 
 void write_fp8_copy(const Tensor& param, const Fp8Copy& copy, Stream stream) {
@@ -290,7 +317,7 @@ Tensor ExpertOptimizer::state(const std::string& name, StateKind kind) const {
   if (!s.buf(kind).data()) return t;
   t = s.param;
   t.data = s.buf(kind).data();
-  t.dtype = DType::f32;
+  t.dtype = s.dtype(kind);
   return t;
 }
 
@@ -302,7 +329,7 @@ size_t ExpertOptimizer::state_bytes() const {
 }
 
 // Format (host byte order): magic, rule, tensor count, then per tensor: name, dtype, shape, step,
-// and each state buffer's presence flag and raw fp32 bytes.
+// and each state buffer's flag (state_flag: absent, fp32, bf16) and raw bytes.
 void ExpertOptimizer::save(std::ostream& out) const {
   out.write(kMagic, sizeof(kMagic));
   put_rule(out, rule_);
@@ -316,7 +343,7 @@ void ExpertOptimizer::save(std::ostream& out) const {
     put<int64_t>(out, s->step);
     for (StateKind k : kAllKinds) {
       const Buffer& b = s->buf(k);
-      put<uint8_t>(out, b.data() != nullptr);
+      put<uint8_t>(out, state_flag(b, s->dtype(k)));
       if (!b.data()) continue;
       std::vector<char> host(b.bytes());
       copy_to_host(b.device(), host.data(), b.data(), b.bytes());
@@ -370,12 +397,17 @@ void ExpertOptimizer::load(std::istream& in) {
                   s.param.shape_str());
     Loaded l{&s, get<int64_t>(in), {}};
     for (StateKind k : kAllKinds) {
-      const bool present = get<uint8_t>(in) != 0;
+      const uint8_t flag = get<uint8_t>(in);
+      const bool present = flag != 0;
       if (present != (s.buf(k).data() != nullptr))
         throw Error("ExpertOptimizer::load: tensor '" + name + "': state '" + state_kind_name(k) + "' is " +
                     (present ? "saved but not kept here" : "kept here but not saved") +
                     " (rule or fp32_master differs)");
       if (!present) continue;
+      if (flag != state_flag(s.buf(k), s.dtype(k)))
+        throw Error("ExpertOptimizer::load: tensor '" + name + "': state '" + state_kind_name(k) + "' saved as " +
+                    (flag == 2 ? "bf16" : flag == 1 ? "f32" : "an unknown dtype") + ", kept here as " +
+                    dtype_name(s.dtype(k)) + " (the moment dtype differs)");
       std::vector<char>& bytes = l.state[int(k)];
       bytes.resize(s.buf(k).bytes());
       in.read(bytes.data(), std::streamsize(bytes.size()));

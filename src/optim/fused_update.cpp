@@ -16,39 +16,41 @@ inline float load(const bf16* p, int64_t i) { return bf16_to_float(p[i]); }
 inline void store(float* p, int64_t i, float v) { p[i] = v; }
 inline void store(bf16* p, int64_t i, float v) { p[i] = float_to_bf16(v); }
 
+// M: the moments' storage type (float or bf16).
+
 // Below this many elements a tensor is updated by one thread: spawning the team costs more than
 // the ~1 ns per element of the update itself.
 constexpr int64_t kParallelMin = int64_t(1) << 15;
 
-template <class P, class G>
+template <class P, class G, class M>
 void update_adamw(const FusedUpdate& u) {
   P* param = u.param.ptr<P>();
   const G* grad = u.grad.ptr<G>();
   float* master = u.master;
-  float* M = u.m;
-  float* V = u.v;
+  M* m_buf = static_cast<M*>(u.m);
+  M* v_buf = static_cast<M*>(u.v);
   const int64_t numel = u.param.numel();
 #pragma omp parallel for schedule(static) if (numel >= kParallelMin)
   for (int64_t i = 0; i < numel; ++i) {
     const float g = load(grad, i) * u.grad_scale;
     float p = master ? master[i] : load(param, i);
     p = p * u.decay;
-    const float m = u.beta1 * M[i] + u.one_minus_beta1 * g;
-    const float v = u.beta2 * V[i] + u.one_minus_beta2 * (g * g);
-    M[i] = m;
-    V[i] = v;
+    const float m = u.beta1 * load(m_buf, i) + u.one_minus_beta1 * g;
+    const float v = u.beta2 * load(v_buf, i) + u.one_minus_beta2 * (g * g);
+    store(m_buf, i, m);
+    store(v_buf, i, v);
     p = p - u.step_size * (m / (std::sqrt(v) * u.inv_sqrt_bc2 + u.eps));
     if (master) master[i] = p;
     store(param, i, p);
   }
 }
 
-template <class P, class G>
+template <class P, class G, class M>
 void update_sgd(const FusedUpdate& u) {
   P* param = u.param.ptr<P>();
   const G* grad = u.grad.ptr<G>();
   float* master = u.master;
-  float* buf = u.m;
+  M* buf = static_cast<M*>(u.m);
   const int64_t numel = u.param.numel();
 #pragma omp parallel for schedule(static) if (numel >= kParallelMin)
   for (int64_t i = 0; i < numel; ++i) {
@@ -57,8 +59,8 @@ void update_sgd(const FusedUpdate& u) {
     if (u.weight_decay != 0.f) g = g + u.weight_decay * p;
     float dir = g;
     if (buf) {
-      const float b = u.momentum * buf[i] + g;
-      buf[i] = b;
+      const float b = u.momentum * load(buf, i) + g;
+      store(buf, i, b);
       dir = u.nesterov ? g + u.momentum * b : b;
     }
     p = p - u.lr * dir;
@@ -67,19 +69,22 @@ void update_sgd(const FusedUpdate& u) {
   }
 }
 
-template <class P, class G>
+template <class P, class G, class M = float>
 void update_typed(const FusedUpdate& u) {
   if (u.kind == UpdateKind::adamw)
-    update_adamw<P, G>(u);
+    update_adamw<P, G, M>(u);
   else
-    update_sgd<P, G>(u);
+    update_sgd<P, G, M>(u);
 }
 
 }  // namespace
 
 void fused_update_cpu(const FusedUpdate& u) {
   const bool p16 = u.param.dtype == DType::bf16, g16 = u.grad.dtype == DType::bf16;
-  if (p16 && g16)
+  const bool m16 = u.moments == DType::bf16;  // bf16 parameters only (check_moment_dtype)
+  if (m16)
+    g16 ? update_typed<bf16, bf16, bf16>(u) : update_typed<bf16, float, bf16>(u);
+  else if (p16 && g16)
     update_typed<bf16, bf16>(u);
   else if (p16)
     update_typed<bf16, float>(u);
@@ -128,13 +133,13 @@ void fused_update(const FusedUpdate& u) {
 #endif
 }
 
-void zero_state(Device device, float* state, int64_t numel) {
+void zero_state(Device device, void* state, size_t bytes) {
   if (device == Device::cpu) {
-    std::memset(state, 0, size_t(numel) * sizeof(float));
+    std::memset(state, 0, bytes);
     return;
   }
 #if LEANMOE_OPTIM_CUDA_UPDATE
-  zero_state_cuda(state, numel);
+  zero_state_cuda(state, bytes);
 #else
   no_gpu_update("ExpertOptimizer::register_tensor", device);
 #endif

@@ -8,6 +8,8 @@
 //          dir = nesterov ? g + momentum*buf : (buf ? buf : g);  p = p - lr*dir
 // p is read from the fp32 master copy when there is one (and written back there; the parameter
 // then gets bf16(p)), else from the parameter (bf16 parameters are rounded back to bf16).
+// Moments (m, v, buf) are read into fp32 and, when kept in bf16, rounded to bf16 only when stored:
+// the parameter's step uses the fp32 values, as torch's fused AdamW does for bf16 moments.
 // No reduction anywhere: each element depends only on its own inputs, so any split across
 // threads or CUDA blocks gives the same bits.
 //
@@ -42,8 +44,9 @@ struct FusedUpdate {
   Tensor param;            // bf16 or f32, contiguous, updated in place
   Tensor grad;             // same numel, bf16 or f32, contiguous
   float* master = nullptr; // fp32 [numel] or nullptr
-  float* m = nullptr;      // AdamW exp_avg, or SGD momentum buffer (nullptr: momentum == 0)
-  float* v = nullptr;      // AdamW exp_avg_sq
+  void* m = nullptr;       // AdamW exp_avg, or SGD momentum buffer (nullptr: momentum == 0)
+  void* v = nullptr;       // AdamW exp_avg_sq
+  DType moments = DType::f32;  // of m and v: f32, or bf16 for bf16 parameters
   float grad_scale = 1.f;
   // AdamW
   float decay = 1.f;  // 1 - lr*weight_decay
@@ -62,9 +65,9 @@ struct FusedUpdate {
 void fused_update(const FusedUpdate& u);
 void fused_update_cpu(const FusedUpdate& u);
 
-// State initialisation on the state's device (register_tensor): zeroed fp32 buffer, and the fp32
+// State initialisation on the state's device (register_tensor): a zeroed buffer, and the fp32
 // master copy of bf16 parameters. Both have returned with the memory written.
-void zero_state(Device device, float* state, int64_t numel);
+void zero_state(Device device, void* state, size_t bytes);
 void master_from_bf16(Device device, const bf16* param, float* master, int64_t numel);
 
 // The FP8 copy of the bf16 parameter's current values (ExpertOptimizer::set_fp8_copy), on u.stream
@@ -76,7 +79,7 @@ bool on_device_of(const Tensor& param, const void* p);
 
 #if LEANMOE_OPTIM_CUDA_UPDATE
 void fused_update_cuda(const FusedUpdate& u);
-void zero_state_cuda(float* state, int64_t numel);
+void zero_state_cuda(void* state, size_t bytes);
 void master_from_bf16_cuda(const bf16* param, float* master, int64_t numel);
 void write_fp8_copy_cuda(const Tensor& param, const Fp8Copy& copy, Stream stream);
 int pointer_device_cuda(const void* p);  // the CUDA device holding p, or -1 for host memory

@@ -243,8 +243,10 @@ MoEStack::MoEStack(std::vector<MoEConfig> cfgs, int64_t T, DType dtype, Device d
     l.mem = std::make_unique<LayerMemory>(c, T, dtype, device);
     l.out = Buffer(device, size_t(T * d) * es);
     l.d_router = Buffer(device, size_t(c.E * d) * es);
-    m.experts.register_tensor(l.tensor(ExpertWeight::gate_up_proj), l.w.gate_up_proj, opt.fp32_master);
-    m.experts.register_tensor(l.tensor(ExpertWeight::down_proj), l.w.down_proj, opt.fp32_master);
+    m.experts.register_tensor(l.tensor(ExpertWeight::gate_up_proj), l.w.gate_up_proj, opt.fp32_master,
+                               opt.expert_moments);
+    m.experts.register_tensor(l.tensor(ExpertWeight::down_proj), l.w.down_proj, opt.fp32_master,
+                               opt.expert_moments);
     if (c.fp8_weights_given) {
       l.fp8 = std::make_unique<Fp8WeightBuffers>(c, device);
       l.w.fp8 = l.fp8->weights();

@@ -82,6 +82,17 @@ TEST(OptimFp8Gpu, SgdBitwiseEqualsCpu) {
 }
 
 // More CTAs than fit on the GPU at once (768 blocks of 128 x 128; 2 CTAs per SM fit).
+// bf16 moments (the state torch keeps for bf16 parameters): one 16-byte access per moment per
+// thread pass in the fused kernel, rounded on store.
+TEST(OptimFp8Gpu, Bf16MomentsBitwiseEqualsCpu) {
+  REQUIRE_GPU();
+  const DType b = DType::bf16;
+  run_gpu_case({"adamw, bf16 moments, transposed", kAdamW, false, 3, 256, 384, true, b, false, b});
+  run_gpu_case({"adamw, bf16 moments, specials", kAdamW, false, 2, 256, 640, true, b, true, b});
+  run_gpu_case({"adamw, bf16 moments, f32 grad", kAdamW, false, 2, 384, 128, false, DType::f32, false, b});
+  run_gpu_case({"sgd momentum, bf16 moments, specials", SGD{0.05f, 0.9f, 1e-4f, false}, false, 3, 384, 256, true, b, true, b});
+}
+
 TEST(OptimFp8Gpu, ManyBlocksBitwiseEqualsCpu) {
   REQUIRE_GPU();
   run_gpu_case({"adamw + master, [3, 2048, 2048]", kAdamW, true, 3, 2048, 2048, true, DType::bf16, true});

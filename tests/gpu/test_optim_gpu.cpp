@@ -75,6 +75,7 @@ struct UpdateCase {
   DType param, grad;
   bool master;
   int64_t numel, offset;
+  DType moments = DType::f32;
 };
 
 // Gradients over 24 binades (1e-22 .. 1e2, so g*g reaches fp32 subnormals and underflow), with
@@ -88,8 +89,8 @@ void run_update_case(const UpdateCase& c) {
   const std::vector<char> initial = host_values(c.param, c.numel, [&](int64_t) { return normal(rng); });
   param.set(initial);
   ExpertOptimizer cpu(c.rule), gpu(c.rule);
-  cpu.register_tensor("w", param.cpu_view(), c.master);
-  gpu.register_tensor("w", param.gpu_view(), c.master);
+  cpu.register_tensor("w", param.cpu_view(), c.master, c.moments);
+  gpu.register_tensor("w", param.gpu_view(), c.master, c.moments);
   for (int step = 0; step < 5; ++step) {
     grad.set(host_values(c.grad, c.numel, [&](int64_t i) {
       return i % 97 == 0 ? 0.f : normal(rng) * std::pow(10.f, exponent(rng));
@@ -106,6 +107,7 @@ void run_update_case(const UpdateCase& c) {
       const Tensor sc = cpu.state("w", k), sg = gpu.state("w", k);
       ASSERT_EQ(sc.data == nullptr, sg.data == nullptr) << state_kind_name(k);
       if (!sc.data) continue;
+      ASSERT_EQ(sg.dtype, k == StateKind::master ? DType::f32 : c.moments) << state_kind_name(k);
       const std::vector<char> a = to_host(sc), b = to_host(sg);
       ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size()), 0) << state_kind_name(k) << " differs after step " << step;
     }
@@ -138,6 +140,18 @@ TEST(OptimGpu, SgdBitwiseEqualsCpu) {
   run_update_case({"sgd momentum bf16 + master", SGD{0.05f, 0.9f, 1e-4f, false}, DType::bf16, DType::bf16, true, kNumel, 0});
   run_update_case({"sgd nesterov f32", SGD{0.05f, 0.9f, 1e-2f, true}, DType::f32, DType::f32, false, kNumel, 0});
   run_update_case({"sgd no momentum bf16", SGD{0.05f, 0.f, 0.f, false}, DType::bf16, DType::bf16, false, kNumel, 0});
+}
+
+// bf16 moments (what torch keeps for bf16 parameters): the same fp32 math, the moments rounded on
+// store; 16-byte moment accesses, the tail, the unaligned path.
+TEST(OptimGpu, Bf16MomentsBitwiseEqualsCpu) {
+  REQUIRE_GPU();
+  const DType b = DType::bf16;
+  run_update_case({"adamw bf16, bf16 moments", kAdamW, b, b, false, kNumel, 0, b});
+  run_update_case({"adamw bf16, f32 grad, bf16 moments", kAdamW, b, DType::f32, false, kNumel, 0, b});
+  run_update_case({"sgd nesterov bf16, bf16 moments", SGD{0.05f, 0.9f, 1e-4f, true}, b, b, false, kNumel, 0, b});
+  run_update_case({"adamw bf16 unaligned, bf16 moments", kAdamW, b, b, false, 10001, 1, b});
+  run_update_case({"adamw bf16 numel 3, bf16 moments", kAdamW, b, b, false, 3, 0, b});
 }
 
 TEST(OptimGpu, UnalignedViewsAndTinyTensors) {
@@ -220,11 +234,12 @@ std::string optimizer_bytes(const ExpertOptimizer& o) {
   return s.str();
 }
 
-void run_stack_case(const char* name, Rule rule, bool master) {
+void run_stack_case(const char* name, Rule rule, bool master, DType moments = DType::f32) {
   SCOPED_TRACE(name);
   StackOptions opt;
   opt.expert_rule = rule;
   opt.fp32_master = master;
+  opt.expert_moments = moments;
   opt.dense_max_grad_norm = 0.5f;
   opt.mode = ExpertUpdateMode::standard;
   MoEStack standard(gpu_layer_configs(), kT, DType::bf16, Device::cuda, opt, 7);
@@ -282,6 +297,11 @@ TEST(OptimGpuStack, StandardStackIsReproducible) {
 TEST(OptimGpuStack, InBackwardBitwiseEqualsStandardAdamW) {
   REQUIRE_GPU();
   run_stack_case("adamw bf16", kAdamW, false);
+}
+
+TEST(OptimGpuStack, InBackwardBitwiseEqualsStandardAdamWBf16Moments) {
+  REQUIRE_GPU();
+  run_stack_case("adamw bf16, bf16 moments", kAdamW, false, DType::bf16);
 }
 
 TEST(OptimGpuStack, InBackwardBitwiseEqualsStandardAdamWMaster) {

@@ -8,9 +8,12 @@
 // nearest even), the same rounding as leanmoe::float_to_bf16 for every non-NaN value.
 //
 // Memory: the update is bandwidth-bound (AdamW, bf16 parameters, no master: 22 bytes moved per
-// element against ~12 flops), so each thread moves a group of V elements with 16-byte accesses
-// (V = 8 for bf16 parameters: one 16-byte access of the parameter, two of each fp32 buffer; V = 4
-// for fp32 parameters), grid-stride over the groups; the numel % V tail is done element by element.
+// element with fp32 moments, 14 with bf16 moments, against ~12 flops), so each thread moves a group
+// of V elements with 16-byte accesses (V = 8 for bf16 parameters: one 16-byte access of the
+// parameter, two of each fp32 buffer or one of each bf16 moment; V = 4 for fp32 parameters),
+// grid-stride over the groups; the numel % V tail is done element by element. The moments' storage
+// type M (float, or bf16 for bf16 parameters) is a template argument: bf16 moments are widened on
+// load and rounded (cvt.rn.bf16) on store, the math between stays fp32.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -28,8 +31,8 @@ struct UpdateArgs {
   void* param = nullptr;        // P[numel]
   const void* grad = nullptr;   // G[numel]
   float* master = nullptr;      // fp32 master copy or nullptr
-  float* m = nullptr;           // AdamW exp_avg / SGD momentum buffer (nullptr: no momentum)
-  float* v = nullptr;           // AdamW exp_avg_sq
+  void* m = nullptr;            // AdamW exp_avg / SGD momentum buffer (nullptr: no momentum), of M
+  void* v = nullptr;            // AdamW exp_avg_sq, of M
   int64_t numel = 0;
   float grad_scale = 1.f;
   float decay = 1.f, beta1 = 0.f, one_minus_beta1 = 1.f, beta2 = 0.f, one_minus_beta2 = 1.f;
@@ -119,8 +122,8 @@ __device__ __forceinline__ void store(void* base, int64_t i, const float (&in)[V
 
 // ---- one group of V consecutive elements starting at i ---------------------------------------
 
-// Leaves the updated fp32 values in p (the master's, when there is one).
-template <Rule R, class P, class G, int V>
+// Leaves the updated fp32 values in p (the master's, when there is one). M: the moments' storage type.
+template <Rule R, class P, class G, class M, int V>
 __device__ __forceinline__ void update_group(const UpdateArgs& a, int64_t i, float (&p)[V]) {
   float g[V], m[V], v[V];
   load<G, V>(a.grad, i, g);
@@ -129,18 +132,18 @@ __device__ __forceinline__ void update_group(const UpdateArgs& a, int64_t i, flo
   else
     load<P, V>(a.param, i, p);
   if constexpr (R == Rule::adamw) {
-    load<float, V>(a.m, i, m);
-    load<float, V>(a.v, i, v);
+    load<M, V>(a.m, i, m);
+    load<M, V>(a.v, i, v);
 #pragma unroll
     for (int k = 0; k < V; ++k) adamw_element(a, g[k], p[k], m[k], v[k]);
-    store<float, V>(a.m, i, m);
-    store<float, V>(a.v, i, v);
+    store<M, V>(a.m, i, m);
+    store<M, V>(a.v, i, v);
   } else {
     const bool has_buf = a.m != nullptr;
-    if (has_buf) load<float, V>(a.m, i, m);
+    if (has_buf) load<M, V>(a.m, i, m);
 #pragma unroll
     for (int k = 0; k < V; ++k) sgd_element(a, g[k], p[k], m[k], has_buf);
-    if (has_buf) store<float, V>(a.m, i, m);
+    if (has_buf) store<M, V>(a.m, i, m);
   }
   if (a.master) store<float, V>(a.master, i, p);
   store<P, V>(a.param, i, p);
@@ -148,19 +151,19 @@ __device__ __forceinline__ void update_group(const UpdateArgs& a, int64_t i, flo
 
 // One launch per tensor. V > 1 needs every pointer 16-byte aligned (checked by the launcher);
 // V == 1 is the fallback for views that are not.
-template <Rule R, class P, class G, int V>
+template <Rule R, class P, class G, class M, int V>
 __global__ void __launch_bounds__(256) fused_update_kernel(UpdateArgs a) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t groups = a.numel / V;
   for (int64_t gi = first; gi < groups; gi += stride) {
     float p[V];
-    update_group<R, P, G, V>(a, gi * V, p);
+    update_group<R, P, G, M, V>(a, gi * V, p);
   }
   if constexpr (V > 1)
     for (int64_t i = groups * V + first; i < a.numel; i += stride) {
       float p[1];
-      update_group<R, P, G, 1>(a, i, p);
+      update_group<R, P, G, M, 1>(a, i, p);
     }
 }
 
@@ -181,7 +184,7 @@ struct Fp8Args {
 
 // kMinBlocks: CTAs per SM that __launch_bounds__ asks registers for (dev/optim_fp8_bench.cu times
 // the choices).
-template <Rule R, class G, int kMinBlocks = 2>
+template <Rule R, class G, class M, int kMinBlocks = 2>
 __global__ void __launch_bounds__(kernels::kBlockThreads, kMinBlocks) fused_update_fp8_kernel(UpdateArgs a, Fp8Args q) {
   using kernels::kBlockPasses;
   __shared__ kernels::BlockEncodeSmem smem;
@@ -190,7 +193,7 @@ __global__ void __launch_bounds__(kernels::kBlockThreads, kMinBlocks) fused_upda
 #pragma unroll
   for (int pass = 0; pass < kBlockPasses; ++pass) {
     float p[8];
-    update_group<R, __nv_bfloat16, G, 8>(a, b.at(pass), p);
+    update_group<R, __nv_bfloat16, G, M, 8>(a, b.at(pass), p);
     __nv_bfloat16 x[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) x[k] = __float2bfloat16_rn(p[k]);
