@@ -20,7 +20,7 @@
 // GEMM (an A/B). FP8 up and dH are timed three ways, in turn: the GEMM alone ("-fp8", bf16 A / dH
 // out), the GEMM and the fp8_quantize_rows pass over that output ("-fp8-pass": A [R, n], dH [R, 2n]),
 // and the GEMM quantizing it in its epilogue ("-fp8-epi": up writes no bf16 A, dH keeps its bf16 dH),
-// as the layer's two settings run them (src/cuda/fp8_output_quantization.h).
+// the layer's path (the pass row times the alternative it replaced, docs/kernels.md "FP8 up and dH").
 //
 // --config runs the given kernel configuration (src/cuda/gemm_config.h, e.g.
 // up=gather:coop:128x256:s4:warp:c1:b4) for that GEMM kind on every shape, the heuristic's for the

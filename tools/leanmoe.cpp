@@ -19,7 +19,6 @@
 #include <cuda_runtime.h>
 
 #include "../src/cuda/backward_overlap.h"
-#include "../src/cuda/fp8_output_quantization.h"
 #endif
 
 #include "balanced_routing.h"
@@ -73,8 +72,6 @@ bench options:
                              quantized once before timing by the expert optimizer's set_fp8_copy, as a
                              training step with the fused optimizer sees them (default); or quantized by
                              every forward and backward call
-  --fp8-quant pass|epilogue  cuda fp8: A and dH quantized by a pass over the bf16 outputs (default) or in
-                             the up and dH GEMMs' epilogues (no bf16 A); the same codes either way
   --iters N --warmup N       timed and untimed iterations (default 20/3 on cuda, 5/1 on cpu)
   --graph                    also time forward and backward as CUDA-graph replays (cuda only)
   --bwd-overlap off|auto|N   cuda backward: off runs every step on one stream; otherwise the expert
@@ -101,7 +98,6 @@ struct Options {
   std::optional<DType> dtype;
   MoEConfig layer;  // router, norm_topk_prob, routing, tile, rounding_mode; d..K come from the shape
   bool fp8_per_call = false;  // --fp8-weights per-call: no cfg.fp8_weights_given
-  bool fp8_quant_epilogue = false;  // --fp8-quant epilogue: A and dH quantized in the GEMM epilogues
   bool balanced = false;  // --routing balanced: layer.routing is given, the ids from balanced_routing
   std::optional<int64_t> tile;  // token rounding; bench defaults to MoEConfig's 128, check to 32
   std::optional<int> iters, warmup;
@@ -132,7 +128,7 @@ V parse_choice(const std::string& flag, const std::string& v, std::initializer_l
 Options parse_options(const std::string& cmd, const std::vector<std::string>& args) {
   const std::vector<std::string> bench_flags = {"config", "T", "d", "n", "E", "K", "grid", "device", "dtype",
                                                 "router", "norm-topk-prob", "routing", "tile", "rounding",
-                                                "layout", "precision", "fp8-weights", "fp8-quant", "iters", "warmup", "graph",
+                                                "layout", "precision", "fp8-weights", "iters", "warmup", "graph",
                                                 "json", "bwd-overlap"};
   const std::vector<std::string> check_flags = {"T", "d", "n", "E", "K", "device", "dtype", "seeds", "tile"};
   const auto& allowed = cmd == "bench" ? bench_flags : check_flags;
@@ -186,8 +182,6 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
                                                                  {precision_name(Precision::fp8), Precision::fp8}});
     else if (name == "fp8-weights")
       o.fp8_per_call = parse_choice<bool>(name, take(), {{"given", false}, {"per-call", true}});
-    else if (name == "fp8-quant")
-      o.fp8_quant_epilogue = parse_choice<bool>(name, take(), {{"pass", false}, {"epilogue", true}});
     else if (name == "iters") o.iters = int(parse_int(name, take(), 1));
     else if (name == "warmup") o.warmup = int(parse_int(name, take(), 0));
     else if (name == "seeds") o.seeds = int(parse_int(name, take(), 1));
@@ -622,8 +616,6 @@ int run_bench(const Options& o, const std::string& command) {
   overlap.overlapped = o.bwd_overlap != "off";
   if (overlap.overlapped && o.bwd_overlap != "auto") overlap.side_sms = int(parse_int("bwd-overlap", o.bwd_overlap, 0));
   cuda::set_backward_overlap(overlap);
-  cuda::set_fp8_output_quantization(o.fp8_quant_epilogue ? cuda::Fp8OutputQuantization::epilogue
-                                                         : cuda::Fp8OutputQuantization::pass);
 #endif
   if (o.bwd_overlap != "auto" && dev != Device::cuda)
     std::fprintf(stderr, "leanmoe bench: --bwd-overlap ignored on %s (a cuda backward schedule)\n", device_name(dev));
@@ -635,8 +627,7 @@ int run_bench(const Options& o, const std::string& command) {
     std::printf(" (tile %lld, %s)", (long long)o.layer.tile, rounding_mode_name(o.layer.rounding_mode));
   if (o.layer.transposed) std::printf(", transposed weights");
   if (o.layer.precision == Precision::fp8)
-    std::printf(", fp8 (weights' codes %s%s)", o.fp8_per_call ? "quantized per call" : "given, quantized once",
-                dev != Device::cuda ? "" : o.fp8_quant_epilogue ? "; A, dH quantized in the epilogues" : "; A, dH quantized by a pass");
+    std::printf(", fp8 (weights' codes %s)", o.fp8_per_call ? "quantized per call" : "given, quantized once");
   if (dev == Device::cuda) std::printf("; bwd overlap %s", o.bwd_overlap.c_str());
   std::printf("; median of %d after %d warm-up%s\n", iters, warmup,
               graph ? "; graph = CUDA-graph replays, timed with events" : "");

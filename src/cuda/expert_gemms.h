@@ -153,8 +153,8 @@ void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const voi
 // up: x codes [T, d]; w1: K-major [E, W, d] (the HF layout as stored, or the transposed layout's
 // copy). Writes H (bf16, saved) and A: bf16 into `a` when not null, and quantized in the epilogue
 // into a_q (codes [R, n], scales [R, n/128], the input of down_proj_fp8; equal to fp8_quantize_rows
-// of the bf16 A) when a_q.codes is not null; at least one of them. The alternative: `a` alone, then
-// fp8_quantize_rows (docs/kernels.md "FP8 up and dH": which is faster is measured, not assumed).
+// of the bf16 A) when a_q.codes is not null; at least one of them. The layer asks for a_q alone (no
+// bf16 A); `a` is for tests and benchmarks (docs/kernels.md "FP8 up and dH").
 void up_proj_act_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, Fp8Operand x,
                      Fp8Operand w1, const void* b1, void* h, void* a, Fp8Output a_q, cudaStream_t stream,
                      const GemmConfig* config = nullptr);

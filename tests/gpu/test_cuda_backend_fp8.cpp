@@ -18,11 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "../../src/cuda/fp8_output_quantization.h"
+#include "../../src/carver.h"
 #include "../expect_error.h"
 #include "leanmoe/leanmoe.h"
 #include "naive_moe.h"
-#include "../reference_checks.h"
 
 namespace {
 
@@ -103,34 +102,27 @@ TEST(CudaBackendFp8, LayoutsBiasesActivations) {
   expect_close(reference::random_inputs(c, 1000, DType::bf16, 5), "gelu token rounding");
 }
 
-// A and dH quantized in the up and dH epilogues (cuda::Fp8OutputQuantization::epilogue) give the
-// same codes and scales as the separate passes, so every output and gradient is bitwise the same.
-TEST(CudaBackendFp8, EpilogueQuantizationBitwise) {
+// A is quantized in up's epilogue (dH in dH's: a slice of the backward workspace as before), so the
+// FP8 forward workspace holds no bf16 A: against the bf16 layer's it drops A's R·n bf16 values and
+// adds x's and A's codes and row-tile scales (the weights' codes given: none carved), slice by slice
+// as the carver rounds them. The layer tests above run in workspaces of exactly these sizes.
+TEST(CudaBackendFp8, ForwardWorkspaceHoldsNoBf16A) {
   REQUIRE_GPU();
-  struct RestoreAtExit {
-    ~RestoreAtExit() { cuda::set_fp8_output_quantization(cuda::Fp8OutputQuantization::pass); }
-  } restore;
-  MoEConfig biased = fp8_config();
-  biased.transposed = true;
-  biased.interleaved = true;
-  MoEConfig plain = fp8_config();
-  plain.activation = Activation::gelu;
-  plain.E = 16;
-  plain.K = 4;
-  plain.routing = Routing::token_rounding;
-  std::vector<std::pair<std::string, HostLayerInputs>> cases;
-  cases.emplace_back("swiglu T=300", reference::random_inputs(fp8_config(), 300, DType::bf16, 11));
-  cases.emplace_back("transposed interleaved biases T=257", reference::random_inputs(biased, 257, DType::bf16, 12));
-  reference::add_random_biases(cases.back().second, 13);
-  cases.emplace_back("gelu token rounding T=1000", reference::random_inputs(plain, 1000, DType::bf16, 14));
-  cases.emplace_back("T=1", reference::random_inputs(fp8_config(), 1, DType::bf16, 15));
-  for (const auto& [what, in] : cases) {
-    SCOPED_TRACE(what);
-    cuda::set_fp8_output_quantization(cuda::Fp8OutputQuantization::pass);
-    const HostLayerOutputs ref = reference::run_backend(in, Device::cuda);
-    cuda::set_fp8_output_quantization(cuda::Fp8OutputQuantization::epilogue);
-    const HostLayerOutputs o = reference::run_backend(in, Device::cuda);
-    leanmoe::testing::expect_bitwise_equal(o, ref);
+  for (const int64_t T : {300, 1}) {
+    MoEConfig fp8 = fp8_config();
+    fp8.fp8_weights_given = true;
+    MoEConfig bf16 = fp8;
+    bf16.precision = Precision::storage;
+    bf16.fp8_weights_given = false;
+    const LayerPlan p8 = plan_layer(fp8, T, DType::bf16, Device::cuda);
+    const LayerPlan p16 = plan_layer(bf16, T, DType::bf16, Device::cuda);
+    const int64_t R = p8.rows_capacity, d = fp8.d, n = fp8.n;
+    ASSERT_EQ(R, p16.rows_capacity);
+    constexpr int64_t kAlign = int64_t(detail::kCarveAlign);
+    auto carved = [](int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
+    const int64_t fp8_slices = carved(T * d) + carved(T * d / 128 * 4) + carved(R * n) + carved(R * n / 128 * 4);
+    EXPECT_EQ(int64_t(p8.forward_workspace_bytes), int64_t(p16.forward_workspace_bytes) - carved(R * n * 2) + fp8_slices)
+        << "T=" << T;
   }
 }
 
