@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "leanmoe/leanmoe.h"
 #include "naive_moe.h"
@@ -26,6 +28,21 @@ namespace leanmoe::testing {
 //   expert weight gradients. 1e-2 holds that with 2x margin, while a logic error is O(1).
 constexpr double kF32Tol = 1e-5;
 constexpr double kBf16Tol = 1e-2;
+
+// Two runs that must agree bit for bit (schedules, quantization placements): every output and gradient.
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+inline void expect_bitwise_equal(const reference::HostLayerOutputs& got, const reference::HostLayerOutputs& want) {
+  EXPECT_TRUE(same_bits(got.out, want.out)) << "out";
+  EXPECT_TRUE(same_bits(got.dx, want.dx)) << "dx";
+  EXPECT_TRUE(same_bits(got.d_router, want.d_router)) << "d_router";
+  EXPECT_TRUE(same_bits(got.d_gate_up, want.d_gate_up)) << "d_gate_up";
+  EXPECT_TRUE(same_bits(got.d_down, want.d_down)) << "d_down";
+  EXPECT_TRUE(same_bits(got.d_gate_up_bias, want.d_gate_up_bias)) << "d_gate_up_bias";
+  EXPECT_TRUE(same_bits(got.d_down_bias, want.d_down_bias)) << "d_down_bias";
+  EXPECT_TRUE(same_bits(got.d_topk_weights, want.d_topk_weights)) << "d_topk_weights";
+}
 
 inline double scalar_rel_error(double a, double b) { return std::abs(a - b) / std::max(std::abs(b), 1e-30); }
 

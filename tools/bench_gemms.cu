@@ -17,7 +17,10 @@
 // x, dO, A, dH, W1 and W2 (quantized once per shape, untimed, by fp8_quantize_rows /
 // fp8_quantize_blocks, the transposed copies for dH and dX), layout column "<layout>-fp8", TFLOP/s
 // counted as bf16's 2·M·N·K; dW1 and dW2 have no FP8 kernel and are skipped. A list alternates per
-// GEMM (an A/B).
+// GEMM (an A/B). FP8 up and dH are timed three ways, in turn: the GEMM alone ("-fp8", bf16 A / dH
+// out), the GEMM and the fp8_quantize_rows pass over that output ("-fp8-pass": A [R, n], dH [R, 2n]),
+// and the GEMM quantizing it in its epilogue ("-fp8-epi": up writes no bf16 A, dH keeps its bf16 dH),
+// the layer's path (the pass row times the alternative it replaced, docs/kernels.md "FP8 up and dH").
 //
 // --config runs the given kernel configuration (src/cuda/gemm_config.h, e.g.
 // up=gather:coop:128x256:s4:warp:c1:b4) for that GEMM kind on every shape, the heuristic's for the
@@ -137,7 +140,9 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
     GemmKind kind;
     double flops;
     std::function<void(const lc::ExpertShape&, const lc::GemmConfig*)> launch;
-    std::function<void(const lc::ExpertShape&, const lc::GemmConfig*)> launch_fp8 = nullptr;
+    // FP8: quant = 0 the GEMM alone, 1 with the pass, 2 quantizing in the epilogue (up and dH only).
+    std::function<void(const lc::ExpertShape&, const lc::GemmConfig*, int quant)> launch_fp8 = nullptr;
+    int quant_modes = 1;
   };
   using S = const lc::ExpertShape&;
   const std::vector<Gemm> gemms = {
@@ -145,28 +150,34 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
        [&](S s, const lc::GemmConfig* k) {
          lc::up_proj_act(rows, s, fn, x.ptr, w1.ptr, nullptr, h.ptr, a.ptr, nullptr, k);
        },
-       [&](S s, const lc::GemmConfig* k) {
-         lc::up_proj_act_fp8(rows, s, fn, {x_q.ptr, x_s.ptr}, {w1_q.ptr, w1_s.ptr}, nullptr, h.ptr, a.ptr, {}, nullptr,
-                             k);
-       }},
+       [&](S s, const lc::GemmConfig* k, int quant) {
+         lc::up_proj_act_fp8(rows, s, fn, {x_q.ptr, x_s.ptr}, {w1_q.ptr, w1_s.ptr}, nullptr, h.ptr,
+                             quant == 2 ? nullptr : a.ptr,
+                             quant == 2 ? lc::Fp8Output{a_q.ptr, a_s.ptr} : lc::Fp8Output{}, nullptr, k);
+         if (quant == 1) lc::fp8_quantize_rows(a.ptr, R, n, a_q.ptr, a_s.ptr, nullptr);
+       },
+       3},
       {GemmKind::Down, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, k); },
-       [&](S s, const lc::GemmConfig* k) {
+       [&](S s, const lc::GemmConfig* k, int) {
          lc::down_proj_fp8(rows, s, {a_q.ptr, a_s.ptr}, {w2_q.ptr, w2_s.ptr}, y.ptr, nullptr, nullptr, k);
        }},
       {GemmKind::Dh, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) {
          lc::dh_act_bwd(rows, s, fn, d_out.ptr, w2.ptr, h.ptr, dh.ptr, a_prime.ptr, ds_partial.ptr, nullptr, k);
        },
-       [&](S s, const lc::GemmConfig* k) {
+       [&](S s, const lc::GemmConfig* k, int quant) {
          lc::dh_act_bwd_fp8(rows, s, fn, {dout_q.ptr, dout_s.ptr}, {w2t_q.ptr, w2t_s.ptr}, h.ptr, dh.ptr, a_prime.ptr,
-                            ds_partial.ptr, {}, nullptr, k);
-       }},
+                            ds_partial.ptr, quant == 2 ? lc::Fp8Output{dh_q.ptr, dh_s.ptr} : lc::Fp8Output{},
+                            nullptr, k);
+         if (quant == 1) lc::fp8_quantize_rows(dh.ptr, R, 2 * n, dh_q.ptr, dh_s.ptr, nullptr);
+       },
+       3},
       {GemmKind::Dw2, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr, k); }},
       {GemmKind::Dx, 4 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::dx_expert(rows, s, dh.ptr, w1.ptr, dx.ptr, nullptr, nullptr, k); },
-       [&](S s, const lc::GemmConfig* k) {
+       [&](S s, const lc::GemmConfig* k, int) {
          lc::dx_expert_fp8(rows, s, {dh_q.ptr, dh_s.ptr}, {w1t_q.ptr, w1t_s.ptr}, dx.ptr, nullptr, nullptr, k);
        }},
       {GemmKind::Dw1, 4 * mnk,
@@ -179,13 +190,13 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
       if (use_fp8 && !g.launch_fp8) continue;
       lc::ExpertShape s{T, d, n, true, transposed};
       s.fp8 = use_fp8;
-      for (const lc::GemmConfig* want : requested[g.kind]) {  // checked in either precision asked (main)
+      for (const lc::GemmConfig* want : requested[g.kind])  // checked in either precision asked (main)
+      for (int quant = 0; quant < (use_fp8 ? g.quant_modes : 1); ++quant) {
         const std::string ran = lc::to_string(lc::resolve_gemm_config(g.kind, s, E, sms, want));
-        const auto& launch = use_fp8 ? g.launch_fp8 : g.launch;
-        const double ms =
-            leanmoe::tools::median_launch_ms(iters, warmup, [&](int) { launch(s, want); }, "GEMM launches");
+        const double ms = leanmoe::tools::median_launch_ms(
+            iters, warmup, [&](int) { use_fp8 ? g.launch_fp8(s, want, quant) : g.launch(s, want); }, "GEMM launches");
         const std::string layout = std::string(transposed ? "transposed" : "hf") + (interleaved ? "-interleaved" : "") +
-                                   (use_fp8 ? "-fp8" : "");
+                                   (use_fp8 ? "-fp8" : "") + (quant == 1 ? "-pass" : quant == 2 ? "-epi" : "");
         std::printf("| %s | %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", c.name.c_str(),
                     layout.c_str(), (long long)T, (long long)d, (long long)n, (long long)E, (long long)K,
                     lc::gemm_kind_name(g.kind), ran.c_str(), ms, g.flops / (ms * 1e9));

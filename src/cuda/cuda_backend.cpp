@@ -83,6 +83,7 @@ struct Fp8Slice {
   Fp8Slice(Carver& c, int64_t count, int64_t values_per_scale)
       : codes(c.take<uint8_t>(count)), scales(c.take<float>(count / values_per_scale)) {}
   cuda::Fp8Operand op() const { return {codes, scales}; }
+  cuda::Fp8Output out() const { return {codes, scales}; }
 };
 constexpr int64_t kRowTile = 128, kBlock = 128 * 128;
 
@@ -137,7 +138,7 @@ struct ForwardWorkspace {
   cuda::RoutingScratch routing;
   int32_t* given_meta = nullptr;  // pair_metadata_scratch_ints(T * K, E), routing given only
   double* loss_partial;
-  bf16_storage* a;       // [R_max, n] (FP8: then quantized into a_q)
+  bf16_storage* a;       // [R_max, n], bf16 only: FP8's up writes A's codes (a_q) alone
   bf16_storage* y;       // [R_max, d]
   void* expert_gemm;     // down_proj's argument arrays and TMA descriptors
   // FP8: x's rows [T, d], A [R_max, n], the weights (forward's direction; none when given).
@@ -154,7 +155,7 @@ struct ForwardWorkspace {
       given_meta = c.take<int32_t>(cuda::pair_metadata_scratch_ints(T * cfg.K, E));
     loss_partial = c.take<double>(router ? cuda::loss_partial_doubles(T, E) : 0);
     const int64_t fp8 = cfg.precision == Precision::fp8;
-    a = c.take<bf16_storage>(R * cfg.n);
+    a = c.take<bf16_storage>((1 - fp8) * R * cfg.n);
     y = c.take<bf16_storage>(R * cfg.d);
     expert_gemm = c.take<char>(int64_t(cuda::expert_gemm_workspace_bytes(E)));
     x_q = Fp8Slice(c, fp8 * T * cfg.d, kRowTile);
@@ -576,11 +577,10 @@ class CudaBackend final : public Backend {
     if (shape.fp8) {  // x's rows and the weights (unless given) quantized once per call
       cuda::fp8_quantize_rows(x.data, T, cfg.d, w.x_q.codes, w.x_q.scales, stream);
       const Fp8Weights::Operands w_q = w.w_q.operands(cfg, wt, stream);
-      cuda::up_proj_act_fp8(rows, shape, expert_function(cfg), w.x_q.op(), w_q.w1, wt.gate_up_bias.data, s.h.data,
-                            w.a, cuda::Fp8Output{}, stream);
-      // A and dH are quantized by a pass of their own: quantizing in up's and dH's epilogues measured
-      // slower (up +5-37%, dH 2.6-3.6x; docs/kernels.md "FP8 up and dH").
-      cuda::fp8_quantize_rows(w.a, s.rows_capacity, cfg.n, w.a_q.codes, w.a_q.scales, stream);
+      // A quantized in up's epilogue, no bf16 A written: down reads the codes only (docs/kernels.md
+      // "FP8 up and dH": 3-8% faster than up + a fp8_quantize_rows pass).
+      cuda::up_proj_act_fp8(rows, shape, expert_function(cfg), w.x_q.op(), w_q.w1, wt.gate_up_bias.data,
+                            s.h.data, nullptr, w.a_q.out(), stream);
       cuda::down_proj_fp8(rows, shape, w.a_q.op(), w_q.w2, w.y, stream, w.expert_gemm);
     } else {
       cuda::up_proj_act(rows, shape, expert_function(cfg), x.data, wt.gate_up_proj.data, wt.gate_up_bias.data,
@@ -624,13 +624,14 @@ class CudaBackend final : public Backend {
 
     // FP8: dO's rows quantized once, the weights' transposes given or quantized once (read by dH
     // here and dx_expert on the GEMM stream, both before the callback that may rewrite them: W2's
-    // follows dH on this stream, W1's follows the join); dH quantized for dx_expert only, below.
+    // follows dH on this stream, W1's follows the join); dH also quantized in its epilogue, for
+    // dx_expert (dW1 and db1 read the bf16 dH).
     Fp8Weights::Operands w_q{};
     if (shape.fp8) {
       cuda::fp8_quantize_rows(d_out.data, T, cfg.d, w.d_out_q.codes, w.d_out_q.scales, stream);
       w_q = w.w_q.operands(cfg, wt, stream);
       cuda::dh_act_bwd_fp8(rows, shape, expert_function(cfg), w.d_out_q.op(), w_q.w2, s.h.data, w.dh,
-                           w.a_prime_dxexp, w.ds_partial, cuda::Fp8Output{}, stream);
+                           w.a_prime_dxexp, w.ds_partial, w.dh_q.out(), stream);
     } else {
       cuda::dh_act_bwd(rows, shape, expert_function(cfg), d_out.data, wt.down_proj.data, s.h.data, w.dh,
                        w.a_prime_dxexp, w.ds_partial, stream);
@@ -644,8 +645,7 @@ class CudaBackend final : public Backend {
       st.mark(GemmStream::kDw2Done);
     }
     if (g.dx.defined()) {
-      if (shape.fp8) {  // dH (written by dH_act_bwd_fp8 before the fork) quantized where it is read
-        cuda::fp8_quantize_rows(w.dh, s.rows_capacity, up_width(cfg), w.dh_q.codes, w.dh_q.scales, st.gemm);
+      if (shape.fp8) {  // dH's codes, written by dh_act_bwd_fp8's epilogue before the fork
         cuda::dx_expert_fp8(rows, shape, w.dh_q.op(), w_q.w1, w.a_prime_dxexp, st.gemm, w.expert_gemm, config[1]);
       } else {
         cuda::dx_expert(rows, shape, w.dh, wt.gate_up_proj.data, w.a_prime_dxexp, st.gemm, w.expert_gemm, config[1]);

@@ -179,10 +179,12 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels:
 // The operand loaded with TMA: the weights (varlen-M; kTransposed: stored [E, d, W] and [E, n, d])
 // or the row-range operand (varlen-K: dH for dW1, A' for dW2, over the rows_capacity rows the caller
 // allocated; none: every expert is empty, no k-tile is loaded and the kernel only stores zero gradients).
-// FP8 (Tile::kFp8): the codes' scales, and the TMA maps over e4m3 codes (128-code boxes along K).
+// FP8 (Tile::kFp8): the codes' scales, the output quantized in the epilogue (none: null codes),
+// and the TMA maps over e4m3 codes (128-code boxes along K).
 struct Fp8Scales {
   const float* a = nullptr;
   const float* b = nullptr;
+  kernels::Fp8RowsOut out_q{};
 };
 template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed>
 void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const Fp8Scales& scales,
@@ -214,7 +216,7 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
                                  : operand_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, kFp8, what);
   kernels::GemmArgsOf<Tile> kernel_args{};
   if constexpr (kFp8)
-    kernel_args = kernels::Fp8GemmArgs{args, scales.a, scales.b};
+    kernel_args = kernels::Fp8GemmArgs{args, scales.a, scales.b, scales.out_q};
   else
     kernel_args = args;
   if constexpr (kCluster) {
@@ -472,8 +474,10 @@ void dh_act_bwd(const RoutedRows& rows, const ExpertShape& s, const ExpertFuncti
 }
 
 namespace {
-// The FP8 launchers' operands: codes and scales both given, or neither (no rows to read: T = 0).
-void check_fp8_operand(const Fp8Operand& op, const char* what, const char* name) {
+// The FP8 launchers' operands and quantized outputs: codes and scales both given, or neither (an
+// operand: no rows to read, T = 0; an output: not asked for).
+template <class Fp8>
+void check_fp8_operand(const Fp8& op, const char* what, const char* name) {
   if ((op.codes == nullptr) != (op.scales == nullptr))
     throw leanmoe::Error(std::string(what) + ": " + name + ".codes and " + name +
                          ".scales must be given together (e4m3 codes with their block scales)");
@@ -485,15 +489,14 @@ void up_proj_act_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertF
                      const GemmConfig* config) {
   check_fp8_operand(x, "up_proj_act_fp8", "x");
   check_fp8_operand(w1, "up_proj_act_fp8", "w1");
-  if (a_q.codes != nullptr || a_q.scales != nullptr)
-    throw leanmoe::Error("up_proj_act_fp8: a_q (A quantized in the epilogue) is not implemented; pass a bf16 `a` "
-                         "and quantize it with fp8_quantize_rows");
-  if (a == nullptr) throw leanmoe::Error("up_proj_act_fp8: `a` must be given (a_q alone is not implemented)");
+  check_fp8_operand(a_q, "up_proj_act_fp8", "a_q");
+  if (a == nullptr && a_q.codes == nullptr)
+    throw leanmoe::Error("up_proj_act_fp8: A must go somewhere: `a` (bf16), a_q (quantized) or both");
   GemmArgs args = make_args(x.codes, w1.codes);
   args.out = static_cast<kernels::bf16*>(h);
   args.out2 = static_cast<kernels::bf16*>(a);
   args.b1 = static_cast<const kernels::bf16*>(b1);
-  const Fp8Scales scales{x.scales, w1.scales};
+  const Fp8Scales scales{x.scales, w1.scales, {a_q.codes, a_q.scales}};
   launch<GemmKind::Up>(rows, s, args, config, stream, "up_proj_act_fp8", fn, &scales);
 }
 
@@ -502,16 +505,14 @@ void dh_act_bwd_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFu
                     cudaStream_t stream, const GemmConfig* config) {
   check_fp8_operand(d_out, "dh_act_bwd_fp8", "d_out");
   check_fp8_operand(w2t, "dh_act_bwd_fp8", "w2t");
-  if (dh_q.codes != nullptr || dh_q.scales != nullptr)
-    throw leanmoe::Error("dh_act_bwd_fp8: dh_q (dH quantized in the epilogue) is not implemented; quantize the "
-                         "bf16 dh with fp8_quantize_rows");
+  check_fp8_operand(dh_q, "dh_act_bwd_fp8", "dh_q");
   GemmArgs args = make_args(d_out.codes, w2t.codes);
   args.h = static_cast<const kernels::bf16*>(h);
   args.out = static_cast<kernels::bf16*>(dh);
   args.out2 = static_cast<kernels::bf16*>(a_prime);
   args.ds_partial = ds_partial;
   args.ds_tiles = ds_partials(s);
-  const Fp8Scales scales{d_out.scales, w2t.scales};
+  const Fp8Scales scales{d_out.scales, w2t.scales, {dh_q.codes, dh_q.scales}};
   launch<GemmKind::Dh>(rows, s, args, config, stream, "dh_act_bwd_fp8", fn, &scales);
 }
 

@@ -151,10 +151,10 @@ void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const voi
 // ---- The FP8 expert GEMMs (s.fp8; the bf16 launchers above refuse such a shape and these a bf16 one).
 // Same math, epilogues and row conventions as their bf16 launchers; outputs bf16 unless quantized.
 // up: x codes [T, d]; w1: K-major [E, W, d] (the HF layout as stored, or the transposed layout's
-// copy). Writes H (bf16, saved) and A: bf16 into `a` when not null, and quantized into a_q (codes
-// [R, n], scales [R, n/128], the input of down_proj_fp8) when a_q.codes is not null: not implemented,
-// refused by name; quantize `a` with fp8_quantize_rows (in the epilogue it measured slower than that
-// separate pass, docs/kernels.md "FP8 up and dH").
+// copy). Writes H (bf16, saved) and A: bf16 into `a` when not null, and quantized in the epilogue
+// into a_q (codes [R, n], scales [R, n/128], the input of down_proj_fp8; equal to fp8_quantize_rows
+// of the bf16 A) when a_q.codes is not null; at least one of them. The layer asks for a_q alone (no
+// bf16 A); `a` is for tests and benchmarks (docs/kernels.md "FP8 up and dH").
 void up_proj_act_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, Fp8Operand x,
                      Fp8Operand w1, const void* b1, void* h, void* a, Fp8Output a_q, cudaStream_t stream,
                      const GemmConfig* config = nullptr);
@@ -163,8 +163,8 @@ void down_proj_fp8(const RoutedRows& rows, const ExpertShape& s, Fp8Operand a, F
                    cudaStream_t stream, void* workspace = nullptr, const GemmConfig* config = nullptr);
 // dH: d_out codes [T, d]; w2t: K-major [E, n, d] (the HF layout's transposed copy, or the transposed
 // layout as stored). Writes dh (bf16 [R, W], for dW1 and db1), a_prime, ds_partial as dh_act_bwd,
-// and dH quantized into dh_q (codes [R, W], scales [R, W/128], the input of dx_expert_fp8) when
-// dh_q.codes is not null: not implemented, refused by name as a_q (quantize dh with fp8_quantize_rows).
+// and dH also quantized in the epilogue into dh_q (codes [R, W], scales [R, W/128], the input of
+// dx_expert_fp8; equal to fp8_quantize_rows of the bf16 dh) when dh_q.codes is not null.
 void dh_act_bwd_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFunction& fn, Fp8Operand d_out,
                     Fp8Operand w2t, const void* h, void* dh, void* a_prime, float* ds_partial, Fp8Output dh_q,
                     cudaStream_t stream, const GemmConfig* config = nullptr);

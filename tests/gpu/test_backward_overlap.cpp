@@ -15,7 +15,6 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -25,6 +24,7 @@
 #include "leanmoe/bf16.h"
 #include "leanmoe/leanmoe.h"
 #include "naive_moe.h"
+#include "../reference_checks.h"
 
 namespace {
 
@@ -46,10 +46,6 @@ struct DefaultScheduleAtExit {
 
 BackwardOverlap sequential() { return {false, -1}; }
 BackwardOverlap overlapped(int side_sms) { return {true, side_sms}; }
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
 
 MoEConfig config() {
   MoEConfig c;
@@ -73,14 +69,7 @@ void expect_schedules_agree(const HostLayerInputs& in, const std::string& what, 
     SCOPED_TRACE("side_sms " + std::to_string(side));
     cuda::set_backward_overlap(overlapped(side));
     const HostLayerOutputs o = reference::run_backend(in, Device::cuda, stream, launch);
-    EXPECT_TRUE(same_bits(o.out, ref.out)) << "out";
-    EXPECT_TRUE(same_bits(o.dx, ref.dx)) << "dx";
-    EXPECT_TRUE(same_bits(o.d_router, ref.d_router)) << "d_router";
-    EXPECT_TRUE(same_bits(o.d_gate_up, ref.d_gate_up)) << "d_gate_up";
-    EXPECT_TRUE(same_bits(o.d_down, ref.d_down)) << "d_down";
-    EXPECT_TRUE(same_bits(o.d_gate_up_bias, ref.d_gate_up_bias)) << "d_gate_up_bias";
-    EXPECT_TRUE(same_bits(o.d_down_bias, ref.d_down_bias)) << "d_down_bias";
-    EXPECT_TRUE(same_bits(o.d_topk_weights, ref.d_topk_weights)) << "d_topk_weights";
+    leanmoe::testing::expect_bitwise_equal(o, ref);
     EXPECT_EQ(o.expert_counts, ref.expert_counts);
   }
 }

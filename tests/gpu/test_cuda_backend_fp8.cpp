@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "../../src/carver.h"
 #include "../expect_error.h"
 #include "leanmoe/leanmoe.h"
 #include "naive_moe.h"
@@ -99,6 +100,30 @@ TEST(CudaBackendFp8, LayoutsBiasesActivations) {
   c.K = 4;
   c.routing = Routing::token_rounding;
   expect_close(reference::random_inputs(c, 1000, DType::bf16, 5), "gelu token rounding");
+}
+
+// A is quantized in up's epilogue (dH in dH's: a slice of the backward workspace as before), so the
+// FP8 forward workspace holds no bf16 A: against the bf16 layer's it drops A's R·n bf16 values and
+// adds x's and A's codes and row-tile scales (the weights' codes given: none carved), slice by slice
+// as the carver rounds them. The layer tests above run in workspaces of exactly these sizes.
+TEST(CudaBackendFp8, ForwardWorkspaceHoldsNoBf16A) {
+  REQUIRE_GPU();
+  for (const int64_t T : {300, 1}) {
+    MoEConfig fp8 = fp8_config();
+    fp8.fp8_weights_given = true;
+    MoEConfig bf16 = fp8;
+    bf16.precision = Precision::storage;
+    bf16.fp8_weights_given = false;
+    const LayerPlan p8 = plan_layer(fp8, T, DType::bf16, Device::cuda);
+    const LayerPlan p16 = plan_layer(bf16, T, DType::bf16, Device::cuda);
+    const int64_t R = p8.rows_capacity, d = fp8.d, n = fp8.n;
+    ASSERT_EQ(R, p16.rows_capacity);
+    constexpr int64_t kAlign = int64_t(detail::kCarveAlign);
+    auto carved = [](int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; };
+    const int64_t fp8_slices = carved(T * d) + carved(T * d / 128 * 4) + carved(R * n) + carved(R * n / 128 * 4);
+    EXPECT_EQ(int64_t(p8.forward_workspace_bytes), int64_t(p16.forward_workspace_bytes) - carved(R * n * 2) + fp8_slices)
+        << "T=" << T;
+  }
 }
 
 TEST(CudaBackendFp8, Refusals) {

@@ -6,11 +6,19 @@
 // Inputs span 2^15 in magnitude: every 1x128 tile of x and dO and every 128x128 block of W1 and W2
 // gets its own factor 2^m, m in [-7, 8], so a scale read for the wrong row, k-block, weight block or
 // expert moves the result by powers of two (uniform data would hide it: a power-of-two scale is the
-// same for any amax within ~2^15). Routings are ragged with an empty expert, one expert taking every
+// same for any amax within ~2^15); one token is 2^12 times larger and one 2^-20 times smaller than
+// the rest (outlier rows of A and dH). Routings are ragged with an empty expert, one expert taking every
 // row, T not a multiple of 128, T = 0; n = 384 (an odd number of 128-column blocks: dH's and plain
 // up's last 256-wide tile has a half past n, whose weight block does not exist). Outputs poisoned
 // with NaN bytes first. Each case runs every compiled FP8 config, also capped at 2 CTAs (each CTA
 // walks many tiles and must re-resolve the scales of each).
+//
+// Each launch is repeated with its output quantized in the epilogue (up: a_q, beside the bf16 A and
+// then without it; dH: dh_q): the codes and scales must equal, bit for bit, fp8::quantize of the
+// bf16 values the plain launch wrote (docs/DESIGN.md "FP8": the quantized copy is of the stored
+// value), and every other output must be unchanged bit for bit. The spanning inputs give A's and
+// dH's rows and 128-column tiles magnitudes far apart, so a scale reduced over the wrong rows or
+// columns, or written to the wrong tile, changes codes.
 //
 // Tolerance, per element: the tensor core sums a 128-deep k-block of FP8 products with less than
 // fp32 precision (DeepGEMM reports ~14 mantissa bits kept) and the result is promoted in fp32, so the
@@ -24,6 +32,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -125,6 +134,34 @@ struct QuantizedWeights {
   }
 };
 
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+// Codes [R, cols] and scales [R, cols/128] written by an epilogue against fp8::quantize of the bf16
+// rows `values` (the same launch's bf16 output), bit for bit.
+void expect_quantized_rows(const Dev<uint8_t>& codes, const Dev<float>& scales, const std::vector<bf16>& values,
+                           int64_t R, int64_t cols, const std::string& what) {
+  std::vector<float> v(values.size());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = bf16_to_float(values[i]);
+  std::vector<uint8_t> want_codes(size_t(R * cols));
+  std::vector<float> want_scales(size_t(R * cols / kB));
+  fp8::quantize(v.data(), R, cols, 1, want_codes.data(), want_scales.data());
+  const auto got_codes = codes.download(size_t(R * cols));
+  const auto got_scales = scales.download(size_t(R * cols / kB));
+  size_t bad = 0;
+  for (size_t i = 0; i < want_codes.size(); ++i)
+    if (got_codes[i] != want_codes[i] && bad++ < 5)
+      ADD_FAILURE() << what << " code [" << i / cols << ", " << i % cols << "]: got " << int(got_codes[i])
+                    << ", want " << int(want_codes[i]) << " (value " << v[i] << ")";
+  for (size_t i = 0; i < want_scales.size(); ++i)
+    if (fp8::bits_of(got_scales[i]) != fp8::bits_of(want_scales[i]) && bad++ < 10)
+      ADD_FAILURE() << what << " scale [" << i / (cols / kB) << ", " << i % (cols / kB) << "]: got "
+                    << got_scales[i] << ", want " << want_scales[i];
+  EXPECT_EQ(bad, 0u) << what << ": codes or scales off";
+}
+
 // |got - want| <= 1e-2 |want| + bound (bound: the accumulation error bound of the element, above).
 void expect_within(const std::vector<bf16>& got, const std::vector<double>& want, const std::vector<double>& bound,
                    const std::string& what) {
@@ -183,7 +220,16 @@ void run_fp8_case(const Case& c, const Function& f) {
   const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, R_max, E};
 
   std::mt19937 rng(2024u + uint32_t(T));
-  const auto x = spanning_bf16(1, T, d, 1, 1.f, rng), d_out = spanning_bf16(1, T, d, 1, 1.f, rng);
+  auto x = spanning_bf16(1, T, d, 1, 1.f, rng), d_out = spanning_bf16(1, T, d, 1, 1.f, rng);
+  // Outlier tokens: one 2^12 times larger, one 2^-20 times smaller (their A and dH rows follow), so
+  // the epilogues' per-row scales span far beyond the tiles' factors.
+  for (int64_t t : {T / 2, T - 1})
+    if (T > 2)
+      for (int64_t k = 0; k < d; ++k) {
+        const float f = t == T / 2 ? 4096.f : std::ldexp(1.f, -20);
+        x[size_t(t * d + k)] = float_to_bf16(bf16_to_float(x[size_t(t * d + k)]) * f);
+        d_out[size_t(t * d + k)] = float_to_bf16(bf16_to_float(d_out[size_t(t * d + k)]) * f);
+      }
   const auto w1 = spanning_bf16(E, W, d, kB, 1.f / std::sqrt(float(d)), rng);  // [E, W, d], W1's row order
   const auto w2 = spanning_bf16(E, d, n, kB, 1.f / std::sqrt(float(n)), rng);  // [E, d, n]
   std::vector<bf16> b1(size_t(E * W));
@@ -235,8 +281,26 @@ void run_fp8_case(const Case& c, const Function& f) {
     a.poison();
     lc::up_proj_act_fp8(rows, s, fn, xq.op(), w1q.op(), f.biased ? b1_d.ptr : nullptr, h.ptr, a.ptr, {}, nullptr, &cfg);
     CUDA_OK(cudaDeviceSynchronize());
-    expect_within(h.download(size_t(R * W)), h_ref, h_bound, "up H");
-    expect_within(a.download(size_t(R * n)), a_ref, a_bound, "up A");
+    const auto h_got = h.download(size_t(R * W)), a_got = a.download(size_t(R * n));
+    expect_within(h_got, h_ref, h_bound, "up H");
+    expect_within(a_got, a_ref, a_bound, "up A");
+    // A quantized in the epilogue, beside the bf16 A, then instead of it.
+    for (const bool with_a : {true, false}) {
+      SCOPED_TRACE(with_a ? "a_q beside a" : "a_q alone");
+      Dev<bf16> h2(size_t(R_max * W)), a2(size_t(R_max * n));
+      Dev<uint8_t> codes(size_t(R_max * n));
+      Dev<float> scales(size_t(R_max * n / kB));
+      h2.poison();
+      a2.poison();
+      codes.poison();
+      scales.poison();
+      lc::up_proj_act_fp8(rows, s, fn, xq.op(), w1q.op(), f.biased ? b1_d.ptr : nullptr, h2.ptr,
+                          with_a ? a2.ptr : nullptr, {codes.ptr, scales.ptr}, nullptr, &cfg);
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_TRUE(same_bits(h2.download(size_t(R * W)), h_got)) << "H with a_q";
+      if (with_a) EXPECT_TRUE(same_bits(a2.download(size_t(R * n)), a_got)) << "A with a_q";
+      expect_quantized_rows(codes, scales, a_got, R, n, "a_q");
+    }
   }
 
   // ---- dH: dA' = dÔ[tok]·Ŵ2_e (W2t's codes), dH, A', ds partials from the given H ----
@@ -284,9 +348,28 @@ void run_fp8_case(const Case& c, const Function& f) {
     ds.poison();
     lc::dh_act_bwd_fp8(rows, s, fn, doq.op(), w2q.op(), h_in_d.ptr, dh.ptr, ap.ptr, ds.ptr, {}, nullptr, &cfg);
     CUDA_OK(cudaDeviceSynchronize());
-    expect_within(dh.download(size_t(R * W)), dh_ref, dh_bound, "dH");
-    expect_within(ap.download(size_t(R * n)), ap_ref, ap_bound, "A'");
+    const auto dh_got = dh.download(size_t(R * W)), ap_got = ap.download(size_t(R * n));
+    expect_within(dh_got, dh_ref, dh_bound, "dH");
+    expect_within(ap_got, ap_ref, ap_bound, "A'");
     const auto ds_got = ds.download(size_t(R * P));
+    {  // dH quantized in the epilogue too: the same dH, A' and ds, and fp8::quantize(dH)'s codes
+      Dev<bf16> dh2(size_t(R_max * W)), ap2(size_t(R_max * n));
+      Dev<float> ds2(size_t(R_max * P));
+      Dev<uint8_t> codes(size_t(R_max * W));
+      Dev<float> scales(size_t(R_max * W / kB));
+      dh2.poison();
+      ap2.poison();
+      ds2.poison();
+      codes.poison();
+      scales.poison();
+      lc::dh_act_bwd_fp8(rows, s, fn, doq.op(), w2q.op(), h_in_d.ptr, dh2.ptr, ap2.ptr, ds2.ptr,
+                         {codes.ptr, scales.ptr}, nullptr, &cfg);
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_TRUE(same_bits(dh2.download(size_t(R * W)), dh_got)) << "dH with dh_q";
+      EXPECT_TRUE(same_bits(ap2.download(size_t(R * n)), ap_got)) << "A' with dh_q";
+      EXPECT_TRUE(same_bits(ds2.download(size_t(R * P)), ds_got)) << "ds with dh_q";
+      expect_quantized_rows(codes, scales, dh_got, R, W, "dh_q");
+    }
     size_t bad = 0;
     for (int64_t r = 0; r < R; ++r) {
       double total = 0;
@@ -338,11 +421,13 @@ TEST(ExpertGemmsFp8, Refusals) {
       [&] { lc::dh_act_bwd(rows, s, {}, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr); },
       {"dh_act_bwd", "dh_act_bwd_fp8"});
   leanmoe::expect_error(
-      [&] { lc::up_proj_act_fp8(rows, s, {}, op, op, nullptr, nullptr, &scale, {&code, &scale}, nullptr); },
-      {"up_proj_act_fp8", "a_q", "not implemented"});
+      [&] { lc::up_proj_act_fp8(rows, s, {}, op, op, nullptr, nullptr, &scale, {&code, nullptr}, nullptr); },
+      {"up_proj_act_fp8", "a_q.codes and a_q.scales"});
+  leanmoe::expect_error([&] { lc::up_proj_act_fp8(rows, s, {}, op, op, nullptr, nullptr, nullptr, {}, nullptr); },
+                        {"up_proj_act_fp8", "A must go somewhere"});
   leanmoe::expect_error(
-      [&] { lc::dh_act_bwd_fp8(rows, s, {}, op, op, nullptr, nullptr, nullptr, nullptr, {&code, &scale}, nullptr); },
-      {"dh_act_bwd_fp8", "dh_q", "not implemented"});
+      [&] { lc::dh_act_bwd_fp8(rows, s, {}, op, op, nullptr, nullptr, nullptr, nullptr, {nullptr, &scale}, nullptr); },
+      {"dh_act_bwd_fp8", "dh_q.codes and dh_q.scales"});
   leanmoe::expect_error(
       [&] { lc::up_proj_act_fp8(rows, s, {}, {&code, nullptr}, op, nullptr, nullptr, &scale, {}, nullptr); },
                         {"x.codes", "x.scales"});

@@ -56,9 +56,16 @@ static_assert(sizeof(GemmArgs) == 128, "GemmArgs grew: the default kernels' SASS
 // their scales (docs/DESIGN.md "FP8"): a_scales [T, K/128] per gathered token row, b_scales
 // [E, N/128, K/128] per 128x128 weight block (N along the weight rows as loaded: up W1's W rows,
 // dH W2t's n rows). A separate type, so that GemmArgs (and the bf16 kernels) stay as they are.
+// out_q: up's A or dH's dH also quantized in the epilogue (codes [R, C], scales [R, C/128], C = n
+// resp. W, 1x128 tiles along the row as fp8_quantize_rows writes them); null codes: not asked for.
+struct Fp8RowsOut {
+  uint8_t* codes;
+  float* scales;
+};
 struct Fp8GemmArgs : GemmArgs {
   const float* a_scales;
   const float* b_scales;
+  Fp8RowsOut out_q;
 };
 template <class Tile>
 using GemmArgsOf = std::conditional_t<Tile::kFp8, Fp8GemmArgs, GemmArgs>;

@@ -600,6 +600,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 
       // Varlen-K: an empty expert's tile had no k-tile and stores its zero accumulators.
       const OutputTile tile = tile_at(t);
+      Fp8RowsOut out_q{};  // FP8: A / dH also quantized when asked (args.out_q.codes)
+      if constexpr (Tile::kFp8) out_q = args.out_q;
 #pragma unroll
       for (int s = 0; s < Tile::kSlices; ++s) {
         const int64_t m0 = tile.m0 + Tile::slice_row(cwg, s) * 64;
@@ -607,10 +609,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         if constexpr (kVarlenK)
           store_dw_rows_warp_staged<kTileN>(args, dims, acc[s], m0, tile.n_tile, tile.expert, staging);
         else if constexpr (kKind == GemmKind::Up)
-          store_up_rows_warp_staged<Act, kTileN, kTransposed>(args, acc[s], m0, tile.row_end, tile.n_tile, tile.expert,
-                                                              staging);
+          store_up_rows_warp_staged<Act, kTileN, kTransposed, Tile::kFp8>(args, acc[s], m0, tile.row_end, tile.n_tile,
+                                                                          tile.expert, staging, out_q);
         else
-          store_dh_rows_warp_staged<Act, kTileN>(args, acc[s], m0, tile.row_end, tile.n_tile, staging);
+          store_dh_rows_warp_staged<Act, kTileN, Tile::kFp8>(args, acc[s], m0, tile.row_end, tile.n_tile, staging,
+                                                             out_q);
       }
     }
   }

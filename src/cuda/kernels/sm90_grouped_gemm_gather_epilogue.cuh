@@ -9,6 +9,7 @@
 // Device-only header.
 #pragma once
 #include "activation.cuh"
+#include "fp8_encode.cuh"
 #include "grouped_gemm_problem.cuh"
 #include "sm90_ptx.cuh"
 
@@ -77,14 +78,77 @@ __device__ __forceinline__ uint32_t interleaved_pair_offset(int row, int bl, int
 __device__ __forceinline__ uint32_t low_halves(uint32_t w0, uint32_t w1) { return __byte_perm(w0, w1, 0x5410); }
 __device__ __forceinline__ uint32_t high_halves(uint32_t w0, uint32_t w1) { return __byte_perm(w0, w1, 0x7632); }
 
+// ---- FP8 outputs quantized in the epilogue (up's A, dH's dH; docs/DESIGN.md "FP8"): one 1x128 tile
+//      of each of the warp's 16 rows, columns col0 .. col0 + 128 of a [R, ld] output. A lane quad
+//      holds whole rows, so a row's amax is its quad's (two shuffles: no shared memory, no warp or
+//      CTA reduction). The lanes hand in the tile's bf16 pairs exactly as the bf16 path stores them
+//      (pairs[h][i]: row lane/4 + 8h, columns col_of(i), col_of(i) + 1, the first 8 pairs' columns
+//      below 64), kept in registers across the tile's chunks: the first epilogue that quantized
+//      re-read its own dH rows from global memory, a chain of dependent round trips per tile.
+//      Codes go through the staging tile `tile` (64 columns x 16 rows at a time) to 16-byte stores.
+//      fp8_detail's rules, so codes and scales equal fp8_quantize_rows' of the bf16 values. ----
+template <int kPairs, class ColOf>
+__device__ __forceinline__ void quantize_row_tiles(const Fp8RowsOut& out_q, int64_t ld, int64_t col0,
+                                                   const uint32_t (&pairs)[2][kPairs], ColOf col_of, int64_t row0,
+                                                   int row_end, uint32_t tile) {
+  static_assert(kPairs == 16, "128 columns: 16 pairs of each of a lane's two rows");
+  const int lane = threadIdx.x & 31, q = lane % 4;
+  float scale[2], inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPairs; ++i) {
+      float v[2] = {fp8::float_of(pairs[h][i] << 16), fp8::float_of(pairs[h][i] & 0xffff0000u)};
+      amax = fp8::amax_step(fp8::amax_step(amax, v[0]), v[1]);
+    }
+    amax = fp8::amax_step(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fp8::amax_step(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    scale[h] = fp8::scale_of(amax);
+    inv[h] = fp8::inverse_scale(scale[h]);
+  }
+  // Columns 64p .. 64p + 63 (pairs 8p .. 8p + 7). Called with literal p: every index is a constant,
+  // so `pairs` stays in registers (a loop over p was left rolled and put them in local memory).
+  auto half = [&](const int p) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int k = 0; k < kPairs / 2; ++k) {
+        const int i = p * kPairs / 2 + k, col = col_of(i) - 64 * p;  // col even, in [0, 64)
+        const uint32_t w = pairs[h][i];
+        st_shared_u16(tile + warp_tile_offset(lane / 4 + 8 * h, col >> 4) + (col & 15),
+                      fp8_detail::encode_x2(fp8::float_of(w << 16) * inv[h], fp8::float_of(w & 0xffff0000u) * inv[h]));
+      }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int row = lane / 4 + 8 * j;
+      const uint4 v = ld_shared_v4(tile + warp_tile_offset(row, q));
+      if (row0 + row < row_end) *reinterpret_cast<uint4*>(out_q.codes + (row0 + row) * ld + col0 + 64 * p + 16 * q) = v;
+    }
+    __syncwarp();  // the next half (or the caller) overwrites the tile
+  };
+  half(0);
+  half(1);
+  if (q == 0)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = row0 + lane / 4 + 8 * h;
+      if (r < row_end) out_q.scales[r * (ld / 128) + col0 / 128] = scale[h];
+    }
+}
+
 // ---- up, gated: each warp writes its 16 rows of the slice (rows m0 + 16·warp_in_wg ..) 32 gate
 //      columns at a time into its three tiles (H gate, H up, A = Act::forward(g, u)) and copies
 //      them out. kBias: b1 (in W1's row order) is added to the accumulators first, so H holds the
 //      biased pre-activation and A its activation. kInterleaved: H's columns in W1's interleaved
-//      row order, (g_j, u_j) pairs through the first two tiles. ----
-template <class Act, int kTileN, bool kBias, bool kInterleaved>
+//      row order, (g_j, u_j) pairs through the first two tiles. kQuant (FP8 kernels, out_q asked
+//      for): A (the tile's 128 j's, one 1x128 tile of each row) also quantized (quantize_row_tiles),
+//      and args.out2 may be null (no bf16 A). ----
+template <class Act, int kTileN, bool kBias, bool kInterleaved, bool kQuant = false>
 __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float (&acc)[kTileN / 2], int64_t m0,
-                                               int row_end, int n_tile, int expert, uint32_t staging) {
+                                               int row_end, int n_tile, int expert, uint32_t staging,
+                                               Fp8RowsOut out_q = {}) {
   constexpr int kHalf = kTileN / 2;  // gate columns of the tile; acc block b + kHalf/8 holds the up ones
   const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
   const int64_t n = args.n, j0 = int64_t(n_tile) * kHalf;
@@ -92,6 +156,8 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
   const uint32_t gate_tile = staging + warp_in_wg * kWarpStagingBytes, up_tile = gate_tile + kWarpTileBytes,
                  a_tile = up_tile + kWarpTileBytes;
   const bf16* const b1 = kBias ? args.b1 + int64_t(expert) * 2 * n : nullptr;
+  static_assert(!kQuant || kHalf == 128, "a tile's A columns are one 1x128 scale tile");
+  uint32_t a_pairs[2][kQuant ? 16 : 1];  // kQuant: A of chunk c, block bl at [h][4c + bl]
 #pragma unroll
   for (int c = 0; c < kHalf / 32; ++c) {
 #pragma unroll
@@ -125,7 +191,9 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
           st_shared_b32(gate_tile + at, pack_bf16x2(g0, g1));
           st_shared_b32(up_tile + at, pack_bf16x2(u0, u1));
         }
-        st_shared_b32(a_tile + at, pack_bf16x2(Act::forward(args.act, g0, u0), Act::forward(args.act, g1, u1)));
+        const uint32_t a2 = pack_bf16x2(Act::forward(args.act, g0, u0), Act::forward(args.act, g1, u1));
+        st_shared_b32(a_tile + at, a2);
+        if constexpr (kQuant) a_pairs[h][4 * c + bl] = a2;
       }
     __syncwarp();
     const int chunk = lane % 4;
@@ -147,20 +215,25 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
           *reinterpret_cast<uint4*>(args.out + r * 2 * n + col) = v[0];
           *reinterpret_cast<uint4*>(args.out + r * 2 * n + n + col) = v[1];
         }
-        *reinterpret_cast<uint4*>(args.out2 + r * n + col) = v[2];
+        if (!kQuant || args.out2 != nullptr) *reinterpret_cast<uint4*>(args.out2 + r * n + col) = v[2];
       }
     }
     __syncwarp();  // the next chunk overwrites the tiles
   }
+  if constexpr (kQuant)
+      quantize_row_tiles(out_q, n, j0, a_pairs, [&](int i) { return 8 * i + 2 * (lane % 4); }, row0, row_end,
+                         gate_tile);
 }
 
 // ---- up, plain (H [R, n], A = f(h)): the tile's kTileN columns are n-columns j0 .. j0 + kTileN,
 //      acc block b the first half's, b + kHalf/8 the second half's. Per 32-column chunk: the two
 //      halves' H and the first half's A through the three tiles, then the second half's A through
-//      the first. ----
-template <class Act, int kTileN, bool kBias>
+//      the first. kQuant (out_q asked for): A also quantized, each half's 128 columns one 1x128 tile
+//      of the row (quantize_row_tiles), and args.out2 may be null. ----
+template <class Act, int kTileN, bool kBias, bool kQuant = false>
 __device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float (&acc)[kTileN / 2], int64_t m0,
-                                               int row_end, int n_tile, int expert, uint32_t staging) {
+                                               int row_end, int n_tile, int expert, uint32_t staging,
+                                               Fp8RowsOut out_q = {}) {
   constexpr int kHalf = kTileN / 2;
   const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3, q = lane % 4;
   const int64_t n = args.n, j0 = int64_t(n_tile) * kTileN;
@@ -174,10 +247,13 @@ __device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float
       const int row = lane / 4 + 8 * j;
       const uint4 v = ld_shared_v4(tile + warp_tile_offset(row, q));
       const int64_t r = row0 + row;
-      if (r < row_end && col + 8 * q < n) *reinterpret_cast<uint4*>(dst + r * n + col + 8 * q) = v;
+      if (r < row_end && col + 8 * q < n && (!kQuant || dst != nullptr))
+        *reinterpret_cast<uint4*>(dst + r * n + col + 8 * q) = v;
     }
     __syncwarp();
   };
+  static_assert(!kQuant || kHalf == 128, "a half's columns are one 1x128 scale tile");
+  uint32_t a_pairs[2][2][kQuant ? 16 : 1];  // kQuant: A of half `half`, chunk c, block bl at [half][h][4c + bl]
 #pragma unroll
   for (int c = 0; c < kHalf / 32; ++c) {
     float hv[2][2][4][2];  // [half][h][bl][v]
@@ -203,9 +279,11 @@ __device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float
 #pragma unroll
         for (int bl = 0; bl < 4; ++bl) {
           const float x0 = hv[half][h][bl][0], x1 = hv[half][h][bl][1];
-          st_shared_b32(tile + warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * q,
-                        activated ? pack_bf16x2(Act::forward(args.act, x0, 0.f), Act::forward(args.act, x1, 0.f))
-                                  : pack_bf16x2(x0, x1));
+          const uint32_t v = activated ? pack_bf16x2(Act::forward(args.act, x0, 0.f), Act::forward(args.act, x1, 0.f))
+                                       : pack_bf16x2(x0, x1);
+          st_shared_b32(tile + warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * q, v);
+          if constexpr (kQuant)
+            if (activated) a_pairs[half][h][4 * c + bl] = v;
         }
     };
     const int64_t col0 = j0 + 32 * c, col1 = col0 + kHalf;
@@ -218,6 +296,12 @@ __device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float
     stage(tile0, 1, true);
     copy_out(tile0, args.out2, col1);
   }
+  if constexpr (kQuant)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+        if (j0 + half * kHalf < n)  // the last tile's second half past n (n an odd multiple of 128)
+          quantize_row_tiles(out_q, n, j0 + half * kHalf, a_pairs[half], [&](int i) { return 8 * i + 2 * q; }, row0,
+                             row_end, tile0);
 }
 
 // ---- up, gated, W1 transposed and interleaved (gpt-oss: [d, 2n], columns g0, u0, g1, u1, ...):
@@ -275,37 +359,49 @@ __device__ __forceinline__ void store_up_pairs(const GemmArgs& args, const float
 // up's epilogue: the variant for the activation's kind (compile time) and for the bias and W1's
 // row order (compile time on the default path, Act::kNoBiasGateUp; else run time, uniform per launch).
 // Transposed weights change only interleaved H's columns in the tile (store_up_pairs).
-template <class Act, int kTileN, bool kTransposed>
-__device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, const float (&acc)[kTileN / 2],
-                                                          int64_t m0, int row_end, int n_tile, int expert,
-                                                          uint32_t staging) {
+template <class Act, int kTileN, bool kTransposed, bool kQuant>
+__device__ __forceinline__ void store_up_variant(const GemmArgs& args, const float (&acc)[kTileN / 2], int64_t m0,
+                                                 int row_end, int n_tile, int expert, uint32_t staging,
+                                                 Fp8RowsOut out_q) {
   if constexpr (Act::kNoBiasGateUp) {
     static_assert(!kTransposed, "the default path is the HF layout");
-    store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
+    store_up_gated<Act, kTileN, false, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
   } else if constexpr (Act::kGated && kTransposed) {  // [gate; up] lands as in the HF layout
+    static_assert(!kQuant, "FP8 up reads W1 K-major: the HF layout's kernel");
     if (args.b1 == nullptr && !args.interleaved)
-      store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
+      store_up_gated<Act, kTileN, false, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
     else if (!args.interleaved)
-      store_up_gated<Act, kTileN, true, false>(args, acc, m0, row_end, n_tile, expert, staging);
+      store_up_gated<Act, kTileN, true, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
     else if (args.b1 == nullptr)
       store_up_pairs<Act, kTileN, false>(args, acc, m0, row_end, n_tile, expert, staging);
     else
       store_up_pairs<Act, kTileN, true>(args, acc, m0, row_end, n_tile, expert, staging);
   } else if constexpr (Act::kGated) {
     if (args.b1 == nullptr && !args.interleaved)
-      store_up_gated<Act, kTileN, false, false>(args, acc, m0, row_end, n_tile, expert, staging);
+      store_up_gated<Act, kTileN, false, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
     else if (!args.interleaved)
-      store_up_gated<Act, kTileN, true, false>(args, acc, m0, row_end, n_tile, expert, staging);
+      store_up_gated<Act, kTileN, true, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
     else if (args.b1 == nullptr)
-      store_up_gated<Act, kTileN, false, true>(args, acc, m0, row_end, n_tile, expert, staging);
+      store_up_gated<Act, kTileN, false, true, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
     else
-      store_up_gated<Act, kTileN, true, true>(args, acc, m0, row_end, n_tile, expert, staging);
+      store_up_gated<Act, kTileN, true, true, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
   } else {
     if (args.b1 == nullptr)
-      store_up_plain<Act, kTileN, false>(args, acc, m0, row_end, n_tile, expert, staging);
+      store_up_plain<Act, kTileN, false, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
     else
-      store_up_plain<Act, kTileN, true>(args, acc, m0, row_end, n_tile, expert, staging);
+      store_up_plain<Act, kTileN, true, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
   }
+}
+// kQuant (FP8 kernels): the quantizing variant only when out_q is asked for, a branch of its own, so
+// that the other keeps the plain epilogue's code.
+template <class Act, int kTileN, bool kTransposed, bool kQuant = false>
+__device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, const float (&acc)[kTileN / 2],
+                                                          int64_t m0, int row_end, int n_tile, int expert,
+                                                          uint32_t staging, Fp8RowsOut out_q = {}) {
+  if (kQuant && out_q.codes != nullptr)
+    store_up_variant<Act, kTileN, kTransposed, kQuant>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
+  else
+    store_up_variant<Act, kTileN, kTransposed, false>(args, acc, m0, row_end, n_tile, expert, staging, out_q);
 }
 
 // ---- dH: each warp walks its 16 rows 32 columns at a time: H's gate and up columns of the chunk
@@ -316,10 +412,13 @@ __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, 
 //      rows into L2 (prefetch_h_row_l2). Rows past the expert's and columns past n get no ds term
 //      and no store. kInterleaved: H and dH in W1's interleaved row order (a chunk's 64 H columns
 //      through the two tiles, (dg_j, du_j) pairs out in two passes). A plain activation: H and dH
-//      [R, n], one tile in, dg and A' out. ----
-template <class Act, int kTileN, bool kInterleaved>
+//      [R, n], one tile in, dg and A' out. kQuant (out_q asked for): dH also quantized in 1x128 tiles
+//      of its rows (W1's row order: [gate; up] and plain, the dg (du) columns of 4 chunks; interleaved,
+//      the (dg, du) pairs of 2), each tile once its last chunk is out (quantize_row_tiles); dH itself
+//      stays (dW1 and db1 read it). ----
+template <class Act, int kTileN, bool kInterleaved, bool kQuant = false>
 __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0, int row_end,
-                                              int n_tile, uint32_t staging) {
+                                              int n_tile, uint32_t staging, Fp8RowsOut out_q = {}) {
   constexpr int kChunks = kTileN / 32, kParts = kTileN / 128;
   constexpr bool kGated = Act::kGated;
   static_assert(kGated || !kInterleaved, "a plain activation has one row order");
@@ -364,6 +463,10 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
     const int64_t r = row0 + lane / 4 + 8 * h;
     gate[h] = r < row_end ? args.row_gate[r] : 0.f;
   }
+  // kQuant: the current dH tiles' bf16 pairs (quantize_row_tiles' layout), dg's (interleaved: the
+  // (dg, du) pairs) in q_g, du's in q_u; 64 registers at most, where the mainloop's promotion held 64.
+  static_assert(!kQuant || kTileN % 128 == 0, "whole 1x128 tiles of dH per column tile");
+  uint32_t q_g[2][kQuant ? 16 : 1], q_u[2][kQuant && kGated && !kInterleaved ? 16 : 1];
   load_h(0);
 #pragma unroll
   for (int c = 0; c < kChunks; ++c) {
@@ -440,23 +543,61 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
       if (out < 2) store_o_tile(args.out + out * n, w, c);
       else store_o_tile(args.out2, n, c);
     }
+    if constexpr (kQuant) {
+      if constexpr (kInterleaved) {  // dH columns 2(n0 + 32c) + 16bl + 4q + [0, 4): (dg, du) of two j's
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int bl = 0; bl < 4; ++bl) {
+            q_g[h][8 * (c % 2) + 2 * bl] = low_halves(dg2[h][bl], du2[h][bl]);
+            q_g[h][8 * (c % 2) + 2 * bl + 1] = high_halves(dg2[h][bl], du2[h][bl]);
+          }
+        if (c % 2 == 1)
+          quantize_row_tiles(out_q, w, 2 * n0 + 64 * (c - 1), q_g,
+                             [&](int i) { return 64 * (i / 8) + 16 * (i % 8 / 2) + 4 * q + 2 * (i % 2); }, row0,
+                             row_end, o_tile);
+      } else {  // columns n0 + 32c + 8bl + 2q (+ n: du)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int bl = 0; bl < 4; ++bl) {
+            q_g[h][4 * (c % 4) + bl] = dg2[h][bl];
+            if constexpr (kGated) q_u[h][4 * (c % 4) + bl] = du2[h][bl];
+          }
+        if (c % 4 == 3) {
+          const auto col_of = [&](int i) { return 8 * i + 2 * q; };
+          quantize_row_tiles(out_q, w, n0 + 32 * (c - 3), q_g, col_of, row0, row_end, o_tile);
+          if constexpr (kGated) quantize_row_tiles(out_q, w, n + n0 + 32 * (c - 3), q_u, col_of, row0, row_end, o_tile);
+        }
+      }
+    }
   }
   store_ds_partials<kParts>(args, ds, row0 + lane / 4, row_end, n_tile);
 }
 
-template <class Act, int kTileN>
-__device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0,
-                                                          int row_end, int n_tile, uint32_t staging) {
+template <class Act, int kTileN, bool kQuant>
+__device__ __forceinline__ void store_dh_variant(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0,
+                                                 int row_end, int n_tile, uint32_t staging, Fp8RowsOut out_q) {
   if constexpr (Act::kNoBiasGateUp) {
-    store_dh_rows<Act, kTileN, false>(args, acc, m0, row_end, n_tile, staging);
+    store_dh_rows<Act, kTileN, false, kQuant>(args, acc, m0, row_end, n_tile, staging, out_q);
   } else if constexpr (Act::kGated) {
     if (args.interleaved)
-      store_dh_rows<Act, kTileN, true>(args, acc, m0, row_end, n_tile, staging);
+      store_dh_rows<Act, kTileN, true, kQuant>(args, acc, m0, row_end, n_tile, staging, out_q);
     else
-      store_dh_rows<Act, kTileN, false>(args, acc, m0, row_end, n_tile, staging);
+      store_dh_rows<Act, kTileN, false, kQuant>(args, acc, m0, row_end, n_tile, staging, out_q);
   } else {
-    store_dh_rows<Act, kTileN, false>(args, acc, m0, row_end, n_tile, staging);
+    store_dh_rows<Act, kTileN, false, kQuant>(args, acc, m0, row_end, n_tile, staging, out_q);
   }
+}
+// kQuant: as store_up_rows_warp_staged.
+template <class Act, int kTileN, bool kQuant = false>
+__device__ __forceinline__ void store_dh_rows_warp_staged(const GemmArgs& args, float (&acc)[kTileN / 2], int64_t m0,
+                                                          int row_end, int n_tile, uint32_t staging,
+                                                          Fp8RowsOut out_q = {}) {
+  if (kQuant && out_q.codes != nullptr)
+    store_dh_variant<Act, kTileN, kQuant>(args, acc, m0, row_end, n_tile, staging, out_q);
+  else
+    store_dh_variant<Act, kTileN, false>(args, acc, m0, row_end, n_tile, staging, out_q);
 }
 
 // dH: H's gate and up columns [n0, n0 + kTileN) of routed row `row` into L2, issued by the producer

@@ -149,6 +149,9 @@ __device__ __forceinline__ void st_shared_b16(uint32_t addr, float v) {  // v ro
   const __nv_bfloat16 b = __float2bfloat16_rn(v);
   asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(*reinterpret_cast<const uint16_t*>(&b)) : "memory");
 }
+__device__ __forceinline__ void st_shared_u16(uint32_t addr, uint32_t v) {  // the low 16 bits of v
+  asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(static_cast<uint16_t>(v)) : "memory");
+}
 __device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
