@@ -100,9 +100,9 @@ void check_backend_support(const char* fn, const MoEConfig& cfg, DType dtype, co
 // eight tensors: each weight's e4m3 codes as stored [E, R, C] with f32 scales [E, R/128, C/128], and
 // the transposed codes [E, C, R] with [E, C/128, R/128], on the weights' device.
 void check_fp8_weights(const char* fn, const MoEConfig& cfg, const MoEWeights& w, const Tensor& ref,
-                       const char* ref_name) {
+                       const char* ref_name, const char* experts_name = "E") {
   const int64_t W = up_width(cfg);
-  const Dim E{"E", cfg.E}, d{"d", cfg.d}, n{"n", cfg.n}, Wd{W == cfg.n ? "n" : "2n", W};
+  const Dim E{experts_name, cfg.E}, d{"d", cfg.d}, n{"n", cfg.n}, Wd{W == cfg.n ? "n" : "2n", W};
   const Dim d_b{"d/128", cfg.d / 128}, n_b{"n/128", cfg.n / 128}, W_b{W == cfg.n ? "n/128" : "2n/128", W / 128};
   struct Weight {
     const char* codes, *scales, *codes_t, *scales_t;  // argument names
@@ -402,6 +402,11 @@ void validate_config(const MoEConfig& cfg, const char* fn) {
       fail(fn, "cfg", std::string("cfg.") + field + " must be a multiple of 128 with cfg.precision = fp8 (1x128 scale "
                           "tiles, 128x128 weight blocks)",
            std::string(field) + " = " + std::to_string(v));
+}
+
+void validate_fp8_weights(const MoEConfig& cfg, const MoEWeights& w, const Tensor& ref, const char* ref_name,
+                          const char* experts_name, const char* fn) {
+  check_fp8_weights(fn, cfg, w, ref, ref_name, experts_name);
 }
 
 void validate_storage(const MoEConfig& cfg, DType dtype, const char* fn) {

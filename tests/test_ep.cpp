@@ -3,12 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <vector>
 
 #include "ep_thread_communicator.h"
+#include "expect_error.h"
 #include "leanmoe/ep.h"
+#include "leanmoe/optim.h"
 
 namespace leanmoe::testing {
 namespace {
@@ -58,17 +62,17 @@ struct Problem {
   Vec x, router, gate_up, down, d_out;
 };
 
-Problem make_problem(int64_t E, int64_t K, std::vector<int64_t> tokens_per_rank, uint32_t seed) {
+Problem make_problem(int64_t E, int64_t K, std::vector<int64_t> tokens_per_rank, uint32_t seed, int64_t d = 16,
+                     int64_t n = 8) {
   Problem pb;
-  pb.cfg.d = 16;
-  pb.cfg.n = 8;
+  pb.cfg.d = d;
+  pb.cfg.n = n;
   pb.cfg.E = E;
   pb.cfg.K = K;
   pb.cfg.router = RouterConvention::topk_then_softmax;
   pb.tokens_per_rank = tokens_per_rank;
   for (int64_t t : tokens_per_rank) pb.T += t;
   std::mt19937 rng(seed);
-  const int64_t d = pb.cfg.d, n = pb.cfg.n;
   pb.x = random_vec(rng, pb.T * d, 1.f);
   pb.router = random_vec(rng, E * d, 0.5f);
   pb.gate_up = random_vec(rng, E * 2 * n * d, 0.3f);
@@ -110,7 +114,10 @@ Result run_single(const Problem& pb) {
 }
 
 // Every rank writes its own token rows and expert slices of the global result.
-Result run_ep(const Problem& pb, int P, std::vector<ExpertWeight>* callback_order = nullptr) {
+// With cfg.fp8_weights_given each rank passes the codes of its own experts (Fp8WeightBuffers over
+// E/P experts); edit_weights, if given, then changes a rank's weight arguments.
+Result run_ep(const Problem& pb, int P, std::vector<ExpertWeight>* callback_order = nullptr,
+              const std::function<void(MoEWeights&)>& edit_weights = nullptr) {
   const MoEConfig& c = pb.cfg;
   const int64_t T = pb.T, d = c.d, n = c.n, E = c.E, El = E / P;
   Result r;
@@ -134,7 +141,16 @@ Result run_ep(const Problem& pb, int P, std::vector<ExpertWeight>* callback_orde
     Stored down(dt, pb.down.begin() + e0 * d * n, pb.down.begin() + (e0 + El) * d * n);
     Stored out_s(dt, Tr * d), dx_s(dt, Tr * d), d_router_s(dt, E * d), d_gate_up_s(dt, El * 2 * n * d),
         d_down_s(dt, El * d * n);
-    const MoEWeights w{router.view({E, d}), gate_up.view({El, 2 * n, d}), down.view({El, d, n})};
+    MoEWeights w{router.view({E, d}), gate_up.view({El, 2 * n, d}), down.view({El, d, n})};
+    MoEConfig local = c;
+    local.E = El;
+    std::optional<optim::Fp8WeightBuffers> codes;
+    if (c.fp8_weights_given) {
+      codes.emplace(local, Device::cpu);
+      codes->quantize(w);
+      w.fp8 = codes->weights();
+    }
+    if (edit_weights) edit_weights(w);
     ep::ExpertParallelLayer layer(c, comm);
     layer.forward(x.view({Tr, d}), w, out_s.view({Tr, d}));
     const MoEGrads g{dx_s.view({Tr, d}), d_router_s.view({E, d}), d_gate_up_s.view({El, 2 * n, d}),
@@ -296,15 +312,131 @@ TEST(ExpertParallel, RejectsRouterLosses) {
   EXPECT_THROW(run_ep(pb, 2), Error);
 }
 
-TEST(ExpertParallel, RejectsFp8) {
-  Problem pb = make_problem(4, 2, {3, 3}, 7);
+// FP8 (docs/DESIGN.md "FP8"): every scale tile is one token row's (x, dO, A, dH: 1x128 along the
+// GEMM's K) or one expert's (weights: 128x128 blocks), so an owner quantizes exactly what one rank
+// running the concatenated batch quantizes, and its FP8 GEMMs see the same rows in the same order.
+// What differs is what differs in bf16 storage (kBf16Tol): gates at the fp32 level (the router
+// GEMM's shape), which can flip a bf16 rounding of A' or dH; a flipped dH value can in turn move
+// its e4m3 code by one step (2^-4 relative) in dX's operand, on a few elements of the ~T·K·2n, so
+// norm-wise still far below 1e-2, while a lost pair or an unquantized operand (FP8 is several
+// percent off storage precision, checked below) is far above it. Measured on these tests: dx,
+// dW1, dW2 bitwise equal, out within 1.2e-4, d_router 2.3e-3 (rounded to bf16 per rank before
+// the sum, as in bf16 storage).
+Problem fp8_problem(int64_t E, int64_t K, std::vector<int64_t> tokens_per_rank, uint32_t seed) {
+  Problem pb = make_problem(E, K, tokens_per_rank, seed, 128, 128);
+  pb.dtype = DType::bf16;
   pb.cfg.precision = Precision::fp8;
-  try {
-    run_ep(pb, 2);
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cfg.precision = storage only"), std::string::npos) << e.what();
+  return pb;
+}
+constexpr double kFp8Tol = kBf16Tol;
+
+TEST(ExpertParallel, Fp8TwoRanksMatchOneRank) {
+  Problem pb = fp8_problem(8, 2, {37, 21}, 11);  // T = 58, not a multiple of 128
+  const Result ep = run_ep(pb, 2), one = run_single(pb);
+  expect_match(ep, one, kFp8Tol);
+  // FP8 really ran on both sides: storage precision is several percent away.
+  Problem storage = pb;
+  storage.cfg.precision = Precision::storage;
+  const Result bf16 = run_single(storage);
+  EXPECT_GT(rel_error(ep.out, bf16.out), 1e-2) << "out: EP in fp8 against one rank in bf16";
+  EXPECT_GT(rel_error(ep.dx, bf16.dx), 1e-2) << "dx: EP in fp8 against one rank in bf16";
+}
+
+TEST(ExpertParallel, Fp8FourRanksRaggedTokensMatchOneRank) {
+  expect_match(run_ep(fp8_problem(8, 3, {45, 1, 70, 13}, 12), 4), run_single(fp8_problem(8, 3, {45, 1, 70, 13}, 12)),
+               kFp8Tol);
+}
+
+TEST(ExpertParallel, Fp8RankWhoseExpertsGetNoTokens) {
+  // Feature 0 of every token is 1 and the last rank's experts weigh it -60 (the other 127 features
+  // give logits of std ~6), so they are never chosen; the others share the tokens at random.
+  Problem pb = fp8_problem(8, 2, {19, 30, 4, 9}, 13);
+  const int64_t d = pb.cfg.d;
+  for (int64_t t = 0; t < pb.T; ++t) pb.x[t * d] = 1.f;
+  for (int64_t e = 6; e < pb.cfg.E; ++e) pb.router[e * d] = -60.f;
+  const Result one = run_single(pb);
+  ASSERT_EQ(one.expert_counts[6] + one.expert_counts[7], 0) << "the test needs idle experts on rank 3";
+  const Result ep = run_ep(pb, 4);
+  expect_match(ep, one, kFp8Tol);
+  for (int64_t i = 6 * 2 * pb.cfg.n * d; i < int64_t(ep.d_gate_up.size()); ++i) ASSERT_EQ(ep.d_gate_up[i], 0.f);
+}
+
+TEST(ExpertParallel, Fp8PerRankTokenRoundingIsEachRanksOwnRounding) {
+  // As PerRankTokenRoundingIsEachRanksOwnRounding, in FP8: a token's out and dx depend only on its
+  // own rows (row tiles), so they are those of one rank running only its rank's tokens.
+  Problem pb = fp8_problem(8, 2, {29, 7, 40, 3}, 14);
+  pb.cfg.routing = Routing::token_rounding;
+  pb.cfg.tile = 8;
+  const Result ep = run_ep(pb, 4);
+  std::vector<int64_t> want(pb.cfg.E, 0);
+  int64_t t0 = 0;
+  for (int64_t Tr : pb.tokens_per_rank) {
+    Problem part = pb;
+    part.T = Tr;
+    part.tokens_per_rank = {Tr};
+    part.x.assign(pb.x.begin() + t0 * pb.cfg.d, pb.x.begin() + (t0 + Tr) * pb.cfg.d);
+    part.d_out.assign(pb.d_out.begin() + t0 * pb.cfg.d, pb.d_out.begin() + (t0 + Tr) * pb.cfg.d);
+    const Result one = run_single(part);
+    for (int64_t e = 0; e < pb.cfg.E; ++e) want[e] += one.expert_counts[e];
+    const auto rows = [&](const Vec& v) { return Vec(v.begin() + t0 * pb.cfg.d, v.begin() + (t0 + Tr) * pb.cfg.d); };
+    EXPECT_LT(rel_error(rows(ep.out), one.out), kFp8Tol) << "out of the rank starting at token " << t0;
+    EXPECT_LT(rel_error(rows(ep.dx), one.dx), kFp8Tol) << "dx of the rank starting at token " << t0;
+    t0 += Tr;
   }
+  EXPECT_EQ(ep.expert_counts, want);
+}
+
+TEST(ExpertParallel, Fp8WeightCodesGivenPerRank) {
+  // Each rank passes its own E/P experts' codes (the CPU backend reads the bf16 weights, the same
+  // values by the contract): the same result as quantizing per call.
+  Problem pb = fp8_problem(8, 2, {23, 31}, 15);
+  const Result per_call = run_ep(pb, 2);
+  pb.cfg.fp8_weights_given = true;
+  const Result given = run_ep(pb, 2);
+  EXPECT_EQ(given.out, per_call.out);
+  EXPECT_EQ(given.dx, per_call.dx);
+  EXPECT_EQ(given.d_gate_up, per_call.d_gate_up);
+  EXPECT_EQ(given.d_down, per_call.d_down);
+  // Codes of all E experts on a rank that owns E/P of them.
+  expect_error([&] { run_ep(pb, 2, nullptr, [&](MoEWeights& w) { w.fp8.gate_up_proj.codes.shape[0] = 8; }); },
+                        {"ep forward: argument 'w.fp8.gate_up_proj.codes'", "[E/P, 2n, d] = [4, 256, 128]"});
+  // Codes without cfg.fp8_weights_given.
+  pb.cfg.fp8_weights_given = false;
+  optim::Fp8WeightBuffers stray(fp8_problem(4, 2, {1}, 0).cfg, Device::cpu);
+  expect_error([&] { run_ep(pb, 2, nullptr, [&](MoEWeights& w) { w.fp8 = stray.weights(); }); },
+                        {"argument 'w.fp8.gate_up_proj.codes'", "must be undefined unless cfg.fp8_weights_given"});
+}
+
+TEST(ExpertParallel, Fp8Rules) {
+  Problem pb = fp8_problem(4, 2, {3, 3}, 7);
+  pb.dtype = DType::f32;
+  expect_error([&] { run_ep(pb, 2); }, {"ep forward: argument 'cfg'", "fp8 needs bf16 storage"});
+  Problem small = make_problem(4, 2, {3, 3}, 7);
+  small.dtype = DType::bf16;
+  small.cfg.precision = Precision::fp8;
+  expect_error([&] { run_ep(small, 2); },
+                        {"ExpertParallelLayer: argument 'cfg'", "cfg.d must be a multiple of 128 with cfg.precision = fp8"});
+}
+
+// A one-rank communicator that says its tensors live on the GPU; the constructor refuses FP8
+// before it looks for the CUDA backend, so this runs in any build.
+class CudaLookalike final : public ep::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  Device device() const override { return Device::cuda; }
+  Stream stream() const override { return nullptr; }
+  void synchronize() override {}
+  void all_to_all_v(const void*, const int64_t*, const int64_t*, void*, const int64_t*, const int64_t*,
+                    size_t) override {}
+  void all_reduce_sum(float*, int64_t) override {}
+};
+
+TEST(ExpertParallel, Fp8RefusedOnCuda) {
+  CudaLookalike comm;
+  expect_error([&] { ep::ExpertParallelLayer layer(fp8_problem(4, 2, {3}, 7).cfg, comm); },
+               {"ExpertParallelLayer: argument 'cfg'", "FP8 in the EP layer runs on CPU ranks only: its CUDA path is "
+                                                       "untested"});
 }
 
 TEST(ExpertParallel, NcclCommunicatorNeedsAComm) {

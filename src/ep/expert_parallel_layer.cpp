@@ -59,14 +59,6 @@ std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
     if (!(ok)) throw Error(msg);  \
   } while (0)
 
-// The EP layer runs cfg.precision = storage only: no FP8 weight codes (MoEWeights::fp8).
-void check_no_fp8_weights(const MoEWeights& w, const char* fn) {
-  for (const Fp8WeightCodes* c : {&w.fp8.gate_up_proj, &w.fp8.down_proj})
-    for (const Tensor* t : {&c->codes, &c->scales, &c->codes_t, &c->scales_t})
-      EP_REQUIRE(!t->defined(), std::string(fn) + ": argument 'w.fp8': must be undefined (the EP layer runs "
-                                "cfg.precision = storage only), got " + t->describe());
-}
-
 // Every tensor lives on the communicator's device (cpu: the CPU backend's math; cuda: ep_layer.cpp).
 void check_matrix(const Tensor& t, const char* fn, const char* arg, std::initializer_list<int64_t> shape, DType dtype,
                   Device device) {
@@ -153,24 +145,25 @@ ExpertParallelLayer::ExpertParallelLayer(const MoEConfig& cfg, Communicator& com
     : s_(std::make_unique<State>(cfg, comm)) {
   const int P = comm.size();
   EP_REQUIRE(P >= 1, "ExpertParallelLayer: argument 'comm': size must be >= 1, got " + std::to_string(P));
-  EP_REQUIRE(cfg.d > 0 && cfg.n > 0 && cfg.E > 0 && cfg.K > 0 && cfg.K <= cfg.E,
-          "ExpertParallelLayer: argument 'cfg': needs d, n, E > 0 and 0 < K <= E, got " + cfg.describe());
+  // The single-device rules (d, n, E, K, tile; FP8: d and n multiples of 128), then the EP ones.
+  ::leanmoe::detail::validate_config(cfg, "ExpertParallelLayer");
   EP_REQUIRE(cfg.E % P == 0, "ExpertParallelLayer: argument 'cfg': E (" + std::to_string(cfg.E) +
                               ") must be a multiple of the ranks (" + std::to_string(P) + ")");
   EP_REQUIRE(cfg.aux_loss_coef == 0.f && cfg.z_loss_coef == 0.f,
           "ExpertParallelLayer: argument 'cfg': aux_loss_coef and z_loss_coef must be 0 (cross-rank batch "
           "statistics of the router losses are not implemented), got " + cfg.describe());
-  EP_REQUIRE(cfg.routing == Routing::topk || cfg.tile > 0,
-          "ExpertParallelLayer: argument 'cfg': tile must be > 0 for token rounding, got " + cfg.describe());
   EP_REQUIRE(cfg.routing != Routing::given,
              "ExpertParallelLayer: argument 'cfg': routing given by the caller is not supported by the EP layer, got " +
                  cfg.describe());
   EP_REQUIRE(cfg.activation == Activation::swiglu && !cfg.interleaved && !cfg.transposed,
              "ExpertParallelLayer: argument 'cfg': the EP layer runs SwiGLU experts in the [gate; up] HF layout only, "
              "got " + cfg.describe());
-  EP_REQUIRE(cfg.precision == Precision::storage && !cfg.fp8_weights_given,
-             "ExpertParallelLayer: argument 'cfg': the EP layer runs cfg.precision = storage only (fp8: the "
-             "single-device layer on cpu), got " + cfg.describe());
+  // FP8 is the owner's single-device FP8 call (owner_config keeps cfg.precision): every tile is one
+  // token row's or one expert's, so it quantizes what one rank does. The CUDA EP layer would run
+  // the CUDA backend's FP8 steps the same way, but has never run them.
+  EP_REQUIRE(cfg.precision == Precision::storage || comm.device() != Device::cuda,
+             "ExpertParallelLayer: argument 'cfg': FP8 in the EP layer runs on CPU ranks only: its CUDA path is "
+             "untested, got " + cfg.describe());
   s_->P = P;
   s_->El = cfg.E / P;
   s_->owner_cfg = owner_config(cfg, s_->El);
@@ -213,12 +206,14 @@ void ExpertParallelLayer::forward(const Tensor& x, const MoEWeights& w, const Te
   EP_REQUIRE(x.shape[0] > 0, "ep forward: argument 'x': needs at least one token, got " + x.describe());
   EP_REQUIRE(!w.gate_up_bias.defined() && !w.down_bias.defined(),
              "ep forward: argument 'w': expert biases are not supported by the EP layer");
-  check_no_fp8_weights(w, "ep forward");
   const int64_t T = x.shape[0];
   ::leanmoe::detail::validate_tokens(c, T, "ep forward");  // routing metadata is i32
   s.dtype = x.dtype;
   EP_REQUIRE(s.dtype == DType::f32 || s.dtype == DType::bf16,
           "ep forward: argument 'x': dtype must be bf16 or f32, got " + x.describe());
+  ::leanmoe::detail::validate_storage(c, s.dtype, "ep forward");  // fp8: bf16
+  // This rank's experts' codes (cfg.fp8_weights_given), as the owner's call reads them.
+  ::leanmoe::detail::validate_fp8_weights(s.owner_cfg, w, x, "x", "E/P", "ep forward");
   const Device dev = s.comm.device();
 #if defined(LEANMOE_WITH_CUDA)
   if (s.gpu) {
@@ -354,7 +349,7 @@ void ExpertParallelLayer::backward(const Tensor& d_out, const MoEWeights& w, con
   EP_REQUIRE(s.forward_done, "ep backward: argument 'd_out': forward must run first");
   const Device dev = s.comm.device();
   check_matrix(d_out, "ep backward", "d_out", {T, d}, s.dtype, dev);
-  check_no_fp8_weights(w, "ep backward");
+  ::leanmoe::detail::validate_fp8_weights(s.owner_cfg, w, d_out, "d_out", "E/P", "ep backward");
   check_matrix(w.router, "ep backward", "w.router", {E, d}, s.dtype, dev);
   check_matrix(w.gate_up_proj, "ep backward", "w.gate_up_proj", {El, 2 * n, d}, s.dtype, dev);
   check_matrix(w.down_proj, "ep backward", "w.down_proj", {El, d, n}, s.dtype, dev);
