@@ -1,7 +1,7 @@
 // Expert parallelism under torch.distributed: the C++ ExpertParallelLayer (include/leanmoe/ep.h)
 // driven through a c10d ProcessGroup (gloo on the CPU).
 //
-//   torch.classes.leanmoe.EPLayer(group_name, E, n, d, K, router, norm_topk_prob)
+//   torch.classes.leanmoe.EPLayer(group_name, E, n, d, K, router, norm_topk_prob, precision)
 //     .forward(x, router_weight, gate_up_slice, down_slice) -> out
 //     .backward(d_out, router_weight, gate_up_slice, down_slice) -> [dx, d_router, d_gate_up, d_down]
 //
@@ -92,7 +92,7 @@ leanmoe::Tensor cpu_view(const at::Tensor& t, const char* arg) {
 using leanmoe_torch::translate_errors;
 
 leanmoe::MoEConfig make_config(int64_t E, int64_t n, int64_t d, int64_t K, const std::string& router,
-                               bool norm_topk_prob) {
+                               bool norm_topk_prob, const std::string& precision) {
   leanmoe::MoEConfig c;
   c.E = E;
   c.n = n;
@@ -103,6 +103,7 @@ leanmoe::MoEConfig make_config(int64_t E, int64_t n, int64_t d, int64_t K, const
   else TORCH_CHECK_VALUE(false, "leanmoe.ep: argument 'router': must be 'softmax_then_topk' or "
                          "'topk_then_softmax', got '", router, "'");
   c.norm_topk_prob = norm_topk_prob;
+  c.precision = leanmoe_torch::parse_precision(precision);  // fp8: bf16, d and n multiples of 128 (the layer checks)
   return c;
 }
 
@@ -112,9 +113,9 @@ struct EPLayer : torch::CustomClassHolder {
   at::Tensor x;  // the layer references x until backward (ep.h)
 
   EPLayer(const std::string& group_name, int64_t E, int64_t n, int64_t d, int64_t K, const std::string& router,
-          bool norm_topk_prob)
+          bool norm_topk_prob, const std::string& precision)
       : comm(c10d::resolve_process_group(group_name)),
-        layer(translate_errors([&] { return make_config(E, n, d, K, router, norm_topk_prob); }), comm) {}
+        layer(translate_errors([&] { return make_config(E, n, d, K, router, norm_topk_prob, precision); }), comm) {}
 
   at::Tensor forward(const at::Tensor& x_in, const at::Tensor& router_weight, const at::Tensor& gate_up_proj,
                      const at::Tensor& down_proj) {
@@ -154,7 +155,7 @@ struct EPLayer : torch::CustomClassHolder {
 
 TORCH_LIBRARY_FRAGMENT(leanmoe, m) {
   m.class_<EPLayer>("EPLayer")
-      .def(torch::init<std::string, int64_t, int64_t, int64_t, int64_t, std::string, bool>())
+      .def(torch::init<std::string, int64_t, int64_t, int64_t, int64_t, std::string, bool, std::string>())
       .def("forward", &EPLayer::forward)
       .def("backward", &EPLayer::backward)
       .def("local_expert_counts", &EPLayer::local_expert_counts);

@@ -37,6 +37,7 @@
 namespace {
 
 using leanmoe::DType;
+using leanmoe_torch::parse_precision;
 using leanmoe_torch::translate_errors;
 using leanmoe_torch::view_of;
 
@@ -48,12 +49,6 @@ leanmoe::Stream current_stream(const at::Tensor& t) {
   TORCH_CHECK(!t.is_cuda(), "leanmoe: this build of the torch extension has no CUDA support");
 #endif
   return nullptr;
-}
-
-leanmoe::Precision parse_precision(c10::string_view name) {
-  for (leanmoe::Precision p : {leanmoe::Precision::storage, leanmoe::Precision::fp8})
-    if (name == leanmoe::precision_name(p)) return p;
-  TORCH_CHECK_VALUE(false, "leanmoe: argument 'precision': must be 'storage' or 'fp8', got '", std::string(name), "'");
 }
 
 leanmoe::MoEConfig make_config(const at::Tensor& gate_up_proj, int64_t top_k, c10::string_view router,

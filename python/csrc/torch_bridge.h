@@ -50,4 +50,11 @@ auto translate_errors(F&& f) {
   }
 }
 
+// "storage" or "fp8" (leanmoe.MoE's and leanmoe.ep's precision argument).
+inline leanmoe::Precision parse_precision(c10::string_view name) {
+  for (leanmoe::Precision p : {leanmoe::Precision::storage, leanmoe::Precision::fp8})
+    if (name == leanmoe::precision_name(p)) return p;
+  TORCH_CHECK_VALUE(false, "leanmoe: argument 'precision': must be 'storage' or 'fp8', got '", std::string(name), "'");
+}
+
 }  // namespace leanmoe_torch

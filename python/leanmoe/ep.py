@@ -49,10 +49,11 @@ class _ExpertParallelFunction(torch.autograd.Function):
 
 
 def expert_parallel_moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_then_topk",
-                        norm_topk_prob=False, group=None):
+                        norm_topk_prob=False, group=None, precision="storage"):
     """x [..., d] (this rank's tokens); router_weight [E, d] (replicated); gate_up_proj [E/P, 2n, d] and
     down_proj [E/P, d, n]: this rank's experts. Returns the output [..., d]. Every rank of `group`
-    must call it (collective)."""
+    must call it (collective). precision="fp8" runs the expert GEMMs as leanmoe.MoE(precision="fp8")
+    does (bfloat16 tensors, d and n multiples of 128); each call quantizes the weights itself."""
     group, _ = _group_name(group)
     E, d = router_weight.shape
     n = gate_up_proj.shape[1] // 2
@@ -61,7 +62,7 @@ def expert_parallel_moe(x, router_weight, gate_up_proj, down_proj, top_k, *, rou
         raise ValueError(f"leanmoe.ep: argument 'gate_up_proj': must hold E/P = {E}/{P} experts (E a multiple of "
                          f"the ranks), got {tuple(gate_up_proj.shape)}")
     shape = x.shape
-    config = (E, n, d, int(top_k), router, bool(norm_topk_prob))
+    config = (E, n, d, int(top_k), router, bool(norm_topk_prob), precision)
     out = _ExpertParallelFunction.apply(x.reshape(-1, d), router_weight, gate_up_proj, down_proj, group, config)
     return out.view(shape)
 
@@ -73,11 +74,12 @@ class ExpertParallelMoE(nn.Module):
       router.weight  [E, d]          replicated: same values on every rank (init from one seed)
       gate_up_proj   [E/P, 2n, d]    global experts first_expert .. first_expert + E/P - 1
       down_proj      [E/P, d, n]
-    forward(x [..., d]) -> output [..., d].
+    forward(x [..., d]) -> output [..., d]. precision: "storage" or "fp8" (as leanmoe.MoE; fp8 needs
+    dtype=torch.bfloat16 and d, n multiples of 128).
     """
 
     def __init__(self, d, n, E, K, group=None, router="softmax_then_topk", *, norm_topk_prob=False, device=None,
-                 dtype=None):
+                 dtype=None, precision="storage"):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("leanmoe.ep.ExpertParallelMoE: torch.distributed is not initialised "
@@ -91,7 +93,7 @@ class ExpertParallelMoE(nn.Module):
                              f"got {E}")
         self.d, self.n, self.E, self.K = d, n, E, K
         self.local_experts, self.first_expert = E // P, rank * (E // P)
-        self.router_convention, self.norm_topk_prob = router, norm_topk_prob
+        self.router_convention, self.norm_topk_prob, self.precision = router, norm_topk_prob, precision
         factory = dict(device=device, dtype=dtype)
         self.router = nn.Linear(d, E, bias=False, **factory)
         self.gate_up_proj = nn.Parameter(torch.empty(E // P, 2 * n, d, **factory))
@@ -117,7 +119,7 @@ class ExpertParallelMoE(nn.Module):
     def forward(self, x):
         return expert_parallel_moe(x, self.router.weight, self.gate_up_proj, self.down_proj, self.K,
                                    router=self.router_convention, norm_topk_prob=self.norm_topk_prob,
-                                   group=self.group)
+                                   group=self.group, precision=self.precision)
 
 
 def global_grad_norm(expert_parameters, replicated_parameters=(), group=None):
