@@ -274,15 +274,13 @@ TEST(ExpertParallel, PerRankTokenRoundingGivesTileMultiples) {
   }
 }
 
-TEST(ExpertParallel, PerRankTokenRoundingIsEachRanksOwnRounding) {
-  // docs/ep.md: each rank rounds its own tokens, so expert e's rows on its owner are the sum over
-  // ranks of what one rank rounding only that rank's tokens would route to e, and a token's output
-  // and dx are those of one rank running only its own rank's tokens (rows are independent).
-  // Tolerance: as expect_match.
-  Problem pb = make_problem(8, 2, {13, 7, 22, 5}, 8);
+// docs/ep.md: each rank rounds its own tokens, so expert e's rows on its owner are the sum over
+// ranks of what one rank rounding only that rank's tokens would route to e, and a token's output
+// and dx are those of one rank running only its own rank's tokens (rows are independent).
+void expect_each_ranks_own_rounding(Problem pb, int64_t tile, double tol) {
   pb.cfg.routing = Routing::token_rounding;
-  pb.cfg.tile = 4;
-  const Result ep = run_ep(pb, 4);
+  pb.cfg.tile = tile;
+  const Result ep = run_ep(pb, int(pb.tokens_per_rank.size()));
   std::vector<int64_t> want(pb.cfg.E, 0);
   int64_t t0 = 0;
   for (int64_t Tr : pb.tokens_per_rank) {
@@ -294,11 +292,15 @@ TEST(ExpertParallel, PerRankTokenRoundingIsEachRanksOwnRounding) {
     const Result one = run_single(part);
     for (int64_t e = 0; e < pb.cfg.E; ++e) want[e] += one.expert_counts[e];
     const auto rows = [&](const Vec& v) { return Vec(v.begin() + t0 * pb.cfg.d, v.begin() + (t0 + Tr) * pb.cfg.d); };
-    EXPECT_LT(rel_error(rows(ep.out), one.out), 1e-5) << "out of the rank starting at token " << t0;
-    EXPECT_LT(rel_error(rows(ep.dx), one.dx), 1e-5) << "dx of the rank starting at token " << t0;
+    EXPECT_LT(rel_error(rows(ep.out), one.out), tol) << "out of the rank starting at token " << t0;
+    EXPECT_LT(rel_error(rows(ep.dx), one.dx), tol) << "dx of the rank starting at token " << t0;
     t0 += Tr;
   }
   EXPECT_EQ(ep.expert_counts, want);
+}
+
+TEST(ExpertParallel, PerRankTokenRoundingIsEachRanksOwnRounding) {
+  expect_each_ranks_own_rounding(make_problem(8, 2, {13, 7, 22, 5}, 8), 4, kF32Tol);
 }
 
 TEST(ExpertParallel, RejectsExpertsNotDivisibleByRanks) {
@@ -343,8 +345,8 @@ TEST(ExpertParallel, Fp8TwoRanksMatchOneRank) {
 }
 
 TEST(ExpertParallel, Fp8FourRanksRaggedTokensMatchOneRank) {
-  expect_match(run_ep(fp8_problem(8, 3, {45, 1, 70, 13}, 12), 4), run_single(fp8_problem(8, 3, {45, 1, 70, 13}, 12)),
-               kFp8Tol);
+  const Problem pb = fp8_problem(8, 3, {45, 1, 70, 13}, 12);  // T = 129, a one-token rank
+  expect_match(run_ep(pb, 4), run_single(pb), kFp8Tol);
 }
 
 TEST(ExpertParallel, Fp8RankWhoseExpertsGetNoTokens) {
@@ -362,28 +364,8 @@ TEST(ExpertParallel, Fp8RankWhoseExpertsGetNoTokens) {
 }
 
 TEST(ExpertParallel, Fp8PerRankTokenRoundingIsEachRanksOwnRounding) {
-  // As PerRankTokenRoundingIsEachRanksOwnRounding, in FP8: a token's out and dx depend only on its
-  // own rows (row tiles), so they are those of one rank running only its rank's tokens.
-  Problem pb = fp8_problem(8, 2, {29, 7, 40, 3}, 14);
-  pb.cfg.routing = Routing::token_rounding;
-  pb.cfg.tile = 8;
-  const Result ep = run_ep(pb, 4);
-  std::vector<int64_t> want(pb.cfg.E, 0);
-  int64_t t0 = 0;
-  for (int64_t Tr : pb.tokens_per_rank) {
-    Problem part = pb;
-    part.T = Tr;
-    part.tokens_per_rank = {Tr};
-    part.x.assign(pb.x.begin() + t0 * pb.cfg.d, pb.x.begin() + (t0 + Tr) * pb.cfg.d);
-    part.d_out.assign(pb.d_out.begin() + t0 * pb.cfg.d, pb.d_out.begin() + (t0 + Tr) * pb.cfg.d);
-    const Result one = run_single(part);
-    for (int64_t e = 0; e < pb.cfg.E; ++e) want[e] += one.expert_counts[e];
-    const auto rows = [&](const Vec& v) { return Vec(v.begin() + t0 * pb.cfg.d, v.begin() + (t0 + Tr) * pb.cfg.d); };
-    EXPECT_LT(rel_error(rows(ep.out), one.out), kFp8Tol) << "out of the rank starting at token " << t0;
-    EXPECT_LT(rel_error(rows(ep.dx), one.dx), kFp8Tol) << "dx of the rank starting at token " << t0;
-    t0 += Tr;
-  }
-  EXPECT_EQ(ep.expert_counts, want);
+  // In FP8 too a token's out and dx depend only on its own rows (row tiles).
+  expect_each_ranks_own_rounding(fp8_problem(8, 2, {29, 7, 40, 3}, 14), 8, kFp8Tol);
 }
 
 TEST(ExpertParallel, Fp8WeightCodesGivenPerRank) {
