@@ -575,7 +575,8 @@ class CudaBackend final : public Backend {
     const cuda::RoutedRows rows = routed_rows(s, cfg.E);
     const cuda::ExpertShape shape = expert_shape(cfg, T);
     if (shape.fp8) {  // x's rows and the weights (unless given) quantized once per call
-      cuda::fp8_quantize_rows(x.data, T, cfg.d, w.x_q.codes, w.x_q.scales, stream);
+      // x.shape[0], not T: the EP owner's x holds its received tokens, fewer than its T pairs.
+      cuda::fp8_quantize_rows(x.data, x.shape[0], cfg.d, w.x_q.codes, w.x_q.scales, stream);
       const Fp8Weights::Operands w_q = w.w_q.operands(cfg, wt, stream);
       // A quantized in up's epilogue, no bf16 A written: down reads the codes only (docs/kernels.md
       // "FP8 up and dH": 3-8% faster than up + a fp8_quantize_rows pass).
@@ -628,7 +629,7 @@ class CudaBackend final : public Backend {
     // dx_expert (dW1 and db1 read the bf16 dH).
     Fp8Weights::Operands w_q{};
     if (shape.fp8) {
-      cuda::fp8_quantize_rows(d_out.data, T, cfg.d, w.d_out_q.codes, w.d_out_q.scales, stream);
+      cuda::fp8_quantize_rows(d_out.data, d_out.shape[0], cfg.d, w.d_out_q.codes, w.d_out_q.scales, stream);
       w_q = w.w_q.operands(cfg, wt, stream);
       cuda::dh_act_bwd_fp8(rows, shape, expert_function(cfg), w.d_out_q.op(), w_q.w2, s.h.data, w.dh,
                            w.a_prime_dxexp, w.ds_partial, w.dh_q.out(), stream);
