@@ -596,7 +596,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_a
     const at::Tensor& gate_up_exp_avg_sq, const at::Tensor& gate_up_step, const at::Tensor& down_exp_avg,
     const at::Tensor& down_exp_avg_sq, const at::Tensor& down_step, double lr, double beta1, double beta2,
     double weight_decay, double eps, const c10::optional<at::Tensor>& gate_up_master,
-    const c10::optional<at::Tensor>& down_master) {
+    const c10::optional<at::Tensor>& down_master, c10::string_view update_kernel) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
@@ -605,7 +605,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_a
     InBackwardAdamW update("leanmoe::moe_routed_backward_adamw_",
                            {gate_up_proj, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, gate_up_master},
                            {down_proj, down_exp_avg, down_exp_avg_sq, down_step, down_master},
-                           {lr, beta1, beta2, weight_decay, eps});
+                           {lr, beta1, beta2, weight_decay, eps}, parse_update(update_kernel));
     auto result = run_routed_backward(cfg, d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate,
                                       row_token, token_rows, token_offsets, expert_offsets, topk_saved, weights_dtype,
                                       view_of(update.d_gate_up, "d_gate_up_proj"),
@@ -689,7 +689,7 @@ TORCH_LIBRARY(leanmoe, m) {
          "Tensor d_down_proj, Tensor d_gate_up_bias, Tensor d_down_bias)").c_str());
   m.def(("moe_routed_backward_adamw_(Tensor d_out, Tensor x, Tensor(a!) gate_up_proj, Tensor(b!) down_proj, "
          "Tensor? gate_up_bias, Tensor? down_bias, " + routed_saved + ", " + expert_fn +
-         ", ScalarType weights_dtype, " + adamw_state +
+         ", ScalarType weights_dtype, " + adamw_state + ", str update=\"torch\"" +
          ") -> (Tensor dx, Tensor d_topk_weights, Tensor d_gate_up_bias, Tensor d_down_bias)").c_str());
   m.def("expert_activation(Tensor h, str activation, float act_alpha, float act_limit, bool interleaved) -> Tensor");
   m.def("layer_unsupported_reason(Tensor like, str activation, float act_alpha, float act_limit, bool interleaved, "

@@ -192,11 +192,13 @@ def test_torch_compile_matches_eager(backend, device):
             torch.testing.assert_close(t.grad, a, rtol=1e-2, atol=1e-3)
 
 
+@pytest.mark.parametrize("update", ["torch", "leanmoe"])
 @pytest.mark.parametrize("master", [False, True], ids=["plain", "master_weights"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_in_backward_adamw_bitwise_over_5_steps(bias, master, device):
+def test_in_backward_adamw_bitwise_over_5_steps(bias, master, update, device):
     """In-backward expert AdamW through moe_routed equals the standard path bit for bit (the biases
-    are stepped in step() from .grad in both); with master_weights (bf16) the fp32 masters too."""
+    are stepped in step() from .grad in both), with either update; with master_weights (bf16) the
+    fp32 masters too."""
     dtype = torch.bfloat16 if device == "cuda" or master else torch.float32
     if device == "cuda" and bias:
         pytest.skip("the CUDA backend has no expert biases (so far)")
@@ -206,7 +208,7 @@ def test_in_backward_adamw_bitwise_over_5_steps(bias, master, device):
         x, ids, wts, w1, w2, b1, b2 = make(40, d, n, 8, 2, "swiglu", False, bias, dtype, device, seed=5)
         params = [torch.nn.Parameter(t.detach()) for t in (w1, w2, b1, b2) if t is not None]
         runs.append((params, ExpertAdamW(params, lr=1e-2, weight_decay=0.1, in_backward=in_backward,
-                                         master_weights=master)))
+                                         master_weights=master, update=update)))
     for step in range(5):
         g = torch.Generator().manual_seed(100 + step)
         x = torch.randn(40, d, generator=g).to(dtype).to(device)
