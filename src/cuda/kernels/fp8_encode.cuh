@@ -21,13 +21,17 @@ namespace leanmoe::cuda::kernels {
 
 namespace fp8_detail {
 
-// The 8 bf16 of a 16-byte word as floats (a bf16 is the top half of its fp32: exact).
+// The low / high bf16 of a packed pair as a float (a bf16 is the top half of its fp32: exact).
+__device__ __forceinline__ float bf16x2_lo(uint32_t w) { return fp8::float_of(w << 16); }
+__device__ __forceinline__ float bf16x2_hi(uint32_t w) { return fp8::float_of(w & 0xffff0000u); }
+
+// The 8 bf16 of a 16-byte word as floats.
 __device__ __forceinline__ void unpack_bf16x8(const uint4& w, float (&v)[8]) {
   const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    v[2 * i] = fp8::float_of(words[i] << 16);
-    v[2 * i + 1] = fp8::float_of(words[i] & 0xffff0000u);
+    v[2 * i] = bf16x2_lo(words[i]);
+    v[2 * i + 1] = bf16x2_hi(words[i]);
   }
 }
 

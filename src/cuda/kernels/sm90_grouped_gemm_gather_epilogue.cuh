@@ -98,10 +98,9 @@ __device__ __forceinline__ void quantize_row_tiles(const Fp8RowsOut& out_q, int6
   for (int h = 0; h < 2; ++h) {
     float amax = 0.f;
 #pragma unroll
-    for (int i = 0; i < kPairs; ++i) {
-      float v[2] = {fp8::float_of(pairs[h][i] << 16), fp8::float_of(pairs[h][i] & 0xffff0000u)};
-      amax = fp8::amax_step(fp8::amax_step(amax, v[0]), v[1]);
-    }
+    for (int i = 0; i < kPairs; ++i)
+      amax = fp8::amax_step(fp8::amax_step(amax, fp8_detail::bf16x2_lo(pairs[h][i])),
+                            fp8_detail::bf16x2_hi(pairs[h][i]));
     amax = fp8::amax_step(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fp8::amax_step(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     scale[h] = fp8::scale_of(amax);
@@ -117,7 +116,7 @@ __device__ __forceinline__ void quantize_row_tiles(const Fp8RowsOut& out_q, int6
         const int i = p * kPairs / 2 + k, col = col_of(i) - 64 * p;  // col even, in [0, 64)
         const uint32_t w = pairs[h][i];
         st_shared_u16(tile + warp_tile_offset(lane / 4 + 8 * h, col >> 4) + (col & 15),
-                      fp8_detail::encode_x2(fp8::float_of(w << 16) * inv[h], fp8::float_of(w & 0xffff0000u) * inv[h]));
+                      fp8_detail::encode_x2(fp8_detail::bf16x2_lo(w) * inv[h], fp8_detail::bf16x2_hi(w) * inv[h]));
       }
     __syncwarp();
 #pragma unroll
