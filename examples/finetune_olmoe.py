@@ -4,6 +4,7 @@ in-backward expert updates. Random init and random tokens (no download), so it r
     python examples/finetune_olmoe.py                                  # CPU, tiny config
     python examples/finetune_olmoe.py --device cuda --shape olmoe-1b-7b --batch 4 --seq 2048
     python examples/finetune_olmoe.py --device cuda --shape olmoe-1b-7b --batch 4 --seq 2048 --grad-ckpt
+    python examples/finetune_olmoe.py --device cuda --shape olmoe-1b-7b --batch 4 --seq 2048 --precision fp8
 
 Prints loss per step, tokens/s (after the first step) and peak memory for each mode.
 """
@@ -20,7 +21,7 @@ from leanmoe.optim import expert_parameters
 from train_common import MoEOptimizers, peak_memory_gib, reset_peak_memory
 
 SHAPES = {
-    "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=4, num_experts=8, num_experts_per_tok=2),
     # allenai/OLMoE-1B-7B: 16 layers, d=2048, 64 experts of n=1024, top-8, 6.9 B parameters.
     "olmoe-1b-7b": dict(vocab_size=50304, hidden_size=2048, intermediate_size=1024, num_hidden_layers=16,
@@ -28,12 +29,12 @@ SHAPES = {
 }
 
 
-def build(shape, dtype, device, seed, grad_ckpt=False):
+def build(shape, dtype, device, seed, grad_ckpt=False, precision="storage"):
     cfg = transformers.OlmoeConfig(max_position_embeddings=4096, attn_implementation="sdpa", **SHAPES[shape])
     torch.manual_seed(seed)
     with torch.device(device):
         model = transformers.OlmoeForCausalLM._from_config(cfg, dtype=dtype)
-    leanmoe.hf.apply(model)
+    leanmoe.hf.apply(model, precision=precision)
     if grad_ckpt:
         # Works with in-backward updates: a block's forward is recomputed inside backward before
         # its experts are updated (python/tests/test_hf.py checks bitwise equality with it on).
@@ -82,13 +83,15 @@ def main():
     p.add_argument("--aux-coef", type=float, default=0.01)
     p.add_argument("--modes", default="standard,in_backward")
     p.add_argument("--grad-ckpt", action="store_true", help="HF gradient checkpointing (activations recomputed per block)")
+    p.add_argument("--precision", default="storage", choices=["storage", "fp8"],
+                   help="fp8: the expert GEMMs in blockwise FP8 (needs bfloat16; d, n multiples of 128)")
     args = p.parse_args()
     dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
     print(f"leanmoe {leanmoe.__version__}, torch {torch.__version__}, device {args.device}, shape {args.shape}, "
-          f"dtype {dtype}, batch {args.batch} x {args.seq}", flush=True)
+          f"dtype {dtype}, precision {args.precision}, batch {args.batch} x {args.seq}", flush=True)
     results = {}
     for mode in args.modes.split(","):
-        model = build(args.shape, dtype, args.device, seed=0, grad_ckpt=args.grad_ckpt)
+        model = build(args.shape, dtype, args.device, seed=0, grad_ckpt=args.grad_ckpt, precision=args.precision)
         n_exp = sum(p.numel() for p in expert_parameters(model))
         n_all = sum(p.numel() for p in model.parameters())
         print(f"{mode}: {n_all / 1e6:.1f} M parameters, {n_exp / 1e6:.1f} M in experts", flush=True)

@@ -24,7 +24,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ._ops import ops
+from ._ops import FP8_BLOCK, ops
 
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 CODE_BUFFERS = ("fp8", "fp8_scales", "fp8_t", "fp8_scales_t")
@@ -74,7 +74,7 @@ def _applies(layer) -> bool:
         return False
     for name in EXPERT_WEIGHTS:
         p = getattr(layer, name)
-        if (p.dtype != torch.bfloat16 or p.dim() != 3 or p.shape[1] % 128 or p.shape[2] % 128
+        if (p.dtype != torch.bfloat16 or p.dim() != 3 or p.shape[1] % FP8_BLOCK or p.shape[2] % FP8_BLOCK
                 or not p.is_contiguous() or p.device.type not in ("cpu", "cuda")):
             return False
     return True
@@ -84,7 +84,8 @@ def _buffers(layer, name, p):
     """The weight's four code buffers, (re)allocated when missing or not matching the weight (after
     .to(), .half(), a new parameter); a reallocation makes the codes stale."""
     E, R, C = p.shape
-    shapes = ((E, R, C), (E, R // 128, C // 128), (E, C, R), (E, C // 128, R // 128))
+    B = FP8_BLOCK
+    shapes = ((E, R, C), (E, R // B, C // B), (E, C, R), (E, C // B, R // B))
     out = []
     for suffix, shape in zip(CODE_BUFFERS, shapes):
         key = f"{name}_{suffix}"

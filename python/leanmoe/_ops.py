@@ -133,6 +133,7 @@ GATED_ACTIVATIONS = ACTIVATIONS[:5]
 # leanmoe.h Precision: the expert GEMMs' operands in the parameters' dtype, or e4m3 with block scales
 # (bfloat16 parameters, d and n multiples of 128; docs/DESIGN.md "FP8").
 PRECISIONS = ("storage", "fp8")
+FP8_BLOCK = 128  # src/fp8.h kTile: an FP8 scale covers 128 values along K (a 128x128 block of a weight)
 
 
 def _up_width(gate_up_proj, transposed):

@@ -18,6 +18,9 @@
    module's own function against leanmoe's once per module. What leanmoe cannot run (a post-expert
    norm, an unknown activation, or a feature the device's backend lacks) raises an error naming
    the model and the feature. ``leanmoe.optim.ExpertAdamW`` updates these experts in backward.
+   ``experts_implementation="leanmoe_fp8"`` runs the same with the up, down, dH and dX expert GEMMs
+   in blockwise FP8 (``moe_routed(precision="fp8")``, docs/DESIGN.md "FP8"): bfloat16 models (or
+   torch.autocast to bfloat16) whose hidden and expert widths are multiples of 128.
 
 2. ``apply(model)``: replaces the whole MoE block of OLMoE, Qwen3-MoE, GraniteMoE and Mixtral by
    leanmoe's fused router + experts (``leanmoe.moe``), which also offers token rounding:
@@ -29,7 +32,8 @@
    The block object, its router and experts stay in the model with the same Parameter objects
    (no copies, state_dict keys unchanged); only the block's forward is swapped for one call of
    leanmoe.moe, which fuses routing, experts and the router backward (docs/SPEC.md §3-§4: it never
-   materialises the per-pair gate tensor autograd would need).
+   materialises the per-pair gate tensor autograd would need). ``apply(model, precision="fp8")``
+   runs its expert GEMMs in FP8.
 
 Two load-balancing losses with apply() (both unscaled; a trainer multiplies by its coefficient):
 - leanmoe's, per layer, E * sum_e f_e * P_e with f_e = (top-K count of e) / (T*K) and P_e the mean
@@ -49,10 +53,12 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
-from ._ops import GATED_ACTIVATIONS, ops
-from .functional import RouterStats, moe, moe_routed, routing_for_call
+from ._ops import FP8_BLOCK, GATED_ACTIVATIONS, ops
+from .functional import RouterStats, _check_precision, moe, moe_routed, routing_for_call
 
 EXPERTS_IMPLEMENTATION = "leanmoe"
+# The same experts implementation with the expert GEMMs in blockwise FP8 (precision="fp8").
+EXPERTS_IMPLEMENTATION_FP8 = "leanmoe_fp8"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,26 +168,53 @@ def prepare(model: torch.nn.Module) -> int:
     return len(modules)
 
 
-def experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    """transformers' experts interface: hidden_states [T, d], top_k_index [T, K], top_k_weights [T, K]."""
+def _check_fp8(name, w, spec, d):
+    """What precision="fp8" needs of an experts module, as an error naming the model and the rule
+    (before the call, so the message names the model rather than moe_routed's arguments)."""
+    device_type = w.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else w.dtype
+    if dtype != torch.bfloat16:
+        raise NotImplementedError(f"leanmoe experts implementation {EXPERTS_IMPLEMENTATION_FP8!r}: {name}: needs "
+                                  f"bfloat16 expert weights (or torch.autocast to bfloat16), got {dtype}")
+    n = (w.shape[-1] if spec.transposed else w.shape[-2]) // (2 if spec.gated else 1)
+    for letter, width in (("d (hidden size)", d), ("n (expert intermediate size)", n)):
+        if width % FP8_BLOCK:
+            raise NotImplementedError(f"leanmoe experts implementation {EXPERTS_IMPLEMENTATION_FP8!r}: {name}: "
+                                      f"{letter} = {width} must be a multiple of {FP8_BLOCK} for FP8 expert GEMMs")
+
+
+def _experts(self, hidden_states, top_k_index, top_k_weights, precision):
     spec = experts_spec(self)
     up = self.gate_up_proj if spec.gated else self.up_proj
+    if precision == "fp8":
+        _check_fp8(_model_name(self), up, spec, hidden_states.shape[-1])
     up_bias = (self.gate_up_proj_bias if spec.gated else self.up_proj_bias) if spec.bias else None
     down_bias = self.down_proj_bias if spec.bias else None
     out = moe_routed(hidden_states.to(up.dtype), top_k_index, top_k_weights, up, self.down_proj, up_bias, down_bias,
                      activation=spec.activation, act_alpha=spec.act_alpha, act_limit=spec.act_limit,
-                     interleaved=spec.interleaved, transposed=spec.transposed)
+                     interleaved=spec.interleaved, transposed=spec.transposed, precision=precision)
     return out.to(hidden_states.dtype)
 
 
+def experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers' experts interface: hidden_states [T, d], top_k_index [T, K], top_k_weights [T, K]."""
+    return _experts(self, hidden_states, top_k_index, top_k_weights, "storage")
+
+
+def experts_forward_fp8(self, hidden_states, top_k_index, top_k_weights):
+    """experts_forward with the expert GEMMs in blockwise FP8 (experts_implementation="leanmoe_fp8")."""
+    return _experts(self, hidden_states, top_k_index, top_k_weights, "fp8")
+
+
 def register() -> bool:
-    """Registers "leanmoe" in transformers' experts interface (idempotent; done on import of
-    leanmoe.hf when transformers has the interface). Returns False when it has none."""
+    """Registers "leanmoe" and "leanmoe_fp8" in transformers' experts interface (idempotent; done
+    on import of leanmoe.hf when transformers has the interface). Returns False when it has none."""
     try:
         from transformers.integrations.moe import ExpertsInterface
     except ImportError:
         return False
     ExpertsInterface.register(EXPERTS_IMPLEMENTATION, experts_forward)
+    ExpertsInterface.register(EXPERTS_IMPLEMENTATION_FP8, experts_forward_fp8)
     return True
 
 
@@ -231,7 +264,7 @@ def _leanmoe_block_forward(self, hidden_states):
     routing = routing_for_call(s.routing, s.inference_routing, self.training)
     out = moe(hidden_states, router.weight, self.experts.gate_up_proj, self.experts.down_proj, router.top_k,
               router=s.convention, norm_topk_prob=bool(getattr(router, "norm_topk_prob", False)), routing=routing,
-              tile=s.tile, rounding_mode=s.rounding_mode, return_stats=s.return_stats)
+              tile=s.tile, rounding_mode=s.rounding_mode, return_stats=s.return_stats, precision=s.precision)
     self.leanmoe_aux_loss, self.leanmoe_z_loss = out.aux_loss, out.z_loss
     if s.return_stats:
         self.leanmoe_stats = out.stats
@@ -273,15 +306,18 @@ def block_spec(block: torch.nn.Module, fn: str = "leanmoe.hf", name: str = "") -
 
 
 def apply(model: torch.nn.Module, routing: str = "topk", tile: int = 128, rounding_mode: str = "nearest",
-          inference_routing: str = "topk", *, router_logits: bool = False, return_stats: bool = False) -> int:
+          inference_routing: str = "topk", *, router_logits: bool = False, return_stats: bool = False,
+          precision: str = "storage") -> int:
     """Runs every supported MoE block of `model` through leanmoe. Returns the number of blocks.
     routing="token_rounding" is for training (docs/SPEC.md §5): a block in eval mode, or a forward under
     torch.no_grad() / torch.inference_mode(), routes with `inference_routing` (plain top-K by
     default; "token_rounding" to round there too).
     router_logits: record every forward's router logits (for aux_loss(formulation="transformers"));
     without it they are computed only when the forward asks for them (output_router_logits).
-    return_stats: each forward's RouterStats per block, read with router_stats(model)."""
+    return_stats: each forward's RouterStats per block, read with router_stats(model).
+    precision: "storage" or "fp8" (the expert GEMMs in blockwise FP8, as leanmoe.moe's)."""
     routing_for_call(routing, inference_routing, True)  # validates inference_routing
+    _check_precision("leanmoe.hf.apply", precision)
     count = 0
     for name, block in model.named_modules():
         spec = SUPPORTED_BLOCKS.get(type(block).__name__)
@@ -290,7 +326,8 @@ def apply(model: torch.nn.Module, routing: str = "topk", tile: int = 128, roundi
         _check_swiglu("leanmoe.hf.apply", name, block)
         block._leanmoe = _Settings(router_attr=spec[0], convention=spec[1], routing=routing, tile=tile,
                                    rounding_mode=rounding_mode, inference_routing=inference_routing,
-                                   router_logits=bool(router_logits), return_stats=bool(return_stats))
+                                   router_logits=bool(router_logits), return_stats=bool(return_stats),
+                                   precision=precision)
         block.forward = types.MethodType(_leanmoe_block_forward, block)
         count += 1
     if count == 0:

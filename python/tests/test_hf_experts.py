@@ -66,12 +66,12 @@ FAMILIES = {
 }
 
 
-def build(family, dtype=torch.float32, device="cpu", seed=0):
+def build(family, dtype=torch.float32, device="cpu", seed=0, **overrides):
     config_name, model_name, kwargs = FAMILIES[family]
     if not hasattr(transformers, config_name) or not hasattr(transformers, model_name):
         pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
     try:  # a transformers release may rename a config argument of a family: skip it, saying so
-        config = getattr(transformers, config_name)(**{**COMMON, **kwargs})
+        config = getattr(transformers, config_name)(**{**COMMON, **kwargs, **overrides})
         torch.manual_seed(seed)
         model = getattr(transformers, model_name)._from_config(config, attn_implementation="eager",
                                                                experts_implementation="eager")
@@ -258,7 +258,7 @@ def test_in_backward_holds_no_expert_gradient(family):
 def test_register_and_switch_back():
     assert leanmoe.hf.register()
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
-    assert "leanmoe" in ALL_EXPERTS_FUNCTIONS
+    assert "leanmoe" in ALL_EXPERTS_FUNCTIONS and "leanmoe_fp8" in ALL_EXPERTS_FUNCTIONS
     model = build("mixtral")
     b = batch("cpu")
     with torch.no_grad():
@@ -314,3 +314,111 @@ def test_specs_of_the_families():
         spec = leanmoe.hf.experts_spec(experts_modules(model)[0])
         assert (spec.activation, spec.interleaved, spec.transposed, spec.gated, spec.bias) == \
             (activation, interleaved, transposed, gated, bias), (family, spec)
+
+
+# ---- experts_implementation="leanmoe_fp8" and apply(precision="fp8") (docs/DESIGN.md "FP8") ----
+FP8_FAMILIES = ["olmoe", "deepseek_v3", "gpt_oss", "nemotron_h"]  # plain, sigmoid router, every layout flag, ungated
+
+
+def build_fp8(family, seed=0, width=128):
+    """The family's tiny model in bfloat16 with d and every expert's n = width (FP8 takes multiples of 128)."""
+    kwargs = FAMILIES[family][2]
+    widths = {k: width for k in ("intermediate_size", "moe_intermediate_size") if k in kwargs}
+    return build(family, dtype=torch.bfloat16, seed=seed, hidden_size=width, **widths)
+
+
+def test_fp8_experts_match_the_torch_emulation():
+    """The experts module under "leanmoe_fp8" is test_fp8's torch emulation of the FP8 layer (x rows
+    in 1x128 tiles, weights in 128x128 blocks, e4m3 by torch's float8_e4m3fn) on the model's own
+    weights and routing: within 1e-2 (bit for bit in test_fp8's measurement), and as far from the
+    bf16 experts as e4m3 predicts (0.01..0.12, not 0: the FP8 path ran)."""
+    from test_fp8 import emulated_fp8_forward
+    experts = experts_modules(build_fp8("olmoe"))[0]
+    g = torch.Generator().manual_seed(1)
+    T, E, K = 37, experts.num_experts, 2
+    x = torch.randn(T, 128, generator=g).bfloat16()
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    weights = (torch.rand(T, K, generator=g) + 0.1).bfloat16()
+    with torch.no_grad():
+        fp8 = leanmoe.hf.experts_forward_fp8(experts, x, ids, weights)
+        bf16 = leanmoe.hf.experts_forward(experts, x, ids, weights)
+        want = emulated_fp8_forward(x, ids, weights, experts.gate_up_proj, experts.down_proj)
+    assert rel(fp8, want) < 1e-2
+    assert 0.01 < rel(fp8, bf16) < 0.12
+
+
+@pytest.mark.parametrize("family", FP8_FAMILIES)
+def test_fp8_model_near_fp32_and_in_backward_bitwise(family):
+    """A whole model under "leanmoe_fp8" against the same weights in fp32 (eager): logits and every
+    gradient within 0.12 / 0.15 norm-wise, or twice the bf16 "leanmoe" run's own error where that is
+    larger. e4m3 moves one layer's output by ~6% (test_fp8); these 2-layer models' logits by 0.007
+    (olmoe) to 0.04 (gpt_oss), their gradients by up to 0.12; bf16 alone moves deepseek_v3's by 0.17
+    / 0.86 (its group-limited routing flips between dtypes at this size). The FP8 path must show
+    (logits unlike bf16's). Then three training steps: in-backward ExpertAdamW bitwise equal to the
+    standard optimizer's."""
+    base = build_fp8(family)
+    fp32, bf16, fp8 = copy.deepcopy(base).float(), copy.deepcopy(base), copy.deepcopy(base)
+    bf16.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION)
+    fp8.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION_FP8)
+    assert fp8.config._experts_implementation == "leanmoe_fp8"
+    b = batch("cpu")
+    outs = {}
+    for name, m in (("fp32", fp32), ("bf16", bf16), ("fp8", fp8)):
+        m.train()
+        outs[name] = run(m, b)
+    assert all("_leanmoe_experts_spec" in m.__dict__ for m in experts_modules(fp8)), "leanmoe did not run"
+    assert not torch.equal(outs["fp8"].logits, outs["bf16"].logits)
+    bound = max(0.12, 2 * rel(outs["bf16"].logits, outs["fp32"].logits))
+    assert rel(outs["fp8"].logits, outs["fp32"].logits) <= bound
+    ref, theirs = dict(fp32.named_parameters()), dict(bf16.named_parameters())
+    for name, p in fp8.named_parameters():
+        if ref[name].grad is None:
+            continue
+        bound = max(0.15, 2 * rel(theirs[name].grad, ref[name].grad))
+        assert rel(p.grad, ref[name].grad) <= bound, f"{name}: {rel(p.grad, ref[name].grad):.3e} > {bound:.3e}"
+    models, runs = {}, {}
+    for in_backward in (False, True):
+        models[in_backward] = m = copy.deepcopy(base)
+        m.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION_FP8)
+        m.train()
+        opt = ExpertAdamW(expert_parameters(m), lr=1e-3, weight_decay=0.1, in_backward=in_backward)
+        runs[in_backward] = train(m, opt)
+        if in_backward:
+            opt.release()
+    assert runs[True] == runs[False]
+    for (na, pa), (_, pb) in zip(models[False].named_parameters(), models[True].named_parameters()):
+        assert torch.equal(pa, pb), f"{na} differs between the standard and the in-backward run"
+
+
+def test_fp8_rules_name_the_model():
+    b = batch("cpu")
+    model = build_fp8("olmoe").float()
+    model.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION_FP8)
+    with pytest.raises(NotImplementedError, match=r"'leanmoe_fp8'.*OlmoeExperts.*bfloat16.*got torch.float32"):
+        model(**b)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast to bf16 runs the fp32 model in FP8
+        assert torch.isfinite(model(**b).logits).all()
+    narrow = build("olmoe", dtype=torch.bfloat16)  # d = 64
+    narrow.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION_FP8)
+    with pytest.raises(NotImplementedError, match=r"OlmoeExperts.*d \(hidden size\) = 64 must be a multiple of 128"):
+        narrow(**b)
+    thin = build_fp8("olmoe", width=256)
+    for m in experts_modules(thin):  # n = 64 on d = 256: the down projection's K
+        m.gate_up_proj.data, m.down_proj.data = m.gate_up_proj.data[:, :128], m.down_proj.data[:, :, :64]
+    thin.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION_FP8)
+    with pytest.raises(NotImplementedError, match=r"n \(expert intermediate size\) = 64 must be a multiple of 128"):
+        thin(**b)
+
+
+def test_apply_fp8():
+    """apply(model, precision="fp8"): the fused block's expert GEMMs in FP8 (near bf16's, not equal)."""
+    outs = {}
+    for precision in ("storage", "fp8"):
+        model = build_fp8("olmoe")
+        assert leanmoe.hf.apply(model, precision=precision) == 2
+        model.train()
+        outs[precision] = run(model, batch("cpu"))
+    assert not torch.equal(outs["fp8"].logits, outs["storage"].logits)
+    assert rel(outs["fp8"].logits, outs["storage"].logits) < 0.12
+    with pytest.raises(ValueError, match=r"leanmoe.hf.apply: argument 'precision'"):
+        leanmoe.hf.apply(build_fp8("olmoe"), precision="fp4")
