@@ -320,48 +320,49 @@ def test_specs_of_the_families():
 FP8_FAMILIES = ["olmoe", "deepseek_v3", "gpt_oss", "nemotron_h"]  # plain, sigmoid router, every layout flag, ungated
 
 
-def build_fp8(family, seed=0, width=128):
+def build_fp8(family, seed=0, width=128, device="cpu"):
     """The family's tiny model in bfloat16 with d and every expert's n = width (FP8 takes multiples of 128)."""
     kwargs = FAMILIES[family][2]
     widths = {k: width for k in ("intermediate_size", "moe_intermediate_size") if k in kwargs}
-    return build(family, dtype=torch.bfloat16, seed=seed, hidden_size=width, **widths)
+    return build(family, dtype=torch.bfloat16, seed=seed, device=device, hidden_size=width, **widths)
 
 
-def test_fp8_experts_match_the_torch_emulation():
+def test_fp8_experts_match_the_torch_emulation(device):
     """The experts module under "leanmoe_fp8" is test_fp8's torch emulation of the FP8 layer (x rows
     in 1x128 tiles, weights in 128x128 blocks, e4m3 by torch's float8_e4m3fn) on the model's own
     weights and routing: within 1e-2 (bit for bit in test_fp8's measurement), and as far from the
     bf16 experts as e4m3 predicts (0.01..0.12, not 0: the FP8 path ran)."""
     from test_fp8 import emulated_fp8_forward
-    experts = experts_modules(build_fp8("olmoe"))[0]
+    experts = experts_modules(build_fp8("olmoe", device=device))[0]
     g = torch.Generator().manual_seed(1)
     T, E, K = 37, experts.num_experts, 2
     x = torch.randn(T, 128, generator=g).bfloat16()
     ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
     weights = (torch.rand(T, K, generator=g) + 0.1).bfloat16()
     with torch.no_grad():
-        fp8 = leanmoe.hf.experts_forward_fp8(experts, x, ids, weights)
-        bf16 = leanmoe.hf.experts_forward(experts, x, ids, weights)
-        want = emulated_fp8_forward(x, ids, weights, experts.gate_up_proj, experts.down_proj)
+        args = (x.to(device), ids.to(device), weights.to(device))
+        fp8 = leanmoe.hf.experts_forward_fp8(experts, *args).cpu()
+        bf16 = leanmoe.hf.experts_forward(experts, *args).cpu()
+        want = emulated_fp8_forward(x, ids, weights, experts.gate_up_proj.cpu(), experts.down_proj.cpu())
     assert rel(fp8, want) < 1e-2
     assert 0.01 < rel(fp8, bf16) < 0.12
 
 
 @pytest.mark.parametrize("family", FP8_FAMILIES)
-def test_fp8_model_near_fp32_and_in_backward_bitwise(family):
+def test_fp8_model_near_fp32_and_in_backward_bitwise(family, device):
     """A whole model under "leanmoe_fp8" against the same weights in fp32 (eager): logits and every
     gradient within 0.12 / 0.15 norm-wise, or twice the bf16 "leanmoe" run's own error where that is
     larger. e4m3 moves one layer's output by ~6% (test_fp8); these 2-layer models' logits by 0.007
     (olmoe) to 0.04 (gpt_oss), their gradients by up to 0.12; bf16 alone moves deepseek_v3's by 0.17
     / 0.86 (its group-limited routing flips between dtypes at this size). The FP8 path must show
     (logits unlike bf16's). Then three training steps: in-backward ExpertAdamW bitwise equal to the
-    standard optimizer's."""
-    base = build_fp8(family)
+    standard optimizer's (on the CPU)."""
+    base = build_fp8(family, device=device)
     fp32, bf16, fp8 = copy.deepcopy(base).float(), copy.deepcopy(base), copy.deepcopy(base)
     bf16.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION)
     fp8.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION_FP8)
     assert fp8.config._experts_implementation == "leanmoe_fp8"
-    b = batch("cpu")
+    b = batch(device)
     outs = {}
     for name, m in (("fp32", fp32), ("bf16", bf16), ("fp8", fp8)):
         m.train()
@@ -376,6 +377,8 @@ def test_fp8_model_near_fp32_and_in_backward_bitwise(family):
             continue
         bound = max(0.15, 2 * rel(theirs[name].grad, ref[name].grad))
         assert rel(p.grad, ref[name].grad) <= bound, f"{name}: {rel(p.grad, ref[name].grad):.3e} > {bound:.3e}"
+    if device != "cpu":
+        return
     models, runs = {}, {}
     for in_backward in (False, True):
         models[in_backward] = m = copy.deepcopy(base)
