@@ -111,7 +111,8 @@ leanmoe::SavedState saved_state(const leanmoe::MoEConfig& cfg, const at::Tensor&
   return s;
 }
 
-// The expert weights' FP8 codes kept by leanmoe.MoE (precision="fp8"): gate_up_proj's codes,
+// The expert weights' FP8 codes kept by leanmoe.MoE (precision="fp8") and by transformers experts
+// under experts_implementation="leanmoe_fp8" (routing given): gate_up_proj's codes,
 // scales, codes_t and scales_t, then down_proj's (MoEWeights::fp8's layout, e4m3 codes as
 // torch.float8_e4m3fn). None: the layer quantizes the weights per call.
 using Fp8Weights = c10::optional<at::TensorList>;
@@ -128,18 +129,22 @@ at::TensorList fp8_weight_list(const Fp8Weights& fp8, int which) {
   return fp8->slice(4 * which, 4);
 }
 
+// The codes into w.fp8 (none: nothing), checked by the API (validate.cpp, check_fp8_weights).
+void set_fp8_weights(leanmoe::MoEWeights& w, const Fp8Weights& fp8) {
+  if (!fp8) return;
+  leanmoe::Fp8WeightCodes* dst[2] = {&w.fp8.gate_up_proj, &w.fp8.down_proj};
+  for (int which = 0; which < 2; ++which) {
+    const at::TensorList t = fp8_weight_list(fp8, which);
+    const char* const* arg = kFp8WeightArgs[which];
+    *dst[which] = {view_of(t[0], arg[0]), view_of(t[1], arg[1]), view_of(t[2], arg[2]), view_of(t[3], arg[3])};
+  }
+}
+
 leanmoe::MoEWeights weights(const at::Tensor& router_weight, const at::Tensor& gate_up_proj,
                             const at::Tensor& down_proj, const Fp8Weights& fp8 = c10::nullopt) {
   leanmoe::MoEWeights w{view_of(router_weight, "router_weight"), view_of(gate_up_proj, "gate_up_proj"),
                         view_of(down_proj, "down_proj")};
-  if (fp8) {  // checked by the API (validate.cpp, check_fp8_weights)
-    leanmoe::Fp8WeightCodes* dst[2] = {&w.fp8.gate_up_proj, &w.fp8.down_proj};
-    for (int which = 0; which < 2; ++which) {
-      const at::TensorList t = fp8_weight_list(fp8, which);
-      const char* const* arg = kFp8WeightArgs[which];
-      *dst[which] = {view_of(t[0], arg[0]), view_of(t[1], arg[1]), view_of(t[2], arg[2]), view_of(t[3], arg[3])};
-    }
-  }
+  set_fp8_weights(w, fp8);
   return w;
 }
 
@@ -458,7 +463,7 @@ leanmoe::Activation parse_activation(c10::string_view name) {
 // The layer's shape from the weights in their layout: gate_up_proj [E, W, d] ([E, d, W] transposed).
 leanmoe::MoEConfig routed_config(const at::Tensor& gate_up_proj, int64_t top_k, c10::string_view activation,
                                  double act_alpha, double act_limit, bool interleaved, bool transposed,
-                                 c10::string_view precision) {
+                                 c10::string_view precision, bool fp8_weights_given = false) {
   TORCH_CHECK_VALUE(gate_up_proj.dim() == 3, "leanmoe: argument 'gate_up_proj': must be 3-D [E, W, d] (or [E, d, W] "
                     "transposed), got ", gate_up_proj.sizes());
   leanmoe::MoEConfig c;
@@ -478,17 +483,19 @@ leanmoe::MoEConfig routed_config(const at::Tensor& gate_up_proj, int64_t top_k, 
   c.n = gated ? W / 2 : W;
   c.K = top_k;
   c.precision = parse_precision(precision);
+  c.fp8_weights_given = fp8_weights_given;
   return c;
 }
 
 leanmoe::MoEWeights routed_weights(const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
                                    const c10::optional<at::Tensor>& gate_up_bias,
-                                   const c10::optional<at::Tensor>& down_bias) {
+                                   const c10::optional<at::Tensor>& down_bias, const Fp8Weights& fp8) {
   leanmoe::MoEWeights w;
   w.gate_up_proj = view_of(gate_up_proj, "gate_up_proj");
   w.down_proj = view_of(down_proj, "down_proj");
   if (gate_up_bias) w.gate_up_bias = view_of(*gate_up_bias, "gate_up_bias");
   if (down_bias) w.down_bias = view_of(*down_bias, "down_bias");
+  set_fp8_weights(w, fp8);
   return w;
 }
 
@@ -500,13 +507,13 @@ RoutedSaved moe_routed_forward(const at::Tensor& x, const at::Tensor& topk_exper
                                const c10::optional<at::Tensor>& gate_up_bias,
                                const c10::optional<at::Tensor>& down_bias, c10::string_view activation,
                                double act_alpha, double act_limit, bool interleaved, bool transposed,
-                               c10::string_view precision) {
+                               c10::string_view precision, const Fp8Weights& fp8_weights) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     TORCH_CHECK_VALUE(topk_experts.dim() == 2, "leanmoe::moe_routed_forward: argument 'topk_experts': must be 2-D "
                       "[T, K], got ", topk_experts.sizes());
     const leanmoe::MoEConfig cfg = routed_config(gate_up_proj, topk_experts.size(1), activation, act_alpha, act_limit,
-                                                 interleaved, transposed, precision);
+                                                 interleaved, transposed, precision, fp8_weights.has_value());
     TORCH_CHECK_VALUE(x.dim() == 2, "leanmoe::moe_routed_forward: argument 'x': must be 2-D [T, d], got ", x.sizes());
     const int64_t T = x.size(0), R = leanmoe::max_routed_rows(cfg, T);
     const auto f32 = x.options().dtype(at::kFloat), i32 = x.options().dtype(at::kInt);
@@ -521,7 +528,8 @@ RoutedSaved moe_routed_forward(const at::Tensor& x, const at::Tensor& topk_exper
     at::Tensor ws = workspace(plan.forward_workspace_bytes, x);
     leanmoe::forward_routed(cfg, view_of(x, "x"), view_of(topk_experts, "topk_experts"),
                             view_of(topk_weights, "topk_weights"),
-                            routed_weights(gate_up_proj, down_proj, gate_up_bias, down_bias), view_of(out, "out"),
+                            routed_weights(gate_up_proj, down_proj, gate_up_bias, down_bias, fp8_weights),
+                            view_of(out, "out"),
                             saved, {ws.data_ptr(), plan.forward_workspace_bytes}, current_stream(x));
     return std::make_tuple(out, h, row_gate, row_token, token_rows, token_offsets, expert_offsets, topk_saved);
   });
@@ -536,7 +544,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_routed_backward(
     const at::Tensor& row_token, const at::Tensor& token_rows, const at::Tensor& token_offsets,
     const at::Tensor& expert_offsets, const at::Tensor& topk_saved, at::ScalarType weights_dtype,
     const leanmoe::Tensor& d_gate_up_proj, const leanmoe::Tensor& d_down_proj,
-    const leanmoe::ExpertGradCallback& on_expert_grad) {
+    const leanmoe::ExpertGradCallback& on_expert_grad, const Fp8Weights& fp8_weights) {
   const int64_t T = x.size(0);
   const at::Tensor dout = d_out.contiguous();
   at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
@@ -556,8 +564,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> run_routed_backward(
   if (down_bias) grads.d_down_bias = view_of(d_b2, "d_down_bias");
   grads.d_topk_weights = view_of(d_weights, "d_topk_weights");
   leanmoe::backward_routed(cfg, view_of(dout, "d_out"),
-                           routed_weights(gate_up_proj, down_proj, gate_up_bias, down_bias), saved, grads, {ws.data_ptr(), plan.backward_workspace_bytes}, on_expert_grad,
-                           current_stream(x));
+                           routed_weights(gate_up_proj, down_proj, gate_up_bias, down_bias, fp8_weights), saved,
+                           grads, {ws.data_ptr(), plan.backward_workspace_bytes}, on_expert_grad, current_stream(x));
   return {dx, d_weights, d_b1, d_b2};
 }
 
@@ -567,18 +575,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const at::Tensor& row_gate, const at::Tensor& row_token, const at::Tensor& token_rows,
     const at::Tensor& token_offsets, const at::Tensor& expert_offsets, const at::Tensor& topk_saved,
     c10::string_view activation, double act_alpha, double act_limit, bool interleaved, bool transposed,
-    c10::string_view precision, at::ScalarType weights_dtype) {
+    c10::string_view precision, at::ScalarType weights_dtype, const Fp8Weights& fp8_weights) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
         routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, interleaved, transposed,
-                      precision);
+                      precision, fp8_weights.has_value());
     at::Tensor d_gate_up = at::empty_like(gate_up_proj, at::MemoryFormat::Contiguous);
     at::Tensor d_down = at::empty_like(down_proj, at::MemoryFormat::Contiguous);
     auto [dx, d_weights, d_b1, d_b2] = run_routed_backward(
         cfg, d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate, row_token, token_rows,
         token_offsets, expert_offsets, topk_saved, weights_dtype, view_of(d_gate_up, "d_gate_up_proj"),
-        view_of(d_down, "d_down_proj"), nullptr);
+        view_of(d_down, "d_down_proj"), nullptr, fp8_weights);
     return std::make_tuple(dx, d_weights, d_gate_up, d_down, d_b1, d_b2);
   });
 }
@@ -596,20 +604,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_a
     const at::Tensor& gate_up_exp_avg_sq, const at::Tensor& gate_up_step, const at::Tensor& down_exp_avg,
     const at::Tensor& down_exp_avg_sq, const at::Tensor& down_step, double lr, double beta1, double beta2,
     double weight_decay, double eps, const c10::optional<at::Tensor>& gate_up_master,
-    const c10::optional<at::Tensor>& down_master, c10::string_view update_kernel) {
+    const c10::optional<at::Tensor>& down_master, c10::string_view update_kernel, const Fp8Weights& fp8_weights) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
         routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, interleaved, transposed,
-                      precision);
+                      precision, fp8_weights.has_value());
     InBackwardAdamW update("leanmoe::moe_routed_backward_adamw_",
                            {gate_up_proj, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, gate_up_master},
                            {down_proj, down_exp_avg, down_exp_avg_sq, down_step, down_master},
-                           {lr, beta1, beta2, weight_decay, eps}, parse_update(update_kernel));
+                           {lr, beta1, beta2, weight_decay, eps}, parse_update(update_kernel), fp8_weights);
     auto result = run_routed_backward(cfg, d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate,
                                       row_token, token_rows, token_offsets, expert_offsets, topk_saved, weights_dtype,
                                       view_of(update.d_gate_up, "d_gate_up_proj"),
-                                      view_of(update.d_down, "d_down_proj"), update.callback());
+                                      view_of(update.d_down, "d_down_proj"), update.callback(), fp8_weights);
     update.check_done();
     return result;
   });
@@ -653,8 +661,8 @@ TORCH_LIBRARY(leanmoe, m) {
   const std::string saved =
       "Tensor h, Tensor row_gate, Tensor row_token, Tensor token_rows, Tensor token_offsets, "
       "Tensor expert_offsets, Tensor topk_experts";
-  // The weights' FP8 codes (leanmoe.MoE, precision="fp8"): read by the layer, and rewritten by the
-  // in-backward update.
+  // The weights' FP8 codes (leanmoe.MoE with precision="fp8", transformers experts under
+  // "leanmoe_fp8"): read by the layer, and rewritten by the in-backward update.
   const std::string fp8_weights = "Tensor[]? fp8_weights=None";
   m.def(("moe_forward(Tensor x, Tensor router_weight, Tensor gate_up_proj, Tensor down_proj, " + config + ", " +
          fp8_weights + ") -> (Tensor out, Tensor losses, " + saved + ")").c_str());
@@ -683,13 +691,13 @@ TORCH_LIBRARY(leanmoe, m) {
       "Tensor h, Tensor row_gate, Tensor row_token, Tensor token_rows, Tensor token_offsets, Tensor expert_offsets, "
       "Tensor topk_saved";
   m.def(("moe_routed_forward(Tensor x, Tensor topk_experts, Tensor topk_weights, " + experts + ", " + expert_fn +
-         ") -> (Tensor out, " + routed_saved + ")").c_str());
+         ", " + fp8_weights + ") -> (Tensor out, " + routed_saved + ")").c_str());
   m.def(("moe_routed_backward(Tensor d_out, Tensor x, " + experts + ", " + routed_saved + ", " + expert_fn +
-         ", ScalarType weights_dtype) -> (Tensor dx, Tensor d_topk_weights, Tensor d_gate_up_proj, "
-         "Tensor d_down_proj, Tensor d_gate_up_bias, Tensor d_down_bias)").c_str());
+         ", ScalarType weights_dtype, " + fp8_weights + ") -> (Tensor dx, Tensor d_topk_weights, "
+         "Tensor d_gate_up_proj, Tensor d_down_proj, Tensor d_gate_up_bias, Tensor d_down_bias)").c_str());
   m.def(("moe_routed_backward_adamw_(Tensor d_out, Tensor x, Tensor(a!) gate_up_proj, Tensor(b!) down_proj, "
          "Tensor? gate_up_bias, Tensor? down_bias, " + routed_saved + ", " + expert_fn +
-         ", ScalarType weights_dtype, " + adamw_state + ", str update=\"torch\"" +
+         ", ScalarType weights_dtype, " + adamw_state + ", str update=\"torch\", Tensor(k!)[]? fp8_weights=None" +
          ") -> (Tensor dx, Tensor d_topk_weights, Tensor d_gate_up_bias, Tensor d_down_bias)").c_str());
   m.def("expert_activation(Tensor h, str activation, float act_alpha, float act_limit, bool interleaved) -> Tensor");
   m.def("layer_unsupported_reason(Tensor like, str activation, float act_alpha, float act_limit, bool interleaved, "

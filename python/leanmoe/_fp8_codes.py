@@ -1,5 +1,7 @@
 """The FP8 codes that leanmoe.MoE(precision="fp8") keeps of its expert weights, and how they stay
-current (docs/DESIGN.md "The weights' codes given"; python/README.md "FP8").
+current (docs/DESIGN.md "The weights' codes given"; python/README.md "FP8"). transformers experts
+modules under experts_implementation="leanmoe_fp8" keep them the same way (leanmoe.hf; "owners"
+below are either).
 
 A layer keeps, for gate_up_proj [E, 2n, d] and down_proj [E, d, n], four buffers each (not in
 state_dict: they are a function of the weights): ``<weight>_fp8`` (e4m3 codes, the weight's shape),
@@ -28,6 +30,23 @@ from ._ops import FP8_BLOCK, ops
 
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 CODE_BUFFERS = ("fp8", "fp8_scales", "fp8_t", "fp8_scales_t")
+# A transformers experts module (leanmoe.hf) holds these in its __dict__ instead of leanmoe.MoE's
+# attributes: its two weights' names (gate_up_proj or up_proj, down_proj), the precision of its
+# last call (its experts implementation can change between calls) and whether it keeps codes.
+HF_NAMES, HF_PRECISION, HF_KEEPS = "_leanmoe_fp8_names", "_leanmoe_precision", "_leanmoe_fp8_weight_codes"
+
+
+def weight_names(owner):
+    return owner.__dict__.get(HF_NAMES, EXPERT_WEIGHTS)
+
+
+def _precision(owner):
+    return owner.__dict__.get(HF_PRECISION) or owner.precision
+
+
+def _keeps_codes(owner):
+    keeps = owner.__dict__.get(HF_KEEPS)
+    return owner.fp8_weight_codes if keeps is None else keeps
 
 # expert weight of a precision="fp8" leanmoe.MoE -> (weakref to the layer, the weight's name).
 _OWNERS = WeakIdKeyDictionary()
@@ -41,7 +60,7 @@ def register(layer) -> None:
     forward, so deep copies and replaced parameters are found): ExpertAdamW steps them with the
     leanmoe update and rewrites their codes; another optimizer's step clears their stamps."""
     global _generation, _hook
-    for name in EXPERT_WEIGHTS:
+    for name in weight_names(layer):
         p = getattr(layer, name)
         owner = _OWNERS.get(p)
         if owner is None or owner[0]() is not layer or owner[1] != name:
@@ -64,15 +83,15 @@ def update_kernel(p) -> str:
     its codes; the same arithmetic with and without codes kept, so both train alike, bit for bit),
     else 'torch' (torch.optim.AdamW(fused=True)'s kernel)."""
     layer, _ = _owner(p)
-    return "leanmoe" if layer is not None and layer.precision == "fp8" else "torch"
+    return "leanmoe" if layer is not None and _precision(layer) == "fp8" else "torch"
 
 
 def _applies(layer) -> bool:
     """Whether the layer keeps codes now: fp8 with fp8_weight_codes, bf16 contiguous weights with
     both matrix dims multiples of 128 (else the per-call path runs and states the rule it breaks)."""
-    if layer.precision != "fp8" or not layer.fp8_weight_codes:
+    if _precision(layer) != "fp8" or not _keeps_codes(layer):
         return False
-    for name in EXPERT_WEIGHTS:
+    for name in weight_names(layer):
         p = getattr(layer, name)
         if (p.dtype != torch.bfloat16 or p.dim() != 3 or p.shape[1] % FP8_BLOCK or p.shape[2] % FP8_BLOCK
                 or not p.is_contiguous() or p.device.type not in ("cpu", "cuda")):
@@ -89,7 +108,7 @@ def _buffers(layer, name, p):
     out = []
     for suffix, shape in zip(CODE_BUFFERS, shapes):
         key = f"{name}_{suffix}"
-        b = getattr(layer, key)
+        b = getattr(layer, key, None)  # leanmoe.MoE's buffers; a transformers module's plain attributes
         dtype = torch.float8_e4m3fn if suffix in ("fp8", "fp8_t") else torch.float32
         if b is None or b.dtype != dtype or tuple(b.shape) != shape or b.device != p.device or not b.is_contiguous():
             b = torch.empty(shape, dtype=dtype, device=p.device)
@@ -120,14 +139,14 @@ def codes_for_call(layer):
     if torch.compiler.is_compiling() or not _applies(layer):
         return None
     register(layer)
-    return [*_current(layer, "gate_up_proj"), *_current(layer, "down_proj")]
+    return [b for name in weight_names(layer) for b in _current(layer, name)]
 
 
 def refresh(layer) -> None:
     """Writes the codes of the layer's current weights now (after a write torch does not see)."""
     layer._fp8_stamps.clear()
     if _applies(layer):
-        for name in EXPERT_WEIGHTS:
+        for name in weight_names(layer):
             _current(layer, name)
 
 

@@ -142,7 +142,7 @@ def _up_width(gate_up_proj, transposed):
 
 @torch.library.register_fake("leanmoe::moe_routed_forward")
 def _moe_routed_forward_fake(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_bias, down_bias,
-                             activation, act_alpha, act_limit, interleaved, transposed, precision):
+                             activation, act_alpha, act_limit, interleaved, transposed, precision, fp8_weights=None):
     torch._check(x.dim() == 2, lambda: "leanmoe::moe_routed_forward: x must be 2-D [T, d]")
     T, d = x.shape
     K = topk_experts.shape[1]
@@ -167,7 +167,7 @@ def _empty_or_like(bias, x):
 @torch.library.register_fake("leanmoe::moe_routed_backward")
 def _moe_routed_backward_fake(d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate, row_token,
                               token_rows, token_offsets, expert_offsets, topk_saved, activation, act_alpha, act_limit,
-                              interleaved, transposed, precision, weights_dtype):
+                              interleaved, transposed, precision, weights_dtype, fp8_weights=None):
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             x.new_empty(topk_saved.shape, dtype=weights_dtype),
             torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format),
@@ -190,9 +190,13 @@ def _expert_activation_fake(h, activation, act_alpha, act_limit, interleaved):
     return h.new_empty(h.shape[0], h.shape[1] // 2 if activation in GATED_ACTIVATIONS else h.shape[1])
 
 
+_EXPERT_FN_ARGS = 6  # activation, act_alpha, act_limit, interleaved, transposed, precision
+
+
 def _routed_setup_context(ctx, inputs, output):
     x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_bias, down_bias = inputs[:7]
-    ctx.expert_fn = tuple(inputs[7:])
+    ctx.expert_fn = tuple(inputs[7:7 + _EXPERT_FN_ARGS])
+    ctx.fp8_weights = inputs[7 + _EXPERT_FN_ARGS] if len(inputs) > 7 + _EXPERT_FN_ARGS else None
     ctx.weights_dtype = topk_weights.dtype
     ctx.has_bias = (gate_up_bias is not None, down_bias is not None)
     saved = output[1:]
@@ -207,11 +211,15 @@ def _routed_backward(ctx, d_out, *unused):
     d_out = torch.zeros_like(x) if d_out is None else d_out.to(x.dtype)
     with torch.no_grad():  # moe_routed_backward has no derivative of its own (see _once_differentiable)
         dx, d_weights, d_gate_up, d_down, d_b1, d_b2 = ops.moe_routed_backward(
-            d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved, *ctx.expert_fn, ctx.weights_dtype)
+            d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved, *ctx.expert_fn, ctx.weights_dtype,
+            ctx.fp8_weights)
     dx, d_weights, d_gate_up, d_down, d_b1, d_b2 = _once_differentiable(
         (dx, d_weights, d_gate_up, d_down, d_b1 if ctx.has_bias[0] else None, d_b2 if ctx.has_bias[1] else None),
-        ctx.needs_input_grad)
-    return (dx, None, d_weights, d_gate_up, d_down, d_b1, d_b2) + (None,) * len(ctx.expert_fn)
+        ctx.needs_input_grad[:7])
+    # No gradient for the expert function's arguments nor the codes (structured as needs_input_grad, as
+    # _backward says).
+    no_grads = tuple([None] * len(n) if isinstance(n, (list, tuple)) else None for n in ctx.needs_input_grad[7:])
+    return (dx, None, d_weights, d_gate_up, d_down, d_b1, d_b2) + no_grads
 
 
 torch.library.register_autograd("leanmoe::moe_routed_forward", _routed_backward, setup_context=_routed_setup_context)

@@ -221,7 +221,7 @@ class _InBackwardMoE(torch.autograd.Function):
 
 def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_bias=None, down_bias=None, *,
                activation="swiglu", act_alpha=1.702, act_limit=7.0, interleaved=False,
-               transposed=False, precision="storage") -> torch.Tensor:
+               transposed=False, precision="storage", _fp8_weights=None) -> torch.Tensor:
     """The experts under a routing computed by the caller's router (any: softmax or sigmoid, with
     a correction bias, group-limited, ...): out_t = sum_k topk_weights[t, k] * expert_{topk_experts[t, k]}(x_t).
 
@@ -234,7 +234,8 @@ def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_b
     activation: one of leanmoe.functional.ACTIVATIONS (swiglu_clamped is gpt-oss's, with act_alpha
     and act_limit). Expert weights and x share one dtype (bfloat16 or float32) and device; under
     torch.autocast x, the weights and biases are cast as in ``moe``. x may have no tokens.
-    precision: as in ``moe``."""
+    precision: as in ``moe``. _fp8_weights (transformers experts under "leanmoe_fp8", leanmoe.hf):
+    the weights' FP8 codes as in ``moe``, in the weights' layout."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"leanmoe.moe_routed: argument 'activation': must be one of {ACTIVATIONS}, got {activation!r}")
     if interleaved and activation not in GATED_ACTIVATIONS:
@@ -254,24 +255,28 @@ def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_b
         weights = weights.float()
     weights = weights.contiguous()
     expert_fn = (activation, float(act_alpha), float(act_limit), bool(interleaved), bool(transposed), precision)
+    # Codes of the parameters, not of autocast's copies.
+    fp8_weights = _fp8_weights if gate_up_proj is params[0] and down_proj is params[1] else None
     optimizer = _in_backward_optimizer_of_call(params, (gate_up_proj, down_proj))
     if optimizer is not None:
         out = _InBackwardRoutedMoE.apply(x2, ids, weights, gate_up_proj, down_proj, gate_up_bias, down_bias,
-                                         expert_fn, optimizer)
+                                         expert_fn, optimizer, fp8_weights)
     else:
         out = ops.moe_routed_forward(x2, ids, weights, gate_up_proj, down_proj, gate_up_bias, down_bias,
-                                     *expert_fn)[0]
+                                     *expert_fn, fp8_weights)[0]
     return out.view(shape)
 
 
 class _InBackwardRoutedMoE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, ids, weights, gate_up_proj, down_proj, gate_up_bias, down_bias, expert_fn, optimizer):
+    def forward(ctx, x, ids, weights, gate_up_proj, down_proj, gate_up_bias, down_bias, expert_fn, optimizer,
+                fp8_weights):
         out, *saved = ops.moe_routed_forward(x, ids, weights, gate_up_proj, down_proj, gate_up_bias, down_bias,
-                                             *expert_fn)
+                                             *expert_fn, fp8_weights)
         ctx.save_for_backward(x, gate_up_bias, down_bias, *saved)
         ctx.experts = (gate_up_proj, down_proj)
         ctx.expert_fn, ctx.optimizer, ctx.weights_dtype = expert_fn, optimizer, weights.dtype
+        ctx.fp8_weights = fp8_weights
         ctx.set_materialize_grads(False)
         return out
 
@@ -281,10 +286,11 @@ class _InBackwardRoutedMoE(torch.autograd.Function):
         gate_up_proj, down_proj = ctx.experts
         d_out = torch.zeros_like(x) if d_out is None else d_out.to(x.dtype)
         dx, d_weights, d_b1, d_b2 = ctx.optimizer._backward_routed_with_update(
-            d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, saved, ctx.expert_fn, ctx.weights_dtype)
+            d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, saved, ctx.expert_fn, ctx.weights_dtype,
+            ctx.fp8_weights)
         # The expert weights were updated in place: no gradient reaches their .grad. The biases'
         # gradients go the standard way (the optimizer steps them in step()).
         dx, d_weights, d_b1, d_b2 = _once_differentiable(
             (dx, d_weights, d_b1 if gate_up_bias is not None else None, d_b2 if down_bias is not None else None),
             ctx.needs_input_grad)
-        return dx, None, d_weights, None, None, d_b1, d_b2, None, None
+        return dx, None, d_weights, None, None, d_b1, d_b2, None, None, None

@@ -20,7 +20,10 @@
    the model and the feature. ``leanmoe.optim.ExpertAdamW`` updates these experts in backward.
    ``experts_implementation="leanmoe_fp8"`` runs the same with the up, down, dH and dX expert GEMMs
    in blockwise FP8 (``moe_routed(precision="fp8")``, docs/DESIGN.md "FP8"): bfloat16 models (or
-   torch.autocast to bfloat16) whose hidden and expert widths are multiples of 128.
+   torch.autocast to bfloat16) whose hidden and expert widths are multiples of 128. Each experts
+   module keeps its weights' FP8 codes as leanmoe.MoE(precision="fp8") does (the bf16 weights'
+   bytes again; ExpertAdamW rewrites them in its update, in-backward or in step(), so no call
+   quantizes a weight): ``fp8_weight_codes(model, False)`` frees them and quantizes per call.
 
 2. ``apply(model)``: replaces the whole MoE block of OLMoE, Qwen3-MoE, GraniteMoE and Mixtral by
    leanmoe's fused router + experts (``leanmoe.moe``), which also offers token rounding:
@@ -53,6 +56,7 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
+from . import _fp8_codes
 from ._ops import FP8_BLOCK, GATED_ACTIVATIONS, ops
 from .functional import RouterStats, _check_precision, moe, moe_routed, routing_for_call
 
@@ -183,16 +187,36 @@ def _check_fp8(name, w, spec, d):
                                       f"{letter} = {width} must be a multiple of {FP8_BLOCK} for FP8 expert GEMMs")
 
 
+def _fp8_codes_for_call(module, spec):
+    """The experts module's FP8 codes for this call (python/leanmoe/_fp8_codes.py; None: quantize per
+    call), making it an owner of codes at its first FP8 call."""
+    state = module.__dict__
+    if _fp8_codes.HF_NAMES not in state:
+        state[_fp8_codes.HF_NAMES] = ("gate_up_proj" if spec.gated else "up_proj", "down_proj")
+        state.setdefault(_fp8_codes.HF_KEEPS, True)
+        state["_fp8_stamps"] = {}
+    state[_fp8_codes.HF_PRECISION] = "fp8"
+    _fp8_codes.register(module)  # ExpertAdamW steps its weights with the update that writes codes
+    return _fp8_codes.codes_for_call(module)
+
+
 def _experts(self, hidden_states, top_k_index, top_k_weights, precision):
     spec = experts_spec(self)
     up = self.gate_up_proj if spec.gated else self.up_proj
+    fp8_weights = None
     if precision == "fp8":
         _check_fp8(_model_name(self), up, spec, hidden_states.shape[-1])
+        # Traced by torch.compile: the weights quantized per call (the codes' checks read storage and
+        # version counters, which a graph cannot), as leanmoe.MoE does.
+        fp8_weights = None if torch.compiler.is_compiling() else _fp8_codes_for_call(self, spec)
+    elif _fp8_codes.HF_PRECISION in self.__dict__:  # switched back from "leanmoe_fp8": torch's update again
+        self.__dict__[_fp8_codes.HF_PRECISION] = "storage"
     up_bias = (self.gate_up_proj_bias if spec.gated else self.up_proj_bias) if spec.bias else None
     down_bias = self.down_proj_bias if spec.bias else None
     out = moe_routed(hidden_states.to(up.dtype), top_k_index, top_k_weights, up, self.down_proj, up_bias, down_bias,
                      activation=spec.activation, act_alpha=spec.act_alpha, act_limit=spec.act_limit,
-                     interleaved=spec.interleaved, transposed=spec.transposed, precision=precision)
+                     interleaved=spec.interleaved, transposed=spec.transposed, precision=precision,
+                     _fp8_weights=fp8_weights)
     return out.to(hidden_states.dtype)
 
 
@@ -204,6 +228,30 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
 def experts_forward_fp8(self, hidden_states, top_k_index, top_k_weights):
     """experts_forward with the expert GEMMs in blockwise FP8 (experts_implementation="leanmoe_fp8")."""
     return _experts(self, hidden_states, top_k_index, top_k_weights, "fp8")
+
+
+def fp8_weight_codes(model: torch.nn.Module, enabled: bool = True) -> int:
+    """Whether the experts modules of `model` keep their weights' FP8 codes under "leanmoe_fp8" (the
+    default; the bf16 weights' bytes again). False frees the codes: each FP8 call then quantizes the
+    weights itself (the same bits, slower on the GPU). Returns the number of experts modules."""
+    modules = [m for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "down_proj")]
+    for m in modules:
+        state = m.__dict__
+        state[_fp8_codes.HF_KEEPS] = bool(enabled)
+        if not enabled and _fp8_codes.HF_NAMES in state:
+            for name in state[_fp8_codes.HF_NAMES]:
+                for suffix in _fp8_codes.CODE_BUFFERS:
+                    state.pop(f"{name}_{suffix}", None)
+            state["_fp8_stamps"] = {}
+    return len(modules)
+
+
+def refresh_fp8_codes(model: torch.nn.Module) -> None:
+    """Writes the FP8 codes of the experts' current weights now: after writes torch does not see
+    (through ``weight.data``, or outside torch); every other change is found before the next call."""
+    for m in model.modules():
+        if _fp8_codes.HF_NAMES in m.__dict__:
+            _fp8_codes.refresh(m)
 
 
 def register() -> bool:

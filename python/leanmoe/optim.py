@@ -244,23 +244,27 @@ class ExpertAdamW(torch.optim.Optimizer):
                 g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper,
                 self._master(g), self._master(d), kernel, fp8_weights)
         self._updated.update((id(gate_up_proj), id(down_proj)))
-        _fp8_codes.updated(gate_up_proj, fp8_weights[:4] if fp8_weights is not None else None)
-        _fp8_codes.updated(down_proj, fp8_weights[4:] if fp8_weights is not None else None)
+        self._codes_updated(gate_up_proj, down_proj, fp8_weights)
         return dx, d_router
 
+    @staticmethod
+    def _codes_updated(gate_up_proj, down_proj, fp8_weights):
+        """After an in-backward update: codes given were rewritten in its pass; without, any kept are stale."""
+        _fp8_codes.updated(gate_up_proj, fp8_weights[:4] if fp8_weights is not None else None)
+        _fp8_codes.updated(down_proj, fp8_weights[4:] if fp8_weights is not None else None)
+
     def _backward_routed_with_update(self, d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, saved,
-                                     expert_fn, weights_dtype):
-        """Routing given by the caller: returns dx, d_topk_weights and the bias gradients."""
+                                     expert_fn, weights_dtype, fp8_weights=None):
+        """Routing given by the caller: returns dx, d_topk_weights and the bias gradients. fp8_weights:
+        the codes the call read (transformers experts under "leanmoe_fp8"); the update rewrites them."""
         g, d, hyper, kernel = self._prepare_update(gate_up_proj, down_proj)
-        if _fp8_codes.update_kernel(gate_up_proj) != "torch":
-            raise ValueError("leanmoe.optim.ExpertAdamW: the weights of a precision='fp8' leanmoe.MoE were handed to "
-                             "leanmoe.moe_routed with an in-backward optimizer: call the layer itself")
         with torch.no_grad():
             result = ops.moe_routed_backward_adamw_(
                 d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved, *expert_fn, weights_dtype,
                 g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper,
-                self._master(g), self._master(d), kernel)
+                self._master(g), self._master(d), kernel, fp8_weights)
         self._updated.update((id(gate_up_proj), id(down_proj)))
+        self._codes_updated(gate_up_proj, down_proj, fp8_weights)
         return result
 
     @torch.no_grad()

@@ -142,9 +142,9 @@ def quantize_blocks(w):
     return codes, scale.reshape(E, R // 128, C // 128)
 
 
-def assert_codes_current(layer, what):
+def assert_codes_current(layer, what, names=("gate_up_proj", "down_proj")):
     """The layer's code buffers are the quantization of its current weights, transposed copies included."""
-    for name in ("gate_up_proj", "down_proj"):
+    for name in names:
         w = getattr(layer, name).detach().cpu()
         codes, scales = quantize_blocks(w)
         got = [getattr(layer, f"{name}_{s}").cpu() for s in ("fp8", "fp8_scales", "fp8_t", "fp8_scales_t")]

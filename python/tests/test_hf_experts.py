@@ -393,6 +393,85 @@ def test_fp8_model_near_fp32_and_in_backward_bitwise(family, device):
         assert torch.equal(pa, pb), f"{na} differs between the standard and the in-backward run"
 
 
+@pytest.mark.parametrize("in_backward", [False, True])
+@pytest.mark.parametrize("family", ["olmoe", "gpt_oss", "nemotron_h"])  # [gate; up]; transposed, interleaved, biases; up_proj
+def test_fp8_codes_kept_equal_quantized_per_call(family, in_backward, device, monkeypatch):
+    """Each experts module keeps its weights' FP8 codes (leanmoe.MoE's scheme, python/leanmoe/_fp8_codes.py):
+    written once at the first call, then only by ExpertAdamW's update; over three training steps the
+    model with codes equals the same model quantizing per call (fp8_weight_codes(model, False)) bit for
+    bit, and the codes are the quantization of the current weights after every step (on the CPU, which
+    quantizes per GEMM whatever it is given, that check is the one that can fail)."""
+    from test_fp8 import CountQuantizations, assert_codes_current
+    counter = CountQuantizations(leanmoe._fp8_codes.ops)
+    monkeypatch.setattr(leanmoe._fp8_codes, "ops", counter)
+    base = build_fp8(family, device=device)
+    kept, per_call = copy.deepcopy(base), copy.deepcopy(base)
+    for m in (kept, per_call):
+        m.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION_FP8)
+        m.train()
+    assert leanmoe.hf.fp8_weight_codes(per_call, False) == len(experts_modules(per_call))
+    opts = [(ExpertAdamW(expert_parameters(m), lr=1e-2, weight_decay=0.1, in_backward=in_backward),
+             torch.optim.AdamW(dense_parameters(m), lr=1e-3)) for m in (kept, per_call)]
+    names = ("gate_up_proj" if family != "nemotron_h" else "up_proj", "down_proj")
+    for step in range(3):
+        losses = []
+        for m, (experts, dense) in zip((kept, per_call), opts):
+            losses.append(run(m, batch(device, seed=step), seed=step).loss)
+            experts.step(), dense.step()
+            experts.zero_grad(), dense.zero_grad()
+        assert torch.equal(losses[0], losses[1]), f"step {step}"
+        for (name, a), b in zip(kept.named_parameters(), per_call.parameters()):
+            assert torch.equal(a, b), f"step {step}: {name} differs"
+        for m in experts_modules(kept):
+            assert_codes_current(m, f"{family} step {step}", names)
+    # The first call wrote each weight's codes (2 per experts module); from then on only the update did.
+    assert counter.calls == 2 * len(experts_modules(kept))
+    assert not any(f"{n}_fp8" in m.__dict__ for m in experts_modules(per_call) for n in names)
+    # The update that writes codes steps them (in both modes: the same bits as without codes).
+    assert all(opts[0][0]._kernel(p) == "leanmoe" for p in expert_parameters(kept) if p.dim() == 3)
+    kept.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION)
+    run(kept, batch(device))  # a bf16 call: torch's update again, the codes stay until freed
+    assert all(opts[0][0]._kernel(p) == "torch" for p in expert_parameters(kept))
+    assert leanmoe.hf.fp8_weight_codes(kept, False) == len(experts_modules(kept))
+    assert not any(f"{n}_fp8" in m.__dict__ for m in experts_modules(kept) for n in names)
+    for experts, _ in opts:
+        experts.release()
+
+
+def test_fp8_codes_follow_writes_torch_sees_and_refresh():
+    """A weight changed in place (load_state_dict, an edit under no_grad) gets new codes before the
+    next call; a write through .data needs refresh_fp8_codes(model), as leanmoe.MoE's refresh does."""
+    from test_fp8 import assert_codes_current
+    model = build_fp8("olmoe")
+    model.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION_FP8)
+    b = batch("cpu")
+    with torch.no_grad():
+        model(**b)
+        experts = experts_modules(model)[0]
+        experts.gate_up_proj.mul_(2)
+        model(**b)
+    assert_codes_current(experts, "after an in-place edit")
+    experts.down_proj.data.mul_(-1)
+    leanmoe.hf.refresh_fp8_codes(model)
+    assert_codes_current(experts, "after refresh_fp8_codes")
+
+
+def test_fp8_experts_compile_fullgraph():
+    """Under torch.compile the FP8 experts quantize per call (no codes): the same output as eager with codes."""
+    model = build_fp8("olmoe")
+    model.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION_FP8)
+    assert leanmoe.hf.prepare(model) == 2
+    experts = experts_modules(model)[0]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 128, generator=g).bfloat16()
+    idx, w = torch.randint(0, 8, (20, 2), generator=g), torch.rand(20, 2).bfloat16()
+    eager = leanmoe.hf.experts_forward_fp8(experts, x, idx, w)
+    assert "gate_up_proj_fp8" in experts.__dict__  # the eager call kept codes
+    compiled = torch.compile(lambda *a: leanmoe.hf.experts_forward_fp8(experts, *a), backend="aot_eager",
+                             fullgraph=True)
+    assert torch.equal(compiled(x, idx, w), eager)
+
+
 def test_fp8_rules_name_the_model():
     b = batch("cpu")
     model = build_fp8("olmoe").float()
