@@ -11,6 +11,9 @@ The experts implementation (routing by the model's own router; every model with 
   l  experts_implementation="leanmoe" + the same optimizer and clipping
   i  experts_implementation="leanmoe" + in-backward ExpertAdamW + fused AdamW over the dense
      parameters + dense clip
+  f  (i) with experts_implementation="leanmoe_fp8": the expert GEMMs in blockwise FP8, the weights'
+     codes kept by each experts module and rewritten by ExpertAdamW (d and n multiples of 128:
+     olmoe, qwen3_30b, moonlight; gpt-oss-20b's d = 2880 is refused)
 Bars (issue 13): (l) faster than (g) on every model; (i) holds the expert gradients nowhere: the
 bytes allocated at the end of backward are lower in (i) than in (l) by the expert weight gradients
 (>= 0.9x; all of them: (l) holds them all there, (i) none). The step's peak is reported per phase
@@ -118,9 +121,10 @@ MODES = {
     "g": "experts_implementation=grouped_mm + fused AdamW + global clip",
     "l": "experts_implementation=leanmoe + fused AdamW + global clip",
     "i": "experts_implementation=leanmoe + in-backward expert AdamW + dense clip",
+    "f": "experts_implementation=leanmoe_fp8 (codes kept) + in-backward expert AdamW + dense clip",
 }
-EXPERTS_IMPLEMENTATION = {"g": "grouped_mm", "l": "leanmoe", "i": "leanmoe"}
-IN_BACKWARD_MODES = ("c", "i")
+EXPERTS_IMPLEMENTATION = {"g": "grouped_mm", "l": "leanmoe", "i": "leanmoe", "f": "leanmoe_fp8"}
+IN_BACKWARD_MODES = ("c", "i", "f")
 SAVING_BAR = 0.9  # (l) - (i) allocated after backward >= 0.9 x the expert weight gradients
 
 MEMORY_BAR = 0.81  # (c) peak must be at least 19% below (a)
