@@ -5,6 +5,9 @@
 #
 # Prepare here: `bash scripts/prepare_carry.sh vs-sonic` (it prints the carry list: .carry/vs,
 # .carry/sonicmoe; the leanmoe binary has OpenBLAS linked in). Run there from the repository root: `bash bench/vs_sonic.sh`.
+# When the two exceed the 64 MiB carry together (they do: 65.3 MiB with SonicMoE's 53.7), it prints two
+# calls for one warm machine instead: SETUP=1 carrying .carry/sonicmoe, then the run carrying .carry/vs
+# with SONIC_CARRY=/tmp/sonic_carry (bench/README.md has the FP8 grid's commands and device time).
 # Environment:
 #   CONFIGS   grid rows SonicMoE runs, comma-separated (default: all 16). SonicMoE compiles its kernels
 #             on first use (fresh machine: ~6.5 min for the first shape, 5-61 s per further shape), so
@@ -24,7 +27,24 @@
 #             runs at 1980 MHz until its averaged power reaches the 700 W cap after ~1.8 s, so a short loop
 #             on a small row is up to 10% faster than the same loop a second later (docs/kernels.md "The
 #             power ramp"), and whichever layer runs first gets the boost. ROUNDS (default 2) rounds;
-#             writes side_by_side_rN.md per round (ANCHOR is not run).
+#             writes side_by_side_rN.md, rN_leanmoe.json, rN_sonic.json per round (ANCHOR is not run).
+#   FP8       with STEADY=1, 1: a third process per row and round, leanmoe in FP8 with the weights' codes
+#             given (`leanmoe bench --precision fp8 --fp8-weights given --graph`, what the PyTorch module
+#             does; issue 16), with the same iterations. The order rotates by one per row and per round:
+#             round r, row i (from 0) runs the three cyclically from layer (r - 1 + i) mod 3 of (leanmoe
+#             bf16, leanmoe FP8, SonicMoE). So no layer always runs first after the idle gap a process
+#             start leaves (SonicMoE's import and first call: 8-30 s without GPU work): across rows each
+#             starts a row equally often, and a row's first layer changes from round to round (ROUNDS=3:
+#             each layer first once on every row). Rows whose d or n is not a multiple of 128 run no FP8
+#             (said in the output; compare.py lists them as not applicable) and rotate the other two by
+#             (r - 1 + i) mod 2. Writes
+#             rN_leanmoe_fp8.json per round beside rN_leanmoe.json and rN_sonic.json, and the rounds'
+#             tables joined in side_by_side.md (3 JSON a round: ROUNDS <= 2 keeps to the 8 files).
+#   SETUP     1: no leanmoe: install SonicMoE into $VS_TMP/site (default /tmp), copy sonic_bench.py to
+#             $VS_TMP/sonic_carry, and run it once (one iteration) on CONFIGS so its kernels are compiled
+#             and cached; returns quack_cache.tar.xz when anything was compiled. The next call on the warm
+#             machine carries .carry/vs alone and sets SONIC_CARRY=/tmp/sonic_carry (no wheels needed when
+#             the install is there).
 # Writes to $OUT (at most 8 files come back): side_by_side.md, leanmoe.json, sonic.json, baseline.json,
 # logs.tar.gz and, when SonicMoE compiled anything new, quack_cache.tar.xz (split into .partN files when
 # it exceeds 15 MiB): keep it in .carry/ for the next call (scripts/prepare_carry.sh picks it up).
@@ -125,7 +145,7 @@ if [ "${STEADY:-0}" = 1 ]; then
     echo "vs_sonic: FP8=1 ROUNDS=${ROUNDS} returns $((3 * ROUNDS + 2)) files; only 8 come back from a device call (ROUNDS <= 2)"
   install_sonic; use_cache
   for round in $(seq 1 "${ROUNDS:-2}"); do
-    mkdir -p "$W/r$round"; row=0
+    mkdir -p "$W/r$round"; row=0; fp8_rows=""
     for c in ${CONFIGS//,/ }; do
       read -r warm iters < <(python3 bench/steady_iters.py "$c")
       run_lm() {
@@ -152,28 +172,36 @@ if [ "${STEADY:-0}" = 1 ]; then
         read -r _ d n _ _ < <(python3 bench/steady_iters.py --shape "$c")
         if [ $((d % 128)) != 0 ] || [ $((n % 128)) != 0 ]; then
           echo "round $round $c leanmoe fp8: not applicable (d or n not a multiple of 128)"; order=(run_lm run_sonic)
+        else fp8_rows+="$c,"
         fi
         for k in "${!order[@]}"; do "${order[$(((round - 1 + row + k) % ${#order[@]}))]}"; done
       elif [ $((round % 2)) = 1 ]; then run_lm; run_sonic; else run_sonic; run_lm; fi
       row=$((row + 1))
     done
-    python3 - "$W/r$round" <<'PY'
+    python3 - "$W/r$round" "$CONFIGS" "$fp8_rows" <<'PY'
 import glob, json, os, sys
-d = sys.argv[1]
-lm = [json.load(open(f)) for f in sorted(glob.glob(d + "/leanmoe_*.json"))]
-if lm:
-    out = dict(lm[0]); out["results"] = [r for j in lm for r in j["results"]]
-    out["command"] = "per row: " + "; ".join(j["command"] for j in lm)
-    json.dump(out, open(os.path.join(os.path.dirname(d), os.path.basename(d) + "_leanmoe.json"), "w"), indent=1)
-fp8 = [json.load(open(f)) for f in sorted(glob.glob(d + "/fp8_*.json"))]
-if fp8:
-    out = dict(fp8[0]); out["results"] = [r for j in fp8 for r in j["results"]]
-    out["command"] = "per row: " + "; ".join(j["command"] for j in fp8)
-    json.dump(out, open(os.path.join(os.path.dirname(d), os.path.basename(d) + "_leanmoe_fp8.json"), "w"), indent=1)
-son = [json.load(open(f)) for f in sorted(glob.glob(d + "/s_*/sonic.json"))]
-if son:
-    out = dict(son[0]); out["rows"] = [r for j in son for r in j["rows"]]
-    json.dump(out, open(os.path.join(os.path.dirname(d), os.path.basename(d) + "_sonic.json"), "w"), indent=1)
+d, configs, fp8_rows = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
+
+
+def merge(pattern, key, name):
+    """The round's per-row JSON of one layer as one file (rN_name.json); the rows measured."""
+    runs = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(d, pattern)))]
+    if runs:
+        out = dict(runs[0]); out[key] = [r for j in runs for r in j[key]]
+        if "command" in out:
+            out["command"] = "per row: " + "; ".join(j["command"] for j in runs)
+        json.dump(out, open(os.path.join(os.path.dirname(d), os.path.basename(d) + name), "w"), indent=1)
+    return {r.get("config", r.get("cfg")) for j in runs for r in j[key] if "error" not in r}
+
+
+done = {"leanmoe": (merge("leanmoe_*.json", "results", "_leanmoe.json"), configs),
+        "leanmoe fp8": (merge("fp8_*.json", "results", "_leanmoe_fp8.json"), fp8_rows),
+        "SonicMoE": (merge("s_*/sonic.json", "rows", "_sonic.json"), configs)}
+missing = {k: [c for c in want if c and c not in got] for k, (got, want) in done.items()}
+left = [c for c in configs if any(c in m for m in missing.values())]
+if left:  # cut at DEADLINE, or failed
+    print(f"{os.path.basename(d)}: not measured: " + "; ".join(f"{k} {','.join(m)}" for k, m in missing.items() if m))
+open(os.path.join(d, "left"), "w").write(",".join(left))
 PY
     args=(--leanmoe "$W/r${round}_leanmoe.json" --commit "$commit" --out "$W/side_by_side_r$round.md"
           --command "STEADY=1$([ "$FP8" = 1 ] && echo " FP8=1") CONFIGS=$CONFIGS bash bench/vs_sonic.sh (round $round of ${ROUNDS:-2}; iterations: bench/steady_iters.py)")
@@ -189,6 +217,9 @@ PY
     fi
   done
   echo "== done in $((SECONDS - START)) s"
+  rest="$(python3 -c "import sys; left = set(','.join(open(f).read() for f in sys.argv[2:]).split(','))
+print(','.join(c for c in sys.argv[1].split(',') if c and c in left))" "$CONFIGS" "$W"/r*/left)"
+  [ -z "$rest" ] || echo "rows left for the next call: $rest (CONFIGS=$rest)"
   exit 0
 fi
 

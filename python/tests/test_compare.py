@@ -190,7 +190,7 @@ for c in (SHAPES if "--grid" in a else [opt["config"]]):
 json.dump(lm_json(rows, "leanmoe bench " + " ".join(a[1:])), open(opt["json"], "w"))
 '''
 FAKE_SONIC = r'''# sonic_bench.py stub: CONFIGS, OUT; SonicMoE 1.1x slower than the bf16 stub; "compiles" a kernel per
-# row into $QUACK_CACHE_DIR the first time.
+# row into $QUACK_CACHE_DIR; the row $STUB_FAIL fails.
 import json, os, sys
 sys.path.insert(0, os.path.join(os.getcwd(), "python", "tests"))
 from test_compare import SHAPES, sonic_json
@@ -201,7 +201,9 @@ for c in os.environ["CONFIGS"].split(","):
     times[c] = (ms, 2 * ms)
     open(os.path.join(os.environ["QUACK_CACHE_DIR"], c + ".kernel"), "w").write("compiled")
     open(os.environ["STUB_LOG"], "a").write("sonic " + c + "\n")
-json.dump(sonic_json(times), open(os.path.join(os.environ["OUT"], "sonic.json"), "w"))
+res = sonic_json(times)
+res["rows"] = [r if r["cfg"] != os.environ.get("STUB_FAIL") else {"cfg": r["cfg"], "error": "stub"} for r in res["rows"]]
+json.dump(res, open(os.path.join(os.environ["OUT"], "sonic.json"), "w"))
 '''
 
 
@@ -285,6 +287,10 @@ def test_vs_sonic_setup_then_steady_without_sonic_wheels(tmp_path):
     assert os.listdir(carry) == ["sonic_bench.py"]
     shutil.move(tmp_path / "aside.xz", binary)
     shutil.rmtree(out)
-    stdout = vs_sonic(dict(env, SETUP="0", STEADY="1", FP8="1", ROUNDS="1", SONIC_CARRY=carry))
+    stdout = vs_sonic(dict(env, SETUP="0", STEADY="1", FP8="1", ROUNDS="1", SONIC_CARRY=carry,
+                           CONFIGS="30B-n1024,gpt-oss-20b,120B-n2048", STUB_FAIL="120B-n2048"))
     assert sorted(os.listdir(out)) == ["logs.tar.gz", "r1_leanmoe.json", "r1_leanmoe_fp8.json", "r1_sonic.json",
                                        "side_by_side.md"]
+    # a row that failed (or was cut at DEADLINE) is named for the next call
+    assert "r1: not measured: SonicMoE 120B-n2048" in stdout
+    assert "rows left for the next call: 120B-n2048 (CONFIGS=120B-n2048)" in stdout
