@@ -56,7 +56,8 @@ def sonic_json(times):
         rows.append({"cfg": name, "T": T, "d": d, "n": n, "E": E, "K": K, "first_call_s": 8.0,
                      "kept_after_fwd_GiB": 1.0, "peak_GiB": 5.5, "fwd_graph_ms": fwd, "fwdbwd_graph_ms": fwd + bwd,
                      "bwd_graph_ms": bwd, "fwd_graph_tflops": fl / fwd / 1e9, "bwd_graph_tflops": 2 * fl / bwd / 1e9,
-                     "fwd_ms": fwd * 1.2, "bwd_ms": bwd, "fwd_tflops": fl / fwd / 1.2e9, "bwd_tflops": 2 * fl / bwd / 1e9})
+                     "fwd_ms": fwd * 1.2, "bwd_ms": bwd, "fwd_tflops": fl / fwd / 1.2e9,
+                     "bwd_tflops": 2 * fl / bwd / 1e9})
     return {"impl": "sonicmoe", "torch": "2.11.0+cu130", "gpu": "NVIDIA H200", "router": "topk_then_softmax",
             "versions": {"sonic-moe": "0.1.2.post1"}, "rows": rows}
 
@@ -202,7 +203,8 @@ for c in os.environ["CONFIGS"].split(","):
     open(os.path.join(os.environ["QUACK_CACHE_DIR"], c + ".kernel"), "w").write("compiled")
     open(os.environ["STUB_LOG"], "a").write("sonic " + c + "\n")
 res = sonic_json(times)
-res["rows"] = [r if r["cfg"] != os.environ.get("STUB_FAIL") else {"cfg": r["cfg"], "error": "stub"} for r in res["rows"]]
+fail = os.environ.get("STUB_FAIL")
+res["rows"] = [r if r["cfg"] != fail else {"cfg": r["cfg"], "error": "stub"} for r in res["rows"]]
 json.dump(res, open(os.path.join(os.environ["OUT"], "sonic.json"), "w"))
 '''
 
