@@ -10,16 +10,20 @@ Anchors, each measured in the same device call as leanmoe:
 
 One call's files:
   python3 bench/compare.py --leanmoe leanmoe.json [--anchor baseline.json] [--sonic sonic.json]
-                           [--out results.md] [--command "..."] [--commit HASH]
-A run folder (leanmoe.json, baseline.json, sonic.json directly in it, or in part*/ subfolders when
-the grid was split over several calls; each row pairs leanmoe with the SonicMoE of the same call):
+                           [--leanmoe-fp8 leanmoe_fp8.json] [--out results.md] [--command "..."] [--commit HASH]
+A run folder (leanmoe.json, baseline.json, sonic.json, leanmoe_fp8.json directly in it, or in part*/
+subfolders when the grid was split over several calls; each row pairs leanmoe with the SonicMoE and the
+leanmoe FP8 of the same call):
   python3 bench/compare.py --run bench/results/<run> [--out FILE]
 The current summary, bench/results/latest.md, from the newest run folder under bench/results/:
   python3 bench/compare.py --latest
 
 Ratios against SonicMoE are SonicMoE time / leanmoe time, against the PyTorch anchor leanmoe TFLOP/s /
 anchor TFLOP/s (the same FLOPs, so also anchor time / leanmoe time): above 1 means leanmoe is faster.
-Memory ratios are leanmoe / other: below 1 means leanmoe keeps less. Python standard library only.
+Memory ratios are leanmoe / other: below 1 means leanmoe keeps less. With leanmoe in FP8 (`leanmoe bench
+--precision fp8`, issue 16) a table puts it beside leanmoe bf16 and SonicMoE bf16 as graph replays, its
+TFLOP/s counted as bf16-equivalent (the bf16 row's FLOPs), with issue 16's speed bar counted; grid rows
+whose d or n is not a multiple of 128 are listed as not applicable. Python standard library only.
 """
 import argparse
 import datetime
@@ -51,10 +55,14 @@ SONICMOE_SOURCE = "SonicMoE paper, figures 13/14 (H100, read off the bars, about
 # Issue 17's bars, against SonicMoE measured in the same call, both as CUDA-graph replays.
 BAR_RATIO = 1.10
 BAR_ROW, BAR_ROW_TFLOPS = "120B-n2048", 620.0
+# Issue 16's bar: leanmoe FP8 forward+backward against leanmoe bf16 of the same call, graph replays,
+# on every grid row with d >= 2048. FP8 needs d and n multiples of its 128-wide scale blocks
+# (docs/DESIGN.md "FP8"; the library refuses other widths).
+FP8_BAR_RATIO, FP8_BAR_MIN_D, FP8_BLOCK = 1.5, 2048, 128
 
 GIB = 2.0**30
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-FILES = {"leanmoe": "leanmoe.json", "anchor": "baseline.json", "sonic": "sonic.json"}
+FILES = {"leanmoe": "leanmoe.json", "anchor": "baseline.json", "sonic": "sonic.json", "fp8": "leanmoe_fp8.json"}
 
 
 def fmt(v, digits=2):
@@ -126,11 +134,12 @@ def weight_bytes(r):
 # A run: one or more parts (device calls), each with its own leanmoe / anchor / SonicMoE files
 # ---------------------------------------------------------------------------------------------
 class Part:
-    def __init__(self, name, leanmoe=None, anchor=None, sonic=None, paths=None, header=None):
-        self.name, self.leanmoe, self.anchor, self.sonic = name, leanmoe, anchor, sonic
+    def __init__(self, name, leanmoe=None, anchor=None, sonic=None, fp8=None, paths=None, header=None):
+        self.name, self.leanmoe, self.anchor, self.sonic, self.fp8 = name, leanmoe, anchor, sonic, fp8
         self.paths = paths or {}
         self.header = header or {}  # "commit", "date", "command" of a compare.py table written in that call
         self.lm, self.anc, self.son = leanmoe_rows(leanmoe), anchor_rows(anchor), sonic_rows(sonic)
+        self.lm8 = leanmoe_rows(fp8)  # leanmoe in FP8 (`leanmoe bench --precision fp8`)
 
 
 def table_header(folder):
@@ -222,13 +231,14 @@ def newest_run(results_dir):
 class Row:
     """One grid row: leanmoe, and the anchors measured in the same call where that call ran them."""
 
-    def __init__(self, name, part, lm, son, anc, anc_part):
+    def __init__(self, name, part, lm, son, anc, anc_part, lm8=None, lm8_part=None):
         self.name, self.part, self.lm, self.son, self.anc, self.anc_part = name, part, lm, son, anc, anc_part
+        self.lm8, self.lm8_part = lm8, lm8_part  # leanmoe FP8, of the same part where it ran there
 
 
 def assemble(parts):
     """Per config: the last part that measured SonicMoE on it (else the last that ran leanmoe on it), its
-    leanmoe row, and the anchor of the same part (else of the last part that ran the anchor)."""
+    leanmoe row, and the anchor and leanmoe FP8 of the same part (else of the last part that ran them)."""
     order = []
     for p in parts:
         for name in p.lm:
@@ -240,8 +250,9 @@ def assemble(parts):
         tried = [p for p in parts if name in p.lm and name in p.son]  # SonicMoE failed there: show why
         src = (with_sonic or tried or [p for p in parts if name in p.lm])[-1]
         anc_src = src if name in src.anc else next((p for p in reversed(parts) if name in p.anc), None)
+        fp8_src = src if name in src.lm8 else next((p for p in reversed(parts) if name in p.lm8), None)
         rows.append(Row(name, src, src.lm[name], src.son.get(name), anc_src.anc[name] if anc_src else None,
-                        anc_src))
+                        anc_src, fp8_src.lm8[name] if fp8_src else None, fp8_src))
     return rows
 
 
@@ -389,6 +400,102 @@ def bar_lines(stats):
     return ["", lines[0] + "."]
 
 
+def fp8_applicable(r):
+    return r["d"] % FP8_BLOCK == 0 and r["n"] % FP8_BLOCK == 0
+
+
+def fp8_table(rows):
+    """leanmoe FP8 beside leanmoe bf16 and SonicMoE bf16, graph replays; TFLOP/s from the bf16 row's FLOPs.
+    Returns the table and, per row with d >= FP8_BAR_MIN_D, what issue 16's bar makes of it."""
+    out = ["| config | d | n | FP8 fwd ms | FP8 bwd ms | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s "
+           "| bf16 fwd ms | bf16 bwd ms | × bf16 fwd | × bf16 bwd | × bf16 fwd+bwd | SonicMoE fwd+bwd ms "
+           "| × SonicMoE fwd+bwd |", "|" + "---|" * 15]
+    bar = {"ratios": [], "not_applicable": [], "not_measured": []}
+    for row in rows:
+        r, f = row.lm, row.lm8
+        under_bar = r["d"] >= FP8_BAR_MIN_D
+        head = [row.name, r["d"], r["n"]]
+        if not fp8_applicable(r):
+            out.append(cells_row(head + [f"not applicable (d or n not a multiple of {FP8_BLOCK})"] + ["-"] * 11))
+            if under_bar:
+                bar["not_applicable"].append(row.name)
+            continue
+        note = None
+        if "error" in r:
+            note = "leanmoe bf16 failed: " + r["error"][:80]
+        elif f is None:
+            note = "FP8 not measured"
+        elif "error" in f:
+            note = "FP8 failed: " + f["error"][:80]
+        elif f.get("precision") != "fp8":
+            note = f"not an FP8 row (precision {f.get('precision', '?')})"
+        elif any(f.get(k) != r.get(k) for k in ("T", "d", "n", "E", "K")):
+            note = "shape differs from the bf16 row"
+        elif "graph_error" in f or f.get("fwd_graph_ms") is None:
+            note = "FP8 graph failed: " + f.get("graph_error", "not graph-timed (run leanmoe bench --graph)")[:80]
+        if note:
+            out.append(cells_row(head + [note] + ["-"] * 11))
+            if under_bar:
+                bar["not_measured"].append(f"{row.name} ({note})")
+            continue
+        ff, fb = f["fwd_graph_ms"], f["bwd_graph_ms"]
+        bf, bb = lm_times(r, graph=True)
+        sf, sb = sonic_times(row.son, graph=True)
+        if row.son and any(row.son.get(k) != r.get(k) for k in ("T", "d", "n", "E", "K")):
+            sf, sb = None, None
+        s_fb = None if sf is None or sb is None else sf + sb
+        b_fb = None if bf is None or bb is None else bf + bb
+        x_fb = ratio(b_fb, ff + fb)
+        out.append(cells_row(head + [
+            fmt(ff, 3), fmt(fb, 3), fmt(tflops(r["fwd_flops"], ff), 1), fmt(tflops(r["bwd_flops"], fb), 1),
+            fmt(tflops(r["fwd_flops"] + r["bwd_flops"], ff + fb), 1), fmt(bf, 3), fmt(bb, 3), fmt(ratio(bf, ff)),
+            fmt(ratio(bb, fb)), fmt(x_fb), fmt(s_fb, 3), fmt(ratio(s_fb, ff + fb))]))
+        if under_bar:
+            if x_fb is None:
+                bar["not_measured"].append(f"{row.name} (no bf16 graph replay)")
+            else:
+                bar["ratios"].append((row.name, x_fb))
+    return out, bar
+
+
+def fp8_bar_line(bar):
+    """Issue 16's bar over the rows with d >= FP8_BAR_MIN_D, with each row's ratio and shortfall."""
+    ratios = bar["ratios"]
+    met = [n for n, x in ratios if x >= FP8_BAR_RATIO]
+    total = len(ratios) + len(bar["not_measured"])
+    line = (f"Bar (issue 16, graph replays): FP8 fwd+bwd ≥ {FP8_BAR_RATIO:.2f}× leanmoe bf16 on every row with "
+            f"d ≥ {FP8_BAR_MIN_D}: met on {len(met)} of {total}")
+    missed = [(n, x) for n, x in ratios if x < FP8_BAR_RATIO]
+    if missed:
+        line += "; missed by " + ", ".join(f"{FP8_BAR_RATIO - x:.2f} on {n} ({x:.2f}×)" for n, x in missed)
+    if met:
+        line += "; met on " + ", ".join(f"{n} ({x:.2f}×)" for n, x in ratios if x >= FP8_BAR_RATIO)
+    if bar["not_measured"]:
+        line += "; not measured: " + ", ".join(bar["not_measured"])
+    if bar["not_applicable"]:
+        line += (f"; not applicable (d or n not a multiple of {FP8_BLOCK}, not counted): "
+                 + ", ".join(bar["not_applicable"]))
+    verdict = "met" if total and len(met) == total else "missed"
+    return line + f". Bar {verdict}."
+
+
+def fp8_section(rows, parts):
+    fp8_runs = [p.fp8 for p in parts if p.fp8]
+    kinds = sorted({f"{r.get('precision', '?')}, weights' codes {r.get('fp8_weights', '?')}"
+                    for j in fp8_runs for r in j.get("results", []) if "error" not in r})
+    out = ["## leanmoe FP8 beside leanmoe bf16 and SonicMoE bf16 (issue 16; CUDA-graph replays)", "",
+           f"leanmoe `bench --precision fp8` ({'; '.join(kinds) or 'no row measured'}): e4m3 expert-GEMM operands "
+           f"with fp32 block scales (1×{FP8_BLOCK} for activations and gradients, {FP8_BLOCK}×{FP8_BLOCK} for the "
+           "weights), bf16 in and out. TFLOP/s are bf16-equivalent: the bf16 row's FLOPs (6·T·K·d·n forward, "
+           "12·T·K·d·n backward) over the FP8 time. × = other time / FP8 time: above 1 means FP8 is faster. "
+           f"FP8 needs d and n multiples of {FP8_BLOCK}.", ""]
+    table, bar = fp8_table(rows)
+    out += table + ["", fp8_bar_line(bar)]
+    if any(r.lm8_part is not None and r.lm8_part is not r.part for r in rows):
+        out += ["", "Some rows' FP8 ran in another call of this run than their bf16 row (see parts)."]
+    return out + [""]
+
+
 def render(parts, commit=None, command=None, title=None, source=None, generator=None, measured=None,
            about=None):
     rows = assemble(parts)
@@ -398,6 +505,7 @@ def render(parts, commit=None, command=None, title=None, source=None, generator=
     anchor = next((p.anchor for p in parts if p.anchor), None)
     sonic = next((p.sonic for p in parts if p.sonic), None)
     have_sonic = any(r.son for r in rows)
+    have_fp8 = any(p.fp8 for p in parts)
     have_lm_graph = any(r.lm.get("fwd_graph_ms") for r in rows)
     have_sonic_graph = any(r.son and r.son.get("fwd_graph_ms") for r in rows)
     gpu = (sonic or anchor or {}).get("gpu") or lead.get("description", "?")
@@ -431,6 +539,10 @@ def render(parts, commit=None, command=None, title=None, source=None, generator=
         out.append(f"- **not the same router**: leanmoe {', '.join(sorted(lm_routers))}, SonicMoE "
                    f"{', '.join(sorted(str(x) for x in son_routers))}: the two compute different layers "
                    "(run leanmoe with --router topk_then_softmax)")
+    fp8 = next((p.fp8 for p in parts if p.fp8), None)
+    if fp8:
+        out.append(f"- leanmoe FP8: {fp8.get('tool', '?')}, {fp8.get('description', '?')}, median of "
+                   f"{fp8.get('iters', '?')} after {fp8.get('warmup', '?')} warm-up")
     if sonic:
         v = sonic.get("versions")
         vs = ", ".join(f"{k} {x}" for k, x in v.items()) if isinstance(v, dict) else "?"
@@ -476,6 +588,8 @@ def render(parts, commit=None, command=None, title=None, source=None, generator=
             table, stats = sonic_table(rows, graph=True)
             out += table + bar_lines(stats)
         out.append("")
+        if have_fp8:
+            out += fp8_section(rows, parts)
         out.append("## Against SonicMoE, eager (host launch path included)")
         out.append("")
         out += sonic_table(rows, graph=False)[0]
@@ -500,6 +614,8 @@ def render(parts, commit=None, command=None, title=None, source=None, generator=
             out.append("")
             out += sonic_table(rows, graph=True)[0]
         out.append("")
+        if have_fp8:
+            out += fp8_section(rows, parts)
     out.append("## Against the PyTorch anchor (same call, eager)")
     out.append("")
     if anchor:
@@ -535,7 +651,9 @@ def main():
     ap.add_argument("--leanmoe", help="JSON written by `leanmoe bench --grid --json FILE`")
     ap.add_argument("--anchor", help="baseline.json written by torch_moe_baseline.py")
     ap.add_argument("--sonic", help="sonic.json written by sonic_bench.py")
-    ap.add_argument("--run", help="a run folder: its leanmoe.json / baseline.json / sonic.json, and those of part*/")
+    ap.add_argument("--leanmoe-fp8", help="JSON of `leanmoe bench --precision fp8 --json FILE` (the same rows)")
+    ap.add_argument("--run", help="a run folder: its leanmoe.json / baseline.json / sonic.json / leanmoe_fp8.json, "
+                                  "and those of part*/")
     ap.add_argument("--latest", action="store_true",
                     help="the newest run folder under bench/results/ into bench/results/latest.md")
     ap.add_argument("--out", help="markdown output (default: stdout; with --latest bench/results/latest.md)")
@@ -545,11 +663,11 @@ def main():
     modes = sum(bool(x) for x in (args.leanmoe, args.run, args.latest))
     if modes != 1:
         ap.error("give exactly one of --leanmoe FILE, --run FOLDER, --latest")
-    if (args.run or args.latest) and (args.anchor or args.sonic):
-        ap.error("--anchor and --sonic go with --leanmoe; a run folder brings its own files")
+    if (args.run or args.latest) and (args.anchor or args.sonic or args.leanmoe_fp8):
+        ap.error("--anchor, --sonic and --leanmoe-fp8 go with --leanmoe; a run folder brings its own files")
     if args.leanmoe:
         part = Part("call", load(args.leanmoe), load(args.anchor) if args.anchor else None,
-                    load(args.sonic) if args.sonic else None)
+                    load(args.sonic) if args.sonic else None, load(args.leanmoe_fp8) if args.leanmoe_fp8 else None)
         text = render([part], commit=args.commit or git_commit(),
                       command=args.command or part.leanmoe.get("command", "?"))
     else:

@@ -11,7 +11,9 @@
 #                                            leanmoe binary xz-packed, the commit, the anchor script,
 #                                            SonicMoE's compiled-kernel cache when one came back and
 #                                            fits), .carry/sonicmoe (a copy of ../shared/anchors/sonicmoe)
-#                                            (the binary has OpenBLAS linked in); checks the 64 MiB limit.
+#                                            (the binary has OpenBLAS linked in); checks the 64 MiB limit
+#                                            and, when the two exceed it together, prints the carry of
+#                                            two calls (SonicMoE with SETUP=1, then leanmoe).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 mode="${1:-all}"
 [ "$mode" = all ] || [ "$mode" = vs-sonic ] || { echo "prepare_carry: mode must be empty or 'vs-sonic', got '$mode'" >&2; exit 2; }
@@ -67,6 +69,8 @@ sonic="${LEANMOE_SONICMOE:-../shared/anchors/sonicmoe}"
 if ! diff -rq "$sonic" .carry/sonicmoe >/dev/null 2>&1; then
   rm -rf .carry/sonicmoe && cp -r "$sonic" .carry/sonicmoe && chmod -R u+w .carry/sonicmoe
 fi
+# a cache carried before lives on in .carry/ (this folder is made anew)
+[ -f .carry/vs/quack_cache.tar.xz ] && [ ! -f .carry/quack_cache.tar.xz ] && mv .carry/vs/quack_cache.tar.xz .carry/
 rm -rf .carry/vs && mkdir -p .carry/vs
 xz -T0 -9 -c build-device/leanmoe > .carry/vs/leanmoe.xz
 echo "$commit" > .carry/vs/commit
@@ -81,21 +85,41 @@ fi
 limit=$((64 * 1024 * 1024))
 # What travels: tracked and untracked-not-ignored files, plus the carried paths.
 tree="$(git ls-files -z --cached --others --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')"
-carried() { du -sb .carry/vs .carry/sonicmoe | awk '{s += $1} END {print s}'; }
-total=$((tree + $(carried)))
-if [ -n "$cache" ]; then
-  size="$(stat -c %s "$cache")"
-  if [ $((total + size)) -le "$limit" ]; then
-    if [ "$cache" = .carry/quack_cache.tar.xz ]; then cp "$cache" .carry/vs/quack_cache.tar.xz  # the kept copy stays
-    else mv "$cache" .carry/vs/quack_cache.tar.xz; fi
-    total=$((total + size))
-    echo "prepare_carry: SonicMoE's kernel cache ($((size / 1024)) KiB) is carried" >&2
-  else
-    rm -f .carry/vs/quack_cache.tar.xz.joined
-    echo "prepare_carry: SonicMoE's kernel cache ($((size / 1024 / 1024)) MiB) does not fit beside the rest" \
-         "($((total / 1024 / 1024)) MiB of 64): not carried; SonicMoE compiles again (run the calls on a warm machine)" >&2
-  fi
+vs="$(du -sb .carry/vs | cut -f1)"; son="$(du -sb .carry/sonicmoe | cut -f1)"
+size=0; [ -n "$cache" ] && size="$(stat -c %s "$cache")"
+keep_cache() {  # the cache goes to .carry/vs/quack_cache.tar.xz
+  if [ "$cache" = .carry/quack_cache.tar.xz ]; then cp "$cache" .carry/vs/quack_cache.tar.xz  # the kept copy stays
+  else mv "$cache" .carry/vs/quack_cache.tar.xz; fi
+  echo "prepare_carry: SonicMoE's kernel cache ($((size / 1024)) KiB) is carried" >&2
+}
+drop_cache() {
+  rm -f .carry/vs/quack_cache.tar.xz.joined
+  echo "prepare_carry: SonicMoE's kernel cache ($((size / 1024 / 1024)) MiB) does not fit beside the rest" \
+       "($(($1 / 1024 / 1024)) MiB of 64): not carried; SonicMoE compiles again (run the calls on a warm machine)" >&2
+  size=0
+}
+total=$((tree + vs + son))
+if [ "$size" -gt 0 ] && [ $((total + size)) -le "$limit" ]; then keep_cache; total=$((total + size))
+elif [ "$size" -gt 0 ] && [ "$total" -le "$limit" ]; then drop_cache "$total"
 fi
 echo "prepare_carry: $((total / 1024 / 1024)) MiB travel (working tree $((tree / 1024)) KiB + carry), commit $commit" >&2
-[ "$total" -le "$limit" ] || { echo "prepare_carry: over the 64 MiB limit" >&2; exit 1; }
-echo 'carry: [".carry/vs", ".carry/sonicmoe"]; command: bash bench/vs_sonic.sh (env: CONFIGS, ANCHOR, DEADLINE)'
+if [ "$total" -le "$limit" ]; then
+  echo 'carry: [".carry/vs", ".carry/sonicmoe"]; command: bash bench/vs_sonic.sh (env: CONFIGS, ANCHOR, DEADLINE)'
+  exit 0
+fi
+# SonicMoE's wheels and the leanmoe binary exceed the limit together: two calls on one warm machine,
+# SonicMoE (installed into /tmp, its rows compiled) first, then leanmoe, which finds the install there.
+[ "$size" -gt 0 ] && [ $((tree + son + size)) -gt "$limit" ] && drop_cache $((tree + son))
+first=$((tree + son + size)); second=$((tree + vs))
+if [ "$first" -gt "$limit" ] || [ "$second" -gt "$limit" ]; then
+  echo "prepare_carry: over the 64 MiB limit, also split in two calls ($((first / 1024 / 1024)) and" \
+       "$((second / 1024 / 1024)) MiB)" >&2
+  exit 1
+fi
+[ "$size" -gt 0 ] && keep_cache
+echo "prepare_carry: over 64 MiB in one call: two calls on one warm machine, $((first / 1024 / 1024)) MiB then" \
+     "$((second / 1024 / 1024)) MiB" >&2
+echo "call 1: carry [\".carry/sonicmoe\"$([ "$size" -gt 0 ] && echo ', ".carry/vs/quack_cache.tar.xz"')];" \
+     "command: SETUP=1 CONFIGS=<rows> bash bench/vs_sonic.sh (installs SonicMoE into /tmp, compiles the rows)"
+echo 'call 2 (within the idle time): carry [".carry/vs"]; command: SONIC_CARRY=/tmp/sonic_carry STEADY=1' \
+     '[FP8=1] CONFIGS=<rows> bash bench/vs_sonic.sh'
