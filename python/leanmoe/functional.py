@@ -5,7 +5,7 @@ Two backward paths:
 - standard: the operator's registered autograd returns dx, d_router, d_gate_up_proj, d_down_proj
   (traceable by torch.compile, checked by torch.library.opcheck);
 - in-backward (eager only): when both expert weights belong to a ``leanmoe.optim.ExpertAdamW``
-  with ``in_backward=True``, backward updates each expert weight inside the C++ backward, the
+  with ``in_backward=True`` and require grad (a frozen one is never updated), backward updates each expert weight inside the C++ backward, the
   moment its gradient is complete, and the expert gradients never reach ``.grad``.
 Neither has a second derivative: a gradient taken with ``create_graph=True`` raises when it is
 differentiated again (``_once_differentiable``).
@@ -169,7 +169,9 @@ def _in_backward_optimizer_of_call(params, used):
     from .optim import _in_backward_optimizer  # late import: optim imports this module
 
     optimizer = None if torch.compiler.is_compiling() else _in_backward_optimizer(*params)
-    if optimizer is None or not torch.is_grad_enabled():
+    # A frozen expert weight (requires_grad=False) gets no gradient, so no update: the backward's
+    # fused update steps both weights, so a call with one frozen runs the standard path.
+    if optimizer is None or not torch.is_grad_enabled() or not all(p.requires_grad for p in params):
         return None
     if used[0] is not params[0]:
         _warn_autocast_in_backward()

@@ -149,6 +149,34 @@ def test_checkpointed_recomputation_is_refused(device):
     opt.release()
 
 
+@pytest.mark.parametrize("frozen", [("gate_up_proj", "down_proj"), ("down_proj",)])
+@pytest.mark.parametrize("precision", ["storage", "fp8"])
+def test_frozen_experts_are_not_updated(frozen, precision):
+    """requires_grad=False expert weights (frozen, e.g. to fine-tune the router only) get no update from
+    an in-backward ExpertAdamW, as from the standard one (no gradient); the others train as in the
+    standard mode, bit for bit."""
+    torch.manual_seed(0)
+    layers = [leanmoe.MoE(128, 128, 4, 2, precision=precision, dtype=torch.bfloat16) for _ in range(2)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    before = copy.deepcopy(layers[0])
+    opts = [ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, in_backward=mode)
+            for m, mode in zip(layers, (False, True))]
+    for m in layers:
+        for name in frozen:
+            getattr(m, name).requires_grad_(False)
+    for step in range(2):
+        x = torch.randn(20, 128, generator=torch.Generator().manual_seed(step)).bfloat16().requires_grad_()
+        for m, opt in zip(layers, opts):
+            m(x).output.float().square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    for name in ("gate_up_proj", "down_proj"):
+        a = getattr(layers[1], name)
+        assert torch.equal(a, getattr(layers[0], name)), f"{name}: in-backward differs from standard"
+        assert torch.equal(a, getattr(before, name)) == (name in frozen), name
+    opts[1].release()
+
+
 def test_update_argument_is_checked():
     m = leanmoe.MoE(32, 16, 4, 2)
     with pytest.raises(ValueError, match="argument 'update': must be 'torch' or 'leanmoe', got 'fused'"):
