@@ -52,6 +52,10 @@ def _keeps_codes(owner):
 _OWNERS = WeakIdKeyDictionary()
 _generation = 0  # bumped whenever _OWNERS gains a weight (invalidates _OWNED_BY)
 _OWNED_BY = weakref.WeakKeyDictionary()  # torch optimizer -> (signature, its weights in _OWNERS)
+# expert weight -> its in-place writes torch's version counter misses (ExpertAdamW's update, torch's
+# fused AdamW), part of every layer's stamp: a weight shared by several layers (tied) is registered
+# to one, whose codes the update rewrites; the others see the count move and write theirs again.
+_WRITES = WeakIdKeyDictionary()
 _hook = None
 
 
@@ -118,7 +122,12 @@ def _buffers(layer, name, p):
 
 
 def _stamp(p, buffers):
-    return (p.data_ptr(), p._version, p.dtype, p.device, tuple(b.data_ptr() for b in buffers))
+    return (p.data_ptr(), p._version, _WRITES.get(p, 0), p.dtype, p.device, tuple(b.data_ptr() for b in buffers))
+
+
+def _written(p):
+    if p in _OWNERS:
+        _WRITES[p] = _WRITES.get(p, 0) + 1
 
 
 def _current(layer, name):
@@ -135,10 +144,14 @@ def _current(layer, name):
 def codes_for_call(layer):
     """The 8 tensors of fp8_weights for one eager call of the layer (current), or None: the layer
     keeps no codes, or under torch.compile (the checks read storage and version counters, which a
-    traced graph cannot; compiled calls quantize the weights per call, the same bits)."""
-    if torch.compiler.is_compiling() or not _applies(layer):
+    traced graph cannot; compiled calls quantize the weights per call, the same bits). Registers
+    the layer's weights first, codes kept or not, so that a deep copy's or a new Parameter's update
+    is the fp8 layers' (update_kernel)."""
+    if torch.compiler.is_compiling():
         return None
     register(layer)
+    if not _applies(layer):
+        return None
     return [b for name in weight_names(layer) for b in _current(layer, name)]
 
 
@@ -160,13 +173,11 @@ def codes_for_update(p):
 
 def updated(p, codes) -> None:
     """After ExpertAdamW updated p in place (which bumps no version counter): with `codes` (what
-    codes_for_update gave) the update rewrote them, so they are current; without, they are stale."""
+    codes_for_update gave) the update rewrote them, so they are current; without, they are stale,
+    as are those of every other layer sharing p."""
+    _written(p)
     layer, name = _owner(p)
-    if layer is None:
-        return
-    if codes is None:
-        layer._fp8_stamps.pop(name, None)
-    else:
+    if layer is not None and codes is not None:
         layer._fp8_stamps[name] = _stamp(p, codes)
 
 
@@ -182,6 +193,4 @@ def _after_optimizer_step(optimizer, args, kwargs):
         cached = (signature, [p for g in groups for p in g["params"] if p in _OWNERS])
         _OWNED_BY[optimizer] = cached
     for p in cached[1]:
-        layer, name = _owner(p)
-        if layer is not None:
-            layer._fp8_stamps.pop(name, None)
+        _written(p)

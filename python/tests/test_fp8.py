@@ -341,6 +341,51 @@ def test_changed_weights_get_their_codes_again(change, device):
         "the change moved no code nor scale: a vacuous test"
 
 
+@pytest.mark.parametrize("codes", [True, False])
+def test_copies_and_new_parameters_take_the_fp8_update(codes, device):
+    """A deep copy of an fp8 layer, and one whose expert weight was replaced by a new Parameter, step
+    with the fp8 layers' update (ExpertAdamW's leanmoe update) as the original does, with or without
+    the codes kept: the same weights bit for bit."""
+    torch.manual_seed(0)
+    a = leanmoe.MoE(256, 128, 4, 2, precision="fp8", fp8_weight_codes=codes, device=device, dtype=torch.bfloat16)
+    b, c = copy.deepcopy(a), copy.deepcopy(a)
+    c.down_proj = torch.nn.Parameter(c.down_proj.detach().clone())
+    opts = [ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, in_backward=mode)
+            for m, mode in ((a, False), (b, False), (c, True))]
+    for step in range(3):
+        x = torch.randn(40, 256, generator=torch.Generator().manual_seed(step)).bfloat16().to(device)
+        for m, opt in zip((a, b, c), opts):
+            m(x).output.float().square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    for m, what in ((b, "deep copy"), (c, "new Parameter")):
+        for name in ("gate_up_proj", "down_proj"):
+            assert torch.equal(getattr(m, name), getattr(a, name)), f"{what}: {name}"
+    opts[2].release()
+
+
+@pytest.mark.parametrize("optimizer", ["ExpertAdamW", "torch fused AdamW"])
+def test_tied_expert_weights_keep_every_layers_codes(optimizer, device):
+    """Two fp8 layers sharing their expert weights (tied): after an update both layers' codes are
+    those of the new weights (the update writes one layer's codes; the other's must be rewritten)."""
+    torch.manual_seed(0)
+    f = dict(precision="fp8", device=device, dtype=torch.bfloat16)
+    a, b = leanmoe.MoE(256, 128, 4, 2, **f), leanmoe.MoE(256, 128, 4, 2, **f)
+    b.gate_up_proj, b.down_proj = a.gate_up_proj, a.down_proj
+    params = [a.gate_up_proj, a.down_proj]
+    opt = (ExpertAdamW(params, lr=1e-2, in_backward=False) if optimizer == "ExpertAdamW" else
+           torch.optim.AdamW(params, lr=1e-2, fused=True))
+    x = torch.randn(40, 256, device=device, dtype=torch.bfloat16)
+    for step in range(2):
+        (a(x).output.float().square().mean() + b(x).output.float().square().mean()).backward()
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            a(x), b(x)
+        assert_codes_current(a, f"step {step}: layer a")
+        assert_codes_current(b, f"step {step}: layer b")
+
+
 def test_writes_through_data_need_refresh(device):
     """A write through .data bypasses the version counter: the codes stay stale (on the GPU the layer
     would compute with the old weights) until refresh_fp8_codes(). Shows the codes check can fail."""
