@@ -172,19 +172,30 @@ def prepare(model: torch.nn.Module) -> int:
     return len(modules)
 
 
-def _check_fp8(name, w, spec, d):
-    """What precision="fp8" needs of an experts module, as an error naming the model and the rule
-    (before the call, so the message names the model rather than moe_routed's arguments)."""
+def _fp8_widths_unmet(d, n):
+    """The width rule of precision="fp8" that d and n break, or None."""
+    for letter, width in (("d (hidden size)", d), ("n (expert intermediate size)", n)):
+        if width % FP8_BLOCK:
+            return f"{letter} = {width} must be a multiple of {FP8_BLOCK} for FP8 expert GEMMs"
+    return None
+
+
+def _fp8_unmet(w, d, n):
+    """The rule of precision="fp8" experts with weight w and widths d, n break now, or None."""
     device_type = w.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else w.dtype
     if dtype != torch.bfloat16:
-        raise NotImplementedError(f"leanmoe experts implementation {EXPERTS_IMPLEMENTATION_FP8!r}: {name}: needs "
-                                  f"bfloat16 expert weights (or torch.autocast to bfloat16), got {dtype}")
+        return f"needs bfloat16 expert weights (or torch.autocast to bfloat16), got {dtype}"
+    return _fp8_widths_unmet(d, n)
+
+
+def _check_fp8(name, w, spec, d):
+    """What precision="fp8" needs of an experts module, as an error naming the model and the rule
+    (before the call, so the message names the model rather than moe_routed's arguments)."""
     n = (w.shape[-1] if spec.transposed else w.shape[-2]) // (2 if spec.gated else 1)
-    for letter, width in (("d (hidden size)", d), ("n (expert intermediate size)", n)):
-        if width % FP8_BLOCK:
-            raise NotImplementedError(f"leanmoe experts implementation {EXPERTS_IMPLEMENTATION_FP8!r}: {name}: "
-                                      f"{letter} = {width} must be a multiple of {FP8_BLOCK} for FP8 expert GEMMs")
+    reason = _fp8_unmet(w, d, n)
+    if reason:
+        raise NotImplementedError(f"leanmoe experts implementation {EXPERTS_IMPLEMENTATION_FP8!r}: {name}: {reason}")
 
 
 def _fp8_codes_for_call(module, spec):
@@ -310,6 +321,11 @@ def _leanmoe_block_forward(self, hidden_states):
     if self.training and jitter > 0:  # Mixtral's router jitter, as its block applies it
         hidden_states = hidden_states * torch.empty_like(hidden_states).uniform_(1.0 - jitter, 1.0 + jitter)
     routing = routing_for_call(s.routing, s.inference_routing, self.training)
+    if s.precision == "fp8":  # the dtype can change after apply(): checked per call, naming the block
+        w = self.experts.gate_up_proj
+        reason = _fp8_unmet(w, w.shape[2], w.shape[1] // 2)
+        if reason:
+            raise ValueError(f"leanmoe.hf.apply(precision='fp8'): block '{s.name}' ({type(self).__name__}): {reason}")
     out = moe(hidden_states, router.weight, self.experts.gate_up_proj, self.experts.down_proj, router.top_k,
               router=s.convention, norm_topk_prob=bool(getattr(router, "norm_topk_prob", False)), routing=routing,
               tile=s.tile, rounding_mode=s.rounding_mode, return_stats=s.return_stats, precision=s.precision)
@@ -372,7 +388,11 @@ def apply(model: torch.nn.Module, routing: str = "topk", tile: int = 128, roundi
         if spec is None:
             continue
         _check_swiglu("leanmoe.hf.apply", name, block)
-        block._leanmoe = _Settings(router_attr=spec[0], convention=spec[1], routing=routing, tile=tile,
+        w = block.experts.gate_up_proj
+        reason = _fp8_widths_unmet(w.shape[2], w.shape[1] // 2) if precision == "fp8" else None
+        if reason:
+            raise ValueError(f"leanmoe.hf.apply: block '{name}': argument 'precision': 'fp8': {reason}")
+        block._leanmoe = _Settings(name=name, router_attr=spec[0], convention=spec[1], routing=routing, tile=tile,
                                    rounding_mode=rounding_mode, inference_routing=inference_routing,
                                    router_logits=bool(router_logits), return_stats=bool(return_stats),
                                    precision=precision)

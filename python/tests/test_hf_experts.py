@@ -504,3 +504,20 @@ def test_apply_fp8():
     assert rel(outs["fp8"].logits, outs["storage"].logits) < 0.12
     with pytest.raises(ValueError, match=r"leanmoe.hf.apply: argument 'precision'"):
         leanmoe.hf.apply(build_fp8("olmoe"), precision="fp4")
+
+
+def test_apply_fp8_rules_name_the_block():
+    """apply(precision="fp8") states FP8's rules as the experts implementation does, naming the block:
+    widths at apply() (a layer that can never run), the dtype at the forward (the model may be cast
+    after apply(); autocast to bf16 runs an fp32 model)."""
+    with pytest.raises(ValueError, match=r"leanmoe.hf.apply: block 'model.layers.0.mlp'.*d \(hidden size\) = 64 "
+                                         r"must be a multiple of 128"):
+        leanmoe.hf.apply(build("olmoe", dtype=torch.bfloat16), precision="fp8")
+    model = build_fp8("olmoe").float()
+    assert leanmoe.hf.apply(model, precision="fp8") == 2
+    b = batch("cpu")
+    with pytest.raises(ValueError, match=r"block 'model.layers.0.mlp' \(OlmoeSparseMoeBlock\).*bfloat16.*got "
+                                         r"torch.float32"):
+        model(**b)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.isfinite(model(**b).logits).all()
