@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _ops  # noqa: F401  (loads the operators and torch.classes.leanmoe)
+from .functional import _check_fp8_widths, _check_precision
 
 
 def _group_name(group):
@@ -81,6 +82,8 @@ class ExpertParallelMoE(nn.Module):
     def __init__(self, d, n, E, K, group=None, router="softmax_then_topk", *, norm_topk_prob=False, device=None,
                  dtype=None, precision="storage"):
         super().__init__()
+        _check_precision("leanmoe.ep.ExpertParallelMoE", precision)
+        _check_fp8_widths("leanmoe.ep.ExpertParallelMoE", precision, d, n)
         if not dist.is_initialized():
             raise RuntimeError("leanmoe.ep.ExpertParallelMoE: torch.distributed is not initialised "
                                "(call dist.init_process_group first)")

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from ._ops import ACTIVATIONS, GATED_ACTIVATIONS, PRECISIONS, _incoming_grads, _once_differentiable, ops
+from ._ops import ACTIVATIONS, FP8_BLOCK, GATED_ACTIVATIONS, PRECISIONS, _incoming_grads, _once_differentiable, ops
 
 ROUTERS = ("softmax_then_topk", "topk_then_softmax")
 ROUTINGS = ("topk", "token_rounding")
@@ -117,6 +117,15 @@ def _autocast(fn, x, weights):
 def _check_precision(fn, precision):
     if precision not in PRECISIONS:
         raise ValueError(f"{fn}: argument 'precision': must be one of {PRECISIONS}, got {precision!r}")
+
+
+def _check_fp8_widths(fn, precision, d, n):
+    """A layer's widths are fixed at construction (its dtype is not: autocast, .to()): one that
+    precision="fp8" could never run is refused there."""
+    for name, value in (("d", d), ("n", n)):
+        if precision == "fp8" and value % FP8_BLOCK:
+            raise ValueError(f"{fn}: argument '{name}': must be a multiple of {FP8_BLOCK} with precision='fp8' "
+                             f"(1x128 scale tiles, 128x128 weight blocks), got {value}")
 
 
 def moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_then_topk", norm_topk_prob=False,

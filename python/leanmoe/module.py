@@ -8,7 +8,7 @@ from torch import nn
 from . import _fp8_codes
 from ._ops import PRECISIONS
 from .functional import (ROUNDING_MODES, ROUTERS, ROUTINGS, STORAGE_DTYPES, _WHY_NOT_F64, MoEOutput,
-                         MoEOutputWithStats, moe, routing_for_call)
+                         MoEOutputWithStats, _check_fp8_widths, moe, routing_for_call)
 
 
 def _choice(name, value, allowed):
@@ -68,6 +68,7 @@ class MoE(nn.Module):
         _choice("rounding_mode", rounding_mode, ROUNDING_MODES)
         _choice("inference_routing", inference_routing, ROUTINGS)
         _choice("precision", precision, PRECISIONS)
+        _check_fp8_widths("leanmoe.MoE", precision, d, n)
         if dtype is not None and dtype not in STORAGE_DTYPES:
             why = f" ({_WHY_NOT_F64})" if dtype == torch.float64 else ""
             raise ValueError(f"leanmoe.MoE: argument 'dtype': must be torch.bfloat16 or torch.float32{why}, "

@@ -146,3 +146,16 @@ def test_ep_fp8_matches_single_process():
     out_bf16, dx_bf16, _ = single("storage")
     assert rel(torch.cat([r["out"] for r in results]), out_bf16) > 1e-2
     assert rel(torch.cat([r["dx"] for r in results]), dx_bf16) > 1e-2
+
+
+def test_ep_layer_arguments_are_checked_at_construction():
+    """What the layer could never run is refused by its constructor, by name (no process group needed:
+    checked before the group is read), as leanmoe.MoE's."""
+    import leanmoe.ep
+
+    with pytest.raises(ValueError, match=r"ExpertParallelMoE: argument 'precision': must be one of \('storage', "
+                                         r"'fp8'\), got 'FP8'"):
+        leanmoe.ep.ExpertParallelMoE(128, 128, 4, 2, precision="FP8")
+    with pytest.raises(ValueError, match=r"ExpertParallelMoE: argument 'd': must be a multiple of 128 with "
+                                         r"precision='fp8'.*got 64"):
+        leanmoe.ep.ExpertParallelMoE(64, 128, 4, 2, precision="fp8")

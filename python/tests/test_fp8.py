@@ -107,7 +107,15 @@ def test_fp8_arguments():
     with pytest.raises(ValueError, match="argument 'precision'"):
         leanmoe.moe_routed(x, ids, weights, w1, w2, precision="e4m3")
     with pytest.raises(ValueError, match=r"cfg\.d must be a multiple of 128 with cfg\.precision = fp8"):
-        leanmoe.MoE(192, 128, 4, 2, precision="fp8", **w)(torch.randn(5, 192, **w))
+        leanmoe.moe(torch.randn(5, 192, **w), torch.randn(4, 192, **w), torch.randn(4, 256, 192, **w),
+                    torch.randn(4, 192, 128, **w), 2, precision="fp8")
+    # The layer's widths are fixed at construction: a layer that could never run is refused there.
+    with pytest.raises(ValueError, match=r"leanmoe.MoE: argument 'd': must be a multiple of 128 with "
+                                         r"precision='fp8'.*got 192"):
+        leanmoe.MoE(192, 128, 4, 2, precision="fp8", **w)
+    with pytest.raises(ValueError, match=r"leanmoe.MoE: argument 'n': must be a multiple of 128 with "
+                                         r"precision='fp8'.*got 64"):
+        leanmoe.MoE(128, 64, 4, 2, precision="fp8")
     with pytest.raises(ValueError, match=r"cfg\.n must be a multiple of 128 with cfg\.precision = fp8"):
         leanmoe.moe_routed(x, ids, weights, w1[:, :128].contiguous(), w2[:, :, :64].contiguous(), precision="fp8")
     with pytest.raises(ValueError, match=r"cfg\.precision = fp8 needs bf16 storage"):
