@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _ops  # noqa: F401  (loads the operators and torch.classes.leanmoe)
-from .functional import _check_fp8_widths, _check_precision
+from .functional import _autocast, _check_fp8_widths, _check_precision
 
 
 def _group_name(group):
@@ -54,7 +54,9 @@ def expert_parallel_moe(x, router_weight, gate_up_proj, down_proj, top_k, *, rou
     """x [..., d] (this rank's tokens); router_weight [E, d] (replicated); gate_up_proj [E/P, 2n, d] and
     down_proj [E/P, d, n]: this rank's experts. Returns the output [..., d]. Every rank of `group`
     must call it (collective). precision="fp8" runs the expert GEMMs as leanmoe.MoE(precision="fp8")
-    does (bfloat16 tensors, d and n multiples of 128); each call quantizes the weights itself."""
+    does (bfloat16 tensors, d and n multiples of 128); each call quantizes the weights itself. Under
+    torch.autocast x and the weights are cast as in leanmoe.moe."""
+    x, (router_weight, gate_up_proj, down_proj) = _autocast("leanmoe.ep", x, (router_weight, gate_up_proj, down_proj))
     group, _ = _group_name(group)
     E, d = router_weight.shape
     n = gate_up_proj.shape[1] // 2

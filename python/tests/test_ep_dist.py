@@ -56,7 +56,8 @@ def _worker(rank, port, result_dir, router_convention, shape=None):
         moe.load_global_weights(router, gate_up, down)
         rows = slice(rank * T_r, (rank + 1) * T_r)
         x_r = x[rows].clone().requires_grad_()
-        out = moe(x_r)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=shape.get("autocast", False)):
+            out = moe(x_r)
         out.backward(d_out[rows])
         norm = leanmoe.ep.global_grad_norm([moe.gate_up_proj, moe.down_proj], [moe.router.weight])
         result = dict(out=out.detach(), dx=x_r.grad, d_router=moe.router.weight.grad.clone(),
@@ -106,16 +107,20 @@ def test_ep_matches_single_process(router_convention):
     assert results[0]["first"] == 0 and results[1]["first"] == E // P
 
 
-def test_ep_fp8_matches_single_process():
+@pytest.mark.parametrize("autocast", [False, True])
+def test_ep_fp8_matches_single_process(autocast):
     """precision="fp8": both sides quantize the same token rows and expert blocks (docs/ep.md), so
     EP equals one process in FP8 up to what bf16 storage alone allows: gates differing in the last
     fp32 bit (the router GEMM's shape) can flip a bf16 rounding, and d_router is rounded to bf16 on
     each rank before the all-reduce. Norm-wise 1e-2 (tests/test_ep.cpp measures <= 2.4e-3, d_router;
-    the expert gradients bitwise); FP8 against bf16 is several percent off, checked too."""
+    the expert gradients bitwise); FP8 against bf16 is several percent off, checked too.
+    autocast: an fp32 EP layer under torch.autocast to bf16 follows it as leanmoe.MoE does (x and the
+    weights cast to bf16 for the call: the same bf16 values as the one-process layer's)."""
     import leanmoe
 
+    shape = dict(FP8, dtype=torch.float32, autocast=True) if autocast else FP8
     with tempfile.TemporaryDirectory() as result_dir:
-        mp.spawn(_worker, args=(_free_port(), result_dir, "softmax_then_topk", FP8), nprocs=P, join=True)
+        mp.spawn(_worker, args=(_free_port(), result_dir, "softmax_then_topk", shape), nprocs=P, join=True)
         results = [torch.load(os.path.join(result_dir, f"rank{r}.pt")) for r in range(P)]
 
     router, gate_up, down, x, d_out = _weights_and_batch(**FP8)
