@@ -54,7 +54,7 @@ shape (bench and check):
 bench options:
   --grid                     every row of the BENCHMARKS.md grid (a GPU workload)
   --device auto|cpu|cuda     auto: cuda when a GPU backend is present, else cpu (default auto)
-  --dtype bf16|f32           storage dtype (default bf16 on cuda, f32 on cpu)
+  --dtype bf16|f32           storage dtype (default bf16 on cuda and with --precision fp8, else f32)
   --router topk_then_softmax|softmax_then_topk   (default softmax_then_topk)
   --norm-topk-prob           renormalise the K probabilities (softmax_then_topk)
   --routing topk|token-rounding|given|balanced   (default topk; given: the experts under a routing the
@@ -97,7 +97,7 @@ struct Options {
   std::string device = "auto";
   std::optional<DType> dtype;
   MoEConfig layer;  // router, norm_topk_prob, routing, tile, rounding_mode; d..K come from the shape
-  bool fp8_per_call = false;  // --fp8-weights per-call: no cfg.fp8_weights_given
+  std::optional<bool> fp8_per_call;  // --fp8-weights per-call: no cfg.fp8_weights_given
   bool balanced = false;  // --routing balanced: layer.routing is given, the ids from balanced_routing
   std::optional<int64_t> tile;  // token rounding; bench defaults to MoEConfig's 128, check to 32
   std::optional<int> iters, warmup;
@@ -603,9 +603,12 @@ void write_json(const std::string& path, const std::string& command, Device dev,
 
 int run_bench(const Options& o, const std::string& command) {
   const Device dev = resolve_device(o.device);
-  const DType dt = o.dtype.value_or(dev == Device::cuda ? DType::bf16 : DType::f32);
+  // fp8 takes bf16 storage only: its default on the CPU too (f32 there would fail every row).
+  const bool fp8 = o.layer.precision == Precision::fp8;
+  const DType dt = o.dtype.value_or(dev == Device::cuda || fp8 ? DType::bf16 : DType::f32);
   const int warmup = o.warmup.value_or(dev == Device::cuda ? 3 : 1);
   const int iters = o.iters.value_or(dev == Device::cuda ? 20 : 5);
+  if (o.fp8_per_call && !fp8) std::fprintf(stderr, "leanmoe bench: --fp8-weights ignored without --precision fp8\n");
   std::vector<BenchShape> shapes = o.grid ? tools::grid_shapes() : std::vector<BenchShape>{chosen_shape(o, dev)};
   if (o.balanced && !o.grid) require_balanced_routing(shapes[0], o.layer.tile);  // before any output: exit 2
   const bool graph = o.graph && dev == Device::cuda;
@@ -627,7 +630,7 @@ int run_bench(const Options& o, const std::string& command) {
     std::printf(" (tile %lld, %s)", (long long)o.layer.tile, rounding_mode_name(o.layer.rounding_mode));
   if (o.layer.transposed) std::printf(", transposed weights");
   if (o.layer.precision == Precision::fp8)
-    std::printf(", fp8 (weights' codes %s)", o.fp8_per_call ? "quantized per call" : "given, quantized once");
+    std::printf(", fp8 (weights' codes %s)", o.fp8_per_call.value_or(false) ? "quantized per call" : "given, quantized once");
   if (dev == Device::cuda) std::printf("; bwd overlap %s", o.bwd_overlap.c_str());
   std::printf("; median of %d after %d warm-up%s\n", iters, warmup,
               graph ? "; graph = CUDA-graph replays, timed with events" : "");
@@ -635,7 +638,7 @@ int run_bench(const Options& o, const std::string& command) {
               "autograd's saved tensors; ratio = saved / naive\n");
   print_bench_header(dev, graph);
   MoEConfig layer = o.layer;
-  layer.fp8_weights_given = layer.precision == Precision::fp8 && !o.fp8_per_call;
+  layer.fp8_weights_given = fp8 && !o.fp8_per_call.value_or(false);
   const auto start = std::chrono::steady_clock::now();
   std::vector<BenchResult> results;
   for (size_t i = 0; i < shapes.size(); ++i) {
