@@ -5,8 +5,10 @@ Two backward paths:
 - standard: the operator's registered autograd returns dx, d_router, d_gate_up_proj, d_down_proj
   (traceable by torch.compile, checked by torch.library.opcheck);
 - in-backward (eager only): when both expert weights belong to a ``leanmoe.optim.ExpertAdamW``
-  with ``in_backward=True`` and require grad (a frozen one is never updated), backward updates each expert weight inside the C++ backward, the
-  moment its gradient is complete, and the expert gradients never reach ``.grad``.
+  with ``in_backward=True`` and require grad (a frozen one is never updated), backward updates each
+  expert weight inside the C++ backward, the moment its gradient is complete, and the expert
+  gradients never reach ``.grad``. A backward that accumulates no gradient into them
+  (``torch.autograd.grad(loss, x)``, ``backward(inputs=[x])``) runs the standard one instead.
 Neither has a second derivative: a gradient taken with ``create_graph=True`` raises when it is
 differentiated again (``_once_differentiable``).
 
@@ -204,6 +206,18 @@ def _warn_autocast_in_backward():
                       stacklevel=4)
 
 
+def _updates_asked_for(experts):
+    """Whether this backward accumulates into both expert weights (backward() of a loss, or inputs
+    naming them). torch.autograd.grad(loss, x) or backward(inputs=[x]) (a gradient penalty, a saliency
+    map) asks for none: an update there would be an optimizer step nobody called."""
+    def accumulated(p):
+        try:
+            return torch._C._will_engine_execute_node(torch.autograd.graph.get_gradient_edge(p).node)
+        except RuntimeError:  # torch refuses the query for a leaf autograd.grad returns: not accumulated
+            return False
+    return all(accumulated(p) for p in experts)
+
+
 class _InBackwardMoE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, router_weight, gate_up_proj, down_proj, config, optimizer, fp8_weights):
@@ -222,6 +236,11 @@ class _InBackwardMoE(torch.autograd.Function):
         x, router_weight, *saved = ctx.saved_tensors
         gate_up_proj, down_proj = ctx.experts
         d_out, d_losses = _incoming_grads(x, d_out, d_losses)
+        if not _updates_asked_for(ctx.experts):  # the standard backward, every gradient returned
+            with torch.no_grad():
+                grads = ops.moe_backward(d_out, d_losses, x, router_weight, gate_up_proj, down_proj, *saved,
+                                         *ctx.config, ctx.fp8_weights)
+            return _once_differentiable(tuple(grads), ctx.needs_input_grad[:4]) + (None, None, None)
         with torch.no_grad():
             dx, d_router = ctx.optimizer._backward_with_update(d_out, d_losses, x, router_weight, gate_up_proj,
                                                                down_proj, saved, ctx.config, ctx.fp8_weights)
@@ -296,6 +315,15 @@ class _InBackwardRoutedMoE(torch.autograd.Function):
         x, gate_up_bias, down_bias, *saved = ctx.saved_tensors
         gate_up_proj, down_proj = ctx.experts
         d_out = torch.zeros_like(x) if d_out is None else d_out.to(x.dtype)
+        if not _updates_asked_for(ctx.experts):  # the standard backward, every gradient returned
+            with torch.no_grad():
+                dx, d_weights, d_gate_up, d_down, d_b1, d_b2 = ops.moe_routed_backward(
+                    d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved, *ctx.expert_fn,
+                    ctx.weights_dtype)
+            grads = _once_differentiable((dx, None, d_weights, d_gate_up, d_down,
+                                          d_b1 if gate_up_bias is not None else None,
+                                          d_b2 if down_bias is not None else None), ctx.needs_input_grad[:7])
+            return grads + (None, None)
         dx, d_weights, d_b1, d_b2 = ctx.optimizer._backward_routed_with_update(
             d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, saved, ctx.expert_fn, ctx.weights_dtype,
             ctx.fp8_weights)

@@ -177,6 +177,43 @@ def test_frozen_experts_are_not_updated(frozen, precision):
     opts[1].release()
 
 
+@pytest.mark.parametrize("precision", ["storage", "fp8"])
+def test_gradients_not_asked_for_are_not_updates(precision):
+    """torch.autograd.grad(loss, x) (a gradient penalty, a saliency map) and backward(inputs=[x]) ask for
+    no expert gradient: an in-backward ExpertAdamW leaves the weights alone (the standard backward runs,
+    the same dx); autograd.grad(loss, weights) returns their gradients; training goes on after."""
+    torch.manual_seed(0)
+    m = leanmoe.MoE(128, 128, 4, 2, precision=precision, dtype=torch.bfloat16)
+    reference = copy.deepcopy(m)
+    opt = ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, in_backward=True)
+    x = torch.randn(20, 128, dtype=torch.bfloat16, requires_grad=True)
+    experts = ("gate_up_proj", "down_proj")
+    want = torch.autograd.grad(reference(x).output.float().square().sum(),
+                               [x] + [getattr(reference, name) for name in experts])
+    got = [torch.autograd.grad(m(x).output.float().square().sum(), x)[0]]
+    m(x).output.float().square().sum().backward(inputs=[x])
+    assert torch.equal(x.grad, want[0])
+    got += torch.autograd.grad(m(x).output.float().square().sum(), [getattr(m, name) for name in experts])
+    for name, a, b in zip(("dx",) + experts, got, want):
+        assert torch.equal(a, b), name
+    for name in experts:
+        assert torch.equal(getattr(m, name), getattr(reference, name)), f"{name} was updated"
+        assert getattr(m, name).grad is None
+    m(x).output.float().square().sum().backward()  # a training step: updated in backward
+    assert not torch.equal(m.down_proj, reference.down_proj)
+    opt.step()
+    opt.release()
+    # The routing given by the caller (the transformers experts' path), likewise.
+    w1, w2 = (torch.nn.Parameter(getattr(reference, name).detach().clone()) for name in experts)
+    opt = ExpertAdamW([w1, w2], lr=1e-2, in_backward=True)
+    ids, gates = torch.randint(0, 4, (20, 2)), torch.rand(20, 2)
+    dx = [torch.autograd.grad(leanmoe.moe_routed(x, ids, gates, a, b, precision=precision).float().square().sum(),
+                              x)[0] for a, b in ((w1, w2), (w1.detach(), w2.detach()))]
+    assert torch.equal(dx[0], dx[1])
+    assert torch.equal(w1, reference.gate_up_proj) and torch.equal(w2, reference.down_proj)
+    opt.release()
+
+
 def test_update_argument_is_checked():
     m = leanmoe.MoE(32, 16, 4, 2)
     with pytest.raises(ValueError, match="argument 'update': must be 'torch' or 'leanmoe', got 'fused'"):
