@@ -207,9 +207,10 @@ class ExpertAdamW(torch.optim.Optimizer):
         if id(gate_up_proj) in self._updated or id(down_proj) in self._updated:
             raise RuntimeError(
                 f"leanmoe.optim: an expert weight updated in this step's backward is read again by {where} before "
-                "optimizer.step(). In-backward expert updates do not support gradient accumulation over "
-                "micro-batches nor activation recomputation (gradient checkpointing): call step() after every "
-                "backward, or use ExpertAdamW(..., in_backward=False).")
+                "optimizer.step(). In-backward expert updates do not support a layer called more than once per "
+                "step (weights shared between calls), gradient accumulation over micro-batches nor activation "
+                "recomputation (gradient checkpointing): call step() after every backward, or use "
+                "ExpertAdamW(..., in_backward=False).")
 
     def _check_no_stale_grad(self, gate_up_proj, down_proj):
         for name, p in (("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):

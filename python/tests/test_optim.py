@@ -135,6 +135,17 @@ def test_gradient_accumulation_is_refused(device):
     opt.release()
 
 
+def test_a_layer_called_twice_in_one_step_is_refused_by_name():
+    """One layer called twice before backward (weights shared between positions): the second call's
+    backward reads weights the first one updated; the refusal names this case, not only micro-batches."""
+    m = leanmoe.MoE(32, 16, 4, 2)
+    opt = ExpertAdamW([m.gate_up_proj, m.down_proj], in_backward=True)
+    x = torch.randn(8, 32)
+    with pytest.raises(RuntimeError, match="a layer called more than once per step"):
+        m(m(x).output).output.sum().backward()
+    opt.release()
+
+
 def test_checkpointed_recomputation_is_refused(device):
     dt, (d, n) = (torch.bfloat16, (128, 64)) if device == "cuda" else (torch.float32, (32, 16))
     m = leanmoe.MoE(d, n, 4, 2, device=device, dtype=dt)
