@@ -21,6 +21,8 @@ tensor (``state["master"]``) with fp32 moments, steps the master with the gradie
 and stores bf16(master) into the parameter, so updates smaller than a bf16 ulp accumulate instead
 of rounding away (the C++ ExpertOptimizer's fp32_master). Both modes stay bitwise equal, and equal
 to torch.optim.AdamW(fused=True) over fp32 copies of the parameters fed the upcast gradients.
+A bf16 parameter changed outside the optimizer (the model's load_state_dict, an edit under no_grad;
+not a write through ``.data``) is copied into its master before the next update.
 
 FP8 layers (leanmoe.MoE(precision="fp8"), python/README.md "FP8"): their expert weights are
 stepped, in both modes, by leanmoe's fused update instead of torch's kernel (the C++
@@ -124,6 +126,8 @@ class ExpertAdamW(torch.optim.Optimizer):
         self.in_backward = bool(in_backward)
         self.master_weights = bool(master_weights)
         self._updated = set()  # ids of the tensors updated in backward since the last step()
+        # bf16 parameter with a master copy -> (storage, version) after this optimizer last wrote it
+        self._written = WeakIdKeyDictionary()
         # fused=True: load_state_dict then puts 'step' on the parameter's device, as the fused kernel needs.
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fused=True)
         super().__init__(params, defaults)
@@ -184,10 +188,22 @@ class ExpertAdamW(torch.optim.Optimizer):
             return state
         if state["step"].device != step_device:
             state["step"] = state["step"].to(step_device)
+        if self._uses_master(p) and "master" in state and self._written.get(p) != (p.data_ptr(), p._version):
+            # p changed since this optimizer wrote it (the model's load_state_dict, an edit, a load of this
+            # optimizer's state): the master follows p unless p is its rounding, else the next update
+            # would store the stale master back into p. One compare per change, not per step.
+            if not torch.equal(state["master"].to(p.dtype), p):
+                state["master"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format)
+            self._wrote(p)
         for key in ("exp_avg", "exp_avg_sq"):
             if state[key].dtype != moments:
                 state[key] = state[key].to(moments)
         return state
+
+    def _wrote(self, *params):
+        for p in params:
+            if self._uses_master(p):
+                self._written[p] = (p.data_ptr(), p._version)
 
     def _master(self, state):
         return state.get("master") if self.master_weights else None
@@ -245,6 +261,7 @@ class ExpertAdamW(torch.optim.Optimizer):
                 g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper,
                 self._master(g), self._master(d), kernel, fp8_weights)
         self._updated.update((id(gate_up_proj), id(down_proj)))
+        self._wrote(gate_up_proj, down_proj)
         self._codes_updated(gate_up_proj, down_proj, fp8_weights)
         return dx, d_router
 
@@ -265,6 +282,7 @@ class ExpertAdamW(torch.optim.Optimizer):
                 g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper,
                 self._master(g), self._master(d), kernel, fp8_weights)
         self._updated.update((id(gate_up_proj), id(down_proj)))
+        self._wrote(gate_up_proj, down_proj)
         self._codes_updated(gate_up_proj, down_proj, fp8_weights)
         return result
 
@@ -286,6 +304,7 @@ class ExpertAdamW(torch.optim.Optimizer):
                 codes = _fp8_codes.codes_for_update(p) if kernel == "leanmoe" else None
                 ops.adamw_step_(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], *self._hyper(p),
                                 self._master(state), kernel, codes)
+                self._wrote(p)
                 if kernel == "leanmoe":
                     _fp8_codes.updated(p, codes)
         self._updated.clear()

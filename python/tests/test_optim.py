@@ -225,6 +225,36 @@ def test_gradients_not_asked_for_are_not_updates(precision):
     opt.release()
 
 
+@pytest.mark.parametrize("in_backward", [False, True])
+@pytest.mark.parametrize("precision", ["storage", "fp8"])
+def test_master_follows_weights_changed_outside_the_optimizer(in_backward, precision):
+    """master_weights=True: weights changed after the first step outside the optimizer (the model's
+    load_state_dict, an edit under no_grad) are where the next update starts, as without a master
+    copy (which would otherwise store its stale values back into them)."""
+    torch.manual_seed(0)
+    m, other = (leanmoe.MoE(128, 128, 4, 2, precision=precision, dtype=torch.bfloat16) for _ in range(2))
+    opt = ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, weight_decay=0.0, in_backward=in_backward,
+                      master_weights=True)
+    x = torch.randn(20, 128, dtype=torch.bfloat16)
+
+    def step():
+        m(x).output.float().square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    m.load_state_dict(other.state_dict())
+    step()  # an AdamW step moves each weight by about lr = 1e-2; the weights themselves are ~0.1
+    assert (m.down_proj.float() - other.down_proj.float()).abs().max() < 2e-2
+    with torch.no_grad():
+        m.gate_up_proj.zero_()
+    step()
+    assert m.gate_up_proj.float().abs().max() < 2e-2
+    for p in (m.gate_up_proj, m.down_proj):
+        assert torch.equal(opt.state[p]["master"].bfloat16(), p)
+    opt.release()
+
+
 def test_update_argument_is_checked():
     m = leanmoe.MoE(32, 16, 4, 2)
     with pytest.raises(ValueError, match="argument 'update': must be 'torch' or 'leanmoe', got 'fused'"):
