@@ -67,8 +67,6 @@ class MoE(nn.Module):
         _choice("routing", routing, ROUTINGS)
         _choice("rounding_mode", rounding_mode, ROUNDING_MODES)
         _choice("inference_routing", inference_routing, ROUTINGS)
-        _choice("precision", precision, PRECISIONS)
-        _check_fp8_widths("leanmoe.MoE", precision, d, n)
         if dtype is not None and dtype not in STORAGE_DTYPES:
             why = f" ({_WHY_NOT_F64})" if dtype == torch.float64 else ""
             raise ValueError(f"leanmoe.MoE: argument 'dtype': must be torch.bfloat16 or torch.float32{why}, "
@@ -86,11 +84,24 @@ class MoE(nn.Module):
         self._register_load_state_dict_pre_hook(_rename_hf_block_keys)
         self.fp8_weight_codes = bool(fp8_weight_codes)
         if precision == "fp8":
+            _fp8_codes.register(self)
+
+    @property
+    def precision(self) -> str:
+        return self._precision
+
+    @precision.setter
+    def precision(self, value: str) -> None:
+        # May change after construction (examples/train_lm.py validates in the other precision): the
+        # code buffers are set up when the layer first becomes fp8.
+        _choice("precision", value, PRECISIONS)
+        _check_fp8_widths("leanmoe.MoE", value, self.d, self.n)
+        self._precision = value
+        if value == "fp8" and "_fp8_stamps" not in self.__dict__:
             self._fp8_stamps = {}  # weight name -> what its codes were written from (_fp8_codes._stamp)
             for name in _fp8_codes.EXPERT_WEIGHTS:
                 for suffix in _fp8_codes.CODE_BUFFERS:  # allocated at first use, on the weights' device
                     self.register_buffer(f"{name}_{suffix}", None, persistent=False)
-            _fp8_codes.register(self)
 
     def reset_parameters(self) -> None:
         # N(0, 1/fan_in) for every matrix, so activations keep their scale through the layer.

@@ -305,8 +305,7 @@ class ExpertAdamW(torch.optim.Optimizer):
                 ops.adamw_step_(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], *self._hyper(p),
                                 self._master(state), kernel, codes)
                 self._wrote(p)
-                if kernel == "leanmoe":
-                    _fp8_codes.updated(p, codes)
+                _fp8_codes.updated(p, codes)  # torch's kernel too: an fp8 layer switched to storage for a step
         self._updated.clear()
         return loss
 

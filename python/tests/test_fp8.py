@@ -394,6 +394,32 @@ def test_tied_expert_weights_keep_every_layers_codes(optimizer, device):
         assert_codes_current(b, f"step {step}: layer b")
 
 
+def test_precision_switched_after_construction(device):
+    """examples/train_lm.py validates a layer in the other precision by setting layer.precision: a
+    storage-built layer then runs FP8 as an fp8-built one (codes kept), an unknown precision is
+    refused, and an fp8 layer stepped while in storage precision has current codes when back in fp8."""
+    torch.manual_seed(0)
+    f = dict(device=device, dtype=torch.bfloat16)
+    built = leanmoe.MoE(256, 128, 4, 2, precision="fp8", **f)
+    switched = leanmoe.MoE(256, 128, 4, 2, **f)
+    switched.load_state_dict(built.state_dict())
+    switched.precision = "fp8"
+    x = torch.randn(40, 256, **f)
+    with torch.no_grad():
+        assert torch.equal(switched(x).output, built(x).output)
+    assert_codes_current(switched, "switched to fp8")
+    with pytest.raises(ValueError, match="leanmoe.MoE: argument 'precision'"):
+        switched.precision = "fp9"
+    opt = ExpertAdamW([built.gate_up_proj, built.down_proj], lr=1e-2, in_backward=False)
+    built.precision = "storage"
+    built(x).output.float().sum().backward()
+    opt.step()
+    built.precision = "fp8"
+    with torch.no_grad():
+        built(x)
+    assert_codes_current(built, "fp8 again after a step in storage precision")
+
+
 def test_writes_through_data_need_refresh(device):
     """A write through .data bypasses the version counter: the codes stay stale (on the GPU the layer
     would compute with the old weights) until refresh_fp8_codes(). Shows the codes check can fail."""
