@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from . import _ops  # noqa: F401  (loads the operators and torch.classes.leanmoe)
+from ._ops import _once_differentiable
 from .functional import _autocast, _check_fp8_widths, _check_precision
 
 
@@ -46,7 +47,8 @@ class _ExpertParallelFunction(torch.autograd.Function):
         dx, d_router, d_gate_up, d_down = ctx.layer.backward(d_out, router_weight, gate_up_proj, down_proj)
         ctx.layer = None
         dist.all_reduce(d_router, op=dist.ReduceOp.SUM, group=ctx.group)  # the router is replicated
-        return dx, d_router, d_gate_up, d_down, None, None
+        # No second derivative, said as leanmoe.moe says it (torch's own error named no layer).
+        return _once_differentiable((dx, d_router, d_gate_up, d_down), ctx.needs_input_grad[:4]) + (None, None)
 
 
 def expert_parallel_moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_then_topk",

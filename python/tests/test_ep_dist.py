@@ -164,3 +164,19 @@ def test_ep_layer_arguments_are_checked_at_construction():
     with pytest.raises(ValueError, match=r"ExpertParallelMoE: argument 'd': must be a multiple of 128 with "
                                          r"precision='fp8'.*got 64"):
         leanmoe.ep.ExpertParallelMoE(64, 128, 4, 2, precision="fp8")
+
+
+def test_ep_has_no_second_derivative_and_says_so():
+    """As leanmoe.moe: a gradient taken with create_graph=True raises leanmoe's message when it is
+    differentiated again (one rank: the layer's backward is the same for any number of ranks)."""
+    import leanmoe.ep
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        m = leanmoe.ep.ExpertParallelMoE(d, n, E, K)
+        x = torch.randn(6, d, requires_grad=True)
+        g, = torch.autograd.grad(m(x).square().sum(), x, create_graph=True)
+        with pytest.raises(RuntimeError, match="no second derivative"):
+            g.sum().backward()
+    finally:
+        dist.destroy_process_group()
