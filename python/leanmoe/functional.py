@@ -130,6 +130,15 @@ def _check_fp8_widths(fn, precision, d, n):
                              f"(1x128 scale tiles, 128x128 weight blocks), got {value}")
 
 
+def _check_fp8_dtypes(fn, precision, named):
+    """precision="fp8" quantizes bf16 values: the first tensor of another dtype is named (the C++ rule
+    names the storage dtype, x's, which misleads when fp32 activations meet a bf16 layer)."""
+    for name, t in named if precision == "fp8" else ():
+        if isinstance(t, torch.Tensor) and t.dtype != torch.bfloat16:
+            raise ValueError(f"{fn}: argument '{name}': precision='fp8' needs bfloat16 tensors (operands are "
+                             f"quantized from bf16 values; torch.autocast to bfloat16 casts fp32 ones), got {t.dtype}")
+
+
 def moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_then_topk", norm_topk_prob=False,
         routing="topk", tile=128, rounding_mode="nearest", return_stats=False, precision="storage",
         _fp8_weights=None):
@@ -154,6 +163,8 @@ def moe(x, router_weight, gate_up_proj, down_proj, top_k, *, router="softmax_the
     x, (router_weight, gate_up_proj, down_proj) = _autocast("leanmoe.moe", x,
                                                             (router_weight, gate_up_proj, down_proj))
     _check_tensors("leanmoe.moe", x, router_weight, gate_up_proj, down_proj, top_k)
+    _check_fp8_dtypes("leanmoe.moe", precision, (("x", x), ("router_weight", router_weight),
+                                                  ("gate_up_proj", gate_up_proj), ("down_proj", down_proj)))
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     config = (int(top_k), router, bool(norm_topk_prob), routing, int(tile), rounding_mode, precision)
@@ -277,6 +288,9 @@ def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_b
     params = (gate_up_proj, down_proj)
     x, (gate_up_proj, down_proj, gate_up_bias, down_bias) = _autocast(
         "leanmoe.moe_routed", x, (gate_up_proj, down_proj, gate_up_bias, down_bias))
+    _check_fp8_dtypes("leanmoe.moe_routed", precision, (("x", x), ("gate_up_proj", gate_up_proj),
+                                                        ("down_proj", down_proj), ("gate_up_bias", gate_up_bias),
+                                                        ("down_bias", down_bias)))
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).contiguous()
     ids = topk_experts.reshape(-1, topk_experts.shape[-1]).to(torch.int32).contiguous()

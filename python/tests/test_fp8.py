@@ -118,8 +118,16 @@ def test_fp8_arguments():
         leanmoe.MoE(128, 64, 4, 2, precision="fp8")
     with pytest.raises(ValueError, match=r"cfg\.n must be a multiple of 128 with cfg\.precision = fp8"):
         leanmoe.moe_routed(x, ids, weights, w1[:, :128].contiguous(), w2[:, :, :64].contiguous(), precision="fp8")
-    with pytest.raises(ValueError, match=r"cfg\.precision = fp8 needs bf16 storage"):
+    # A tensor not in bf16 is named, x included (fp32 activations into a bf16 layer: the storage
+    # dtype, x's, is then f32, and "fp8 needs bf16 storage" alone misled).
+    with pytest.raises(ValueError, match=r"leanmoe.moe: argument 'x': precision='fp8' needs bfloat16 tensors.*"
+                                         r"got torch.float32"):
         leanmoe.MoE(128, 128, 4, 2, precision="fp8", dtype=torch.float32)(torch.randn(5, 128))
+    bf16 = leanmoe.MoE(128, 128, 4, 2, precision="fp8", **w)
+    with pytest.raises(ValueError, match=r"leanmoe.moe: argument 'x': precision='fp8' needs bfloat16"):
+        bf16(torch.randn(5, 128))
+    with pytest.raises(ValueError, match=r"leanmoe.moe_routed: argument 'down_proj': precision='fp8' needs bfloat16"):
+        leanmoe.moe_routed(x, ids, weights, w1, w2.float(), precision="fp8")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
