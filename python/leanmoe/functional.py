@@ -190,10 +190,13 @@ def _in_backward_optimizer_of_call(params, used):
     reach .grad and ExpertAdamW.step() applies them; same update, after backward)."""
     from .optim import _in_backward_optimizer  # late import: optim imports this module
 
-    optimizer = None if torch.compiler.is_compiling() else _in_backward_optimizer(*params)
     # A frozen expert weight (requires_grad=False) gets no gradient, so no update: the backward's
-    # fused update steps both weights, so a call with one frozen runs the standard path.
-    if optimizer is None or not torch.is_grad_enabled() or not all(p.requires_grad for p in params):
+    # fused update steps both weights, so a call with one frozen runs the standard path (whatever
+    # optimizer holds the other one).
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled() or not all(p.requires_grad for p in params):
+        return None
+    optimizer = _in_backward_optimizer(*params)
+    if optimizer is None:
         return None
     if used[0] is not params[0]:
         _warn_autocast_in_backward()

@@ -188,6 +188,20 @@ def test_frozen_experts_are_not_updated(frozen, precision):
     opts[1].release()
 
 
+def test_an_optimizer_over_the_trainable_expert_weight_only():
+    """down_proj frozen and left out of the in-backward ExpertAdamW, which holds gate_up_proj only: the
+    layer trains gate_up_proj (from .grad, in step()) instead of refusing the pair's ownership."""
+    torch.manual_seed(0)
+    m = leanmoe.MoE(32, 16, 4, 2)
+    m.down_proj.requires_grad_(False)
+    frozen, before = m.down_proj.detach().clone(), m.gate_up_proj.detach().clone()
+    opt = ExpertAdamW([m.gate_up_proj], lr=1e-2, in_backward=True)
+    m(torch.randn(8, 32)).output.square().sum().backward()
+    opt.step()
+    assert torch.equal(m.down_proj, frozen) and not torch.equal(m.gate_up_proj, before)
+    opt.release()
+
+
 @pytest.mark.parametrize("precision", ["storage", "fp8"])
 def test_gradients_not_asked_for_are_not_updates(precision):
     """torch.autograd.grad(loss, x) (a gradient penalty, a saliency map) and backward(inputs=[x]) ask for
