@@ -193,4 +193,5 @@ def _after_optimizer_step(optimizer, args, kwargs):
         cached = (signature, [p for g in groups for p in g["params"] if p in _OWNERS])
         _OWNED_BY[optimizer] = cached
     for p in cached[1]:
-        _written(p)
+        if p.grad is not None:  # torch's optimizers skip a weight without .grad (in-backward updated)
+            _written(p)

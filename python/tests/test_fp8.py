@@ -428,6 +428,26 @@ def test_precision_switched_after_construction(device):
     assert_codes_current(built, "fp8 again after a step in storage precision")
 
 
+def test_an_optimizer_that_skipped_the_weights_leaves_their_codes(device, monkeypatch):
+    """A torch optimizer over every parameter (experts included) beside the in-backward ExpertAdamW: its
+    step skips the expert weights (no .grad), so their codes stay current and no call quantizes them
+    again (a quantization pass per call is what the codes save: 3.7 ms at 120B-n2048 on the GPU)."""
+    counter = CountQuantizations(_fp8_codes.ops)
+    monkeypatch.setattr(_fp8_codes, "ops", counter)
+    kept, _ = fp8_twins(device)
+    experts = ExpertAdamW([kept.gate_up_proj, kept.down_proj], lr=1e-2, in_backward=True)
+    everything = torch.optim.AdamW(kept.parameters(), lr=1e-2)
+    for step in range(3):
+        x = torch.randn(40, 256, generator=torch.Generator().manual_seed(step)).bfloat16().to(device)
+        kept(x).output.float().square().mean().backward()
+        experts.step()
+        everything.step()
+        everything.zero_grad()
+    assert_codes_current(kept, "after three steps")
+    assert counter.calls == 2  # the first call's, one per weight
+    experts.release()
+
+
 def test_writes_through_data_need_refresh(device):
     """A write through .data bypasses the version counter: the codes stay stale (on the GPU the layer
     would compute with the old weights) until refresh_fp8_codes(). Shows the codes check can fail."""
