@@ -336,11 +336,11 @@ class _InBackwardRoutedMoE(torch.autograd.Function):
             with torch.no_grad():
                 dx, d_weights, d_gate_up, d_down, d_b1, d_b2 = ops.moe_routed_backward(
                     d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved, *ctx.expert_fn,
-                    ctx.weights_dtype)
+                    ctx.weights_dtype, ctx.fp8_weights)
             grads = _once_differentiable((dx, None, d_weights, d_gate_up, d_down,
                                           d_b1 if gate_up_bias is not None else None,
                                           d_b2 if down_bias is not None else None), ctx.needs_input_grad[:7])
-            return grads + (None, None)
+            return grads + (None, None, None)
         dx, d_weights, d_b1, d_b2 = ctx.optimizer._backward_routed_with_update(
             d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, saved, ctx.expert_fn, ctx.weights_dtype,
             ctx.fp8_weights)
