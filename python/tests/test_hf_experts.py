@@ -456,6 +456,27 @@ def test_fp8_codes_follow_writes_torch_sees_and_refresh():
     assert_codes_current(experts, "after refresh_fp8_codes")
 
 
+def test_fp8_codes_after_a_step_in_another_experts_implementation():
+    """A model switched to "leanmoe" for a step (ExpertAdamW then steps its experts with torch's kernel,
+    writing no codes) and back to "leanmoe_fp8": the codes are written again from the new weights."""
+    from test_fp8 import assert_codes_current
+    model = build_fp8("olmoe")
+    model.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION_FP8)
+    model.train()
+    opt = ExpertAdamW(expert_parameters(model), lr=1e-2, in_backward=False)
+    b = batch("cpu")
+    for implementation in (leanmoe.hf.EXPERTS_IMPLEMENTATION_FP8, leanmoe.hf.EXPERTS_IMPLEMENTATION):
+        model.set_experts_implementation(implementation)
+        run(model, b)
+        opt.step()
+        opt.zero_grad()
+    model.set_experts_implementation(leanmoe.hf.EXPERTS_IMPLEMENTATION_FP8)
+    with torch.no_grad():
+        model(**b)
+    for experts in experts_modules(model):
+        assert_codes_current(experts, "back in fp8 after a step in bf16")
+
+
 def test_fp8_experts_compile_fullgraph():
     """Under torch.compile the FP8 experts quantize per call (no codes): the same output as eager with codes."""
     model = build_fp8("olmoe")
