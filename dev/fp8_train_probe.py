@@ -8,6 +8,9 @@ Variants (all bf16 parameters unless said):
   bf16-lmupd  bf16, expert weights stepped by leanmoe's fused AdamW (ExpertAdamW(update="leanmoe")), the
               update an fp8 layer's weights always take: the fp8 run without the quantization, and a
               rounding-level perturbation of bf16 (the paired-difference noise floor)
+  bf16-master, fp8-master  bf16 / fp8 with fp32 master copies of the expert weights (ExpertAdamW
+              master_weights=True, leanmoe's update): no expert update is rounded away by bf16 storage;
+              if FP8's gradient noise helped by dithering that rounding, the gap closes here
   fp32moe     bf16 model, the MoE layers' weights and GEMMs in fp32 (initialised as bf16, then widened)
   fp32        every parameter fp32 (train_lm --dtype float32)
   q-x, q-w, q-do, q-xwdo  bf16 layer fed e4m3 round trips with straight-through gradients (src/fp8.h's
@@ -129,6 +132,9 @@ def variant_setup(name, args):
         run = tl.RUNS["fp8"]
     elif name == "bf16-lmupd":
         train_common.ExpertAdamW = functools.partial(ORIG_ADAMW, update="leanmoe")
+    elif name in ("bf16-master", "fp8-master"):
+        run = tl.RUNS["fp8" if name == "fp8-master" else "topk"]
+        train_common.ExpertAdamW = functools.partial(ORIG_ADAMW, master_weights=True, update="leanmoe")
     elif name == "fp32moe":
         tl.leanmoe.MoE = Fp32MoE
     elif name == "fp32":
@@ -156,7 +162,7 @@ def summarize(folder):
                 r = json.load(fh)
             runs[(r["seed"], r["variant"])] = r
     seeds = sorted({s for s, _ in runs})
-    order = ["bf16", "fp8", "bf16-lmupd", "fp32moe", "fp32", "q-x", "q-w", "q-do", "q-xwdo", "noise-w"]
+    order = ["bf16", "fp8", "bf16-lmupd", "bf16-master", "fp8-master", "fp32moe", "fp32", "q-x", "q-w", "q-do", "q-xwdo", "noise-w"]
     variants = sorted({v for _, v in runs}, key=order.index)
     print(f"{folder}: final validation loss, and minus bf16's (same seed); 'early': at step "
           f"{next(iter(runs.values()))['val'][1][0]}")
