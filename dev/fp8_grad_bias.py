@@ -55,8 +55,9 @@ def main():
             for precision in ("storage", "fp8"):
                 g = got[precision][k]
                 rel = ((g - r).norm() / r.norm()).item()
-                cells.append(f"{'bf16' if precision == 'storage' else 'fp8'} {rel:.4f} | {(g.norm() / r.norm()).item():.4f}"
-                             f" | {((g * r).sum() / (r * r).sum()).item():.4f}")
+                name = "bf16" if precision == "storage" else "fp8"
+                cells.append(f"{name} {rel:.4f} | {(g.norm() / r.norm()).item():.4f} | "
+                             f"{((g * r).sum() / (r * r).sum()).item():.4f}")
             print(f"trial {trial} {k:10s} " + "    ".join(cells), flush=True)
 
 

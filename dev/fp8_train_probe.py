@@ -162,7 +162,8 @@ def summarize(folder):
                 r = json.load(fh)
             runs[(r["seed"], r["variant"])] = r
     seeds = sorted({s for s, _ in runs})
-    order = ["bf16", "fp8", "bf16-lmupd", "bf16-master", "fp8-master", "fp32moe", "fp32", "q-x", "q-w", "q-do", "q-xwdo", "noise-w"]
+    order = ["bf16", "fp8", "bf16-lmupd", "bf16-master", "fp8-master", "fp32moe", "fp32", "q-x", "q-w", "q-do",
+             "q-xwdo", "noise-w"]
     variants = sorted({v for _, v in runs}, key=order.index)
     print(f"{folder}: final validation loss, and minus bf16's (same seed); 'early': at step "
           f"{next(iter(runs.values()))['val'][1][0]}")
@@ -208,7 +209,8 @@ def main():
                          args.tile)
     S = args.steps
     edges = sorted({0, 10, S // 10, S // 4, S // 2, S})
-    print(f"probe: {args.device}, {vars(cfg)}, {S} steps x {args.batch * cfg.seq} tokens, lr {args.lr}, corpus {info['digest']}; "
+    print(f"probe: {args.device}, {vars(cfg)}, {S} steps x {args.batch * cfg.seq} tokens, lr {args.lr}, "
+          f"corpus {info['digest']}; "
           f"train-loss windows {edges}", flush=True)
     results = {}
     for seed in [int(s) for s in a.seeds.split(",")]:
