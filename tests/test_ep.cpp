@@ -237,6 +237,15 @@ TEST(ExpertParallel, FourRanksRaggedTokensMatchOneRank) {
   expect_match(run_ep(pb, 4), run_single(pb));
 }
 
+TEST(ExpertParallel, RankWithoutTokens) {
+  // A rank whose batch is empty (the last micro-batch split unevenly) still serves its experts:
+  // it routes nothing, receives the others' pairs and joins every collective.
+  Problem pb = make_problem(8, 2, {9, 0, 14, 5}, 6);
+  expect_match(run_ep(pb, 4), run_single(pb));
+  Problem all_but_one = make_problem(8, 2, {0, 12}, 7);
+  expect_match(run_ep(all_but_one, 2), run_single(all_but_one));
+}
+
 TEST(ExpertParallel, OneRankIsTheSingleRankLayer) {
   Problem pb = make_problem(4, 2, {13}, 3);
   expect_match(run_ep(pb, 1), run_single(pb));

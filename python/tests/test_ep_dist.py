@@ -46,6 +46,7 @@ def _worker(rank, port, result_dir, router_convention, shape=None):
 
     shape = shape or {}
     T_r = shape.get("T_PER_RANK", T_PER_RANK)
+    tokens = shape.get("tokens", (T_r,) * P)  # this rank's rows of the batch, in rank order
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P,
                             timeout=datetime.timedelta(seconds=60))  # a hung peer fails the test
@@ -54,7 +55,7 @@ def _worker(rank, port, result_dir, router_convention, shape=None):
         moe = leanmoe.ep.ExpertParallelMoE(shape.get("d", d), shape.get("n", n), E, K, router=router_convention,
                                            precision=shape.get("precision", "storage"), dtype=shape.get("dtype"))
         moe.load_global_weights(router, gate_up, down)
-        rows = slice(rank * T_r, (rank + 1) * T_r)
+        rows = slice(sum(tokens[:rank]), sum(tokens[:rank + 1]))
         x_r = x[rows].clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=shape.get("autocast", False)):
             out = moe(x_r)
@@ -70,15 +71,20 @@ def _worker(rank, port, result_dir, router_convention, shape=None):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("router_convention", ["softmax_then_topk", "topk_then_softmax"])
-def test_ep_matches_single_process(router_convention):
+# (24, 0): a rank without tokens (an uneven last batch) still serves its experts and joins every
+# collective; the reference is rank 0's batch alone.
+@pytest.mark.parametrize("router_convention, tokens", [("softmax_then_topk", (24, 24)), ("topk_then_softmax", (24, 24)),
+                                                      ("softmax_then_topk", (24, 0))])
+def test_ep_matches_single_process(router_convention, tokens):
     import leanmoe
 
     with tempfile.TemporaryDirectory() as result_dir:
-        mp.spawn(_worker, args=(_free_port(), result_dir, router_convention), nprocs=P, join=True)
+        mp.spawn(_worker, args=(_free_port(), result_dir, router_convention, dict(tokens=tokens)), nprocs=P,
+                 join=True)
         results = [torch.load(os.path.join(result_dir, f"rank{r}.pt")) for r in range(P)]
 
     router, gate_up, down, x, d_out = _weights_and_batch()
+    x, d_out = x[:sum(tokens)], d_out[:sum(tokens)]
     ref = leanmoe.MoE(d, n, E, K, router=router_convention)
     with torch.no_grad():
         ref.router.weight.copy_(router)

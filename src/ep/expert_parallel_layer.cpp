@@ -64,7 +64,9 @@ void check_matrix(const Tensor& t, const char* fn, const char* arg, std::initial
                   Device device) {
   const std::string where = std::string(fn) + ": argument '" + arg + "': ";
   EP_REQUIRE(t.defined(), where + "is required");
-  EP_REQUIRE(t.data != nullptr, where + "must not have a null data pointer, got " + t.describe() + " with data = null");
+  // An empty tensor (a rank without tokens) may have no storage.
+  EP_REQUIRE(t.data != nullptr || t.numel() == 0,
+             where + "must not have a null data pointer, got " + t.describe() + " with data = null");
   EP_REQUIRE(t.device == device, where + "must be on " + device_name(device) + " (the communicator's device), got " +
                                   t.describe());
   // The CUDA kernels move rows in 16-byte vectors (gather-sum, row copies, the GEMMs' cp.async).
@@ -203,7 +205,6 @@ void ExpertParallelLayer::forward(const Tensor& x, const MoEWeights& w, const Te
   const int64_t d = c.d, n = c.n, E = c.E, K = c.K, El = s.El;
   const int P = s.P;
   EP_REQUIRE(x.defined() && x.ndim == 2, "ep forward: argument 'x': must be [T, d], got " + x.describe());
-  EP_REQUIRE(x.shape[0] > 0, "ep forward: argument 'x': needs at least one token, got " + x.describe());
   EP_REQUIRE(!w.gate_up_bias.defined() && !w.down_bias.defined(),
              "ep forward: argument 'w': expert biases are not supported by the EP layer");
   const int64_t T = x.shape[0];
@@ -219,6 +220,9 @@ void ExpertParallelLayer::forward(const Tensor& x, const MoEWeights& w, const Te
   if (s.gpu) {
     const std::string why = cuda::ep_unsupported_reason(c, s.dtype);
     EP_REQUIRE(why.empty(), "ep forward: argument 'x': " + why + " (" + x.describe() + ")");
+    // A CPU rank may hold no tokens (tested); the CUDA rank's path with T = 0 has never run.
+    EP_REQUIRE(T > 0, "ep forward: argument 'x': a rank on a cuda communicator needs at least one token, got " +
+                          x.describe());
   }
 #endif
   check_matrix(x, "ep forward", "x", {T, d}, s.dtype, dev);
