@@ -382,16 +382,17 @@ def apply(model: torch.nn.Module, routing: str = "topk", tile: int = 128, roundi
     precision: "storage" or "fp8" (the expert GEMMs in blockwise FP8, as leanmoe.moe's)."""
     routing_for_call(routing, inference_routing, True)  # validates inference_routing
     _check_precision("leanmoe.hf.apply", precision)
-    count = 0
-    for name, block in model.named_modules():
-        spec = SUPPORTED_BLOCKS.get(type(block).__name__)
-        if spec is None:
-            continue
+    blocks = [(name, block, SUPPORTED_BLOCKS[type(block).__name__]) for name, block in model.named_modules()
+              if type(block).__name__ in SUPPORTED_BLOCKS]
+    # Every block is checked before any is changed: a refused model is left as it was.
+    for name, block, _ in blocks:
         _check_swiglu("leanmoe.hf.apply", name, block)
         w = block.experts.gate_up_proj
         reason = _fp8_widths_unmet(w.shape[2], w.shape[1] // 2) if precision == "fp8" else None
         if reason:
             raise ValueError(f"leanmoe.hf.apply: block '{name}': argument 'precision': 'fp8': {reason}")
+    count = 0
+    for name, block, spec in blocks:
         block._leanmoe = _Settings(name=name, router_attr=spec[0], convention=spec[1], routing=routing, tile=tile,
                                    rounding_mode=rounding_mode, inference_routing=inference_routing,
                                    router_logits=bool(router_logits), return_stats=bool(return_stats),

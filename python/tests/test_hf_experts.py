@@ -534,6 +534,14 @@ def test_apply_fp8_rules_name_the_block():
     with pytest.raises(ValueError, match=r"leanmoe.hf.apply: block 'model.layers.0.mlp'.*d \(hidden size\) = 64 "
                                          r"must be a multiple of 128"):
         leanmoe.hf.apply(build("olmoe", dtype=torch.bfloat16), precision="fp8")
+    # A refused model is left as it was: the check of every block comes before any change (here
+    # the second block's experts are narrowed, so the first block passes and the second is refused).
+    mixed = build_fp8("olmoe")
+    experts = experts_modules(mixed)[1]
+    experts.gate_up_proj.data, experts.down_proj.data = experts.gate_up_proj.data[:, :128], experts.down_proj.data[..., :64]
+    with pytest.raises(ValueError, match=r"block 'model.layers.1.mlp'.*n \(expert intermediate size\) = 64"):
+        leanmoe.hf.apply(mixed, precision="fp8")
+    assert not leanmoe.hf.is_applied(mixed)
     model = build_fp8("olmoe").float()
     assert leanmoe.hf.apply(model, precision="fp8") == 2
     b = batch("cpu")
