@@ -80,6 +80,8 @@ bench options:
   --json FILE                write every number as JSON
 check options:
   --device, --dtype          as above
+  --precision storage|fp8    as above: fp8 checks the FP8 layer against the naive reference in FP8
+                             (bf16 storage; the shapes' d and n multiples of 128)
   --tile N                   token-rounding tile of the rounding cases (default 32)
   --seeds N                  random input sets per case (default 2)
 
@@ -130,7 +132,8 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
                                                 "router", "norm-topk-prob", "routing", "tile", "rounding",
                                                 "layout", "precision", "fp8-weights", "iters", "warmup", "graph",
                                                 "json", "bwd-overlap"};
-  const std::vector<std::string> check_flags = {"T", "d", "n", "E", "K", "device", "dtype", "seeds", "tile"};
+  const std::vector<std::string> check_flags = {"T", "d", "n", "E", "K", "device", "dtype", "seeds", "tile",
+                                                "precision"};
   const auto& allowed = cmd == "bench" ? bench_flags : check_flags;
   Options o;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -685,7 +688,9 @@ std::vector<CheckCase> check_cases(const Options& o) {
   // d, n multiples of 64 and a full 128-row tile so the GPU backend's alignment rules hold; two
   // shapes so E*K differs (8*2 and 16*4) and token rounding both adds and drops rows.
   struct Shape { int64_t T, d, n, E, K; };
+  // FP8 takes d and n in multiples of its 128-wide scale tiles: its second shape is 128 x 128.
   std::vector<Shape> shapes = {{512, 256, 128, 8, 2}, {256, 192, 64, 16, 4}};
+  if (o.layer.precision == Precision::fp8) shapes[1] = {256, 128, 128, 16, 4};
   if (has_shape_flags(o)) {
     Shape s = shapes[0];
     shapes = {{o.T.value_or(s.T), o.d.value_or(s.d), o.n.value_or(s.n), o.E.value_or(s.E), o.K.value_or(s.K)}};
@@ -697,6 +702,7 @@ std::vector<CheckCase> check_cases(const Options& o) {
   for (const Shape& s : shapes) {
     MoEConfig base;
     base.d = s.d, base.n = s.n, base.E = s.E, base.K = s.K, base.tile = tile;
+    base.precision = o.layer.precision;
     auto add = [&](std::string name, auto tweak, float d_aux = 0.f, float d_z = 0.f) {
       MoEConfig c = base;
       tweak(c);
@@ -725,14 +731,19 @@ std::vector<CheckCase> check_cases(const Options& o) {
 
 int run_check(const Options& o) {
   const Device dev = resolve_device(o.device);
-  const DType dt = o.dtype.value_or(dev == Device::cuda ? DType::bf16 : DType::f32);
+  const bool fp8 = o.layer.precision == Precision::fp8;  // bf16 storage only, as in bench
+  const DType dt = o.dtype.value_or(dev == Device::cuda || fp8 ? DType::bf16 : DType::f32);
   // bf16: every stored tensor carries a relative rounding of 2^-9 = 2e-3, and a gradient passes
   // through up to four such roundings plus fp32 accumulation order: 2e-2 leaves room for that and
   // still catches a wrong term (which shows as O(1)). f32 against a double reference: fp32
   // accumulation over d <= 256 terms gives ~1e-6..1e-5.
   const double threshold = dt == DType::bf16 ? 2e-2 : 1e-4;
-  std::printf("# leanmoe check: %s (%s), %s, reference naive<%s>, threshold %.0e relative\n", device_name(dev),
-              backend_description(dev).c_str(), dtype_name(dt), dt == DType::bf16 ? "float" : "double", threshold);
+  // FP8: the backend and the reference quantize the same bf16 values the same way (src/fp8.h), so
+  // they differ by bf16 rounding and accumulation order as in storage precision (CPU 0-6e-5, CUDA
+  // 1.5e-3-5.2e-3 on the H200): the bf16 threshold holds, and a misplaced scale is O(1).
+  std::printf("# leanmoe check: %s (%s), %s%s, reference naive<%s>, threshold %.0e relative\n", device_name(dev),
+              backend_description(dev).c_str(), dtype_name(dt), fp8 ? ", precision fp8" : "",
+              dt == DType::bf16 ? "float" : "double", threshold);
   const char* names[] = {"out", "dx", "d_router", "d_gate_up", "d_down", "d_weights", "losses"};
   std::printf("%-58s %4s", "case", "seed");
   for (const char* nm : names) std::printf(" %10s", nm);
