@@ -387,6 +387,17 @@ void require_balanced_routing(const BenchShape& s, int64_t tile) {
     throw UsageError("--routing balanced on " + s.name + ": " + rule);
 }
 
+// A single layer the flags describe must be one the library runs: its refusal (plan_layer names the
+// argument and the rule, e.g. FP8's widths and storage) is a usage error, before any output.
+void require_layer(MoEConfig cfg, int64_t T, int64_t d, int64_t n, int64_t E, int64_t K, DType dt, Device dev) {
+  cfg.d = d, cfg.n = n, cfg.E = E, cfg.K = K;
+  try {
+    plan_layer(cfg, T, dt, dev);
+  } catch (const Error& e) {
+    throw UsageError(std::string("the layer these flags describe is refused: ") + e.what());
+  }
+}
+
 BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, bool balanced, DType dt, Device dev, int warmup,
                       int iters, bool graph, const std::string& progress) {
   using clock = std::chrono::steady_clock;
@@ -614,6 +625,7 @@ int run_bench(const Options& o, const std::string& command) {
   if (o.fp8_per_call && !fp8) std::fprintf(stderr, "leanmoe bench: --fp8-weights ignored without --precision fp8\n");
   std::vector<BenchShape> shapes = o.grid ? tools::grid_shapes() : std::vector<BenchShape>{chosen_shape(o, dev)};
   if (o.balanced && !o.grid) require_balanced_routing(shapes[0], o.layer.tile);  // before any output: exit 2
+  if (!o.grid) require_layer(o.layer, shapes[0].T, shapes[0].d, shapes[0].n, shapes[0].E, shapes[0].K, dt, dev);
   const bool graph = o.graph && dev == Device::cuda;
   if (o.graph && !graph) std::fprintf(stderr, "leanmoe bench: --graph ignored on %s (CUDA graphs need --device cuda)\n",
                                       device_name(dev));
@@ -738,6 +750,8 @@ int run_check(const Options& o) {
   // still catches a wrong term (which shows as O(1)). f32 against a double reference: fp32
   // accumulation over d <= 256 terms gives ~1e-6..1e-5.
   const double threshold = dt == DType::bf16 ? 2e-2 : 1e-4;
+  for (const CheckCase& c : check_cases(o))  // before any output: exit 2
+    require_layer(c.cfg, c.T, c.cfg.d, c.cfg.n, c.cfg.E, c.cfg.K, dt, dev);
   // FP8: the backend and the reference quantize the same bf16 values the same way (src/fp8.h), so
   // they differ by bf16 rounding and accumulation order as in storage precision (CPU 0-6e-5, CUDA
   // 1.5e-3-5.2e-3 on the H200): the bf16 threshold holds, and a misplaced scale is O(1).
