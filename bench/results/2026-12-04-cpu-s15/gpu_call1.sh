@@ -3,7 +3,7 @@
 # 1. branch sass 9f9cae0 (issue 17): the gather kernel's consumers with wgmma descriptors built once
 #    and advanced in uniform registers, one release arrive per warp: GPU tests, memcheck + racecheck,
 #    ncu instruction counts and leanmoe_bench_gemms base vs new (sass.device.sh, ~4 min).
-# 2. branch epfp8 c8526aa (issue 16): the EP layer in FP8 on CUDA, P ranks on one GPU, memcheck
+# 2. branch epfp8 0262b60 (c8526aa merged with main 935a307; issue 16): the EP layer in FP8 on CUDA, P ranks on one GPU, memcheck
 #    (s14's epfp8.device.sh, ~1.5 min).
 # Carry [".carry/s15sass", ".carry/s14epf", ".carry/blaslibs.tar.xz"] (= /work/wt/sass.carry,
 # /work/wt/epfp8.carry; ~34 MB). Expected ~6 min; caps 390 + 150 s.
