@@ -121,6 +121,15 @@ def _buffers(layer, name, p):
     return out
 
 
+def free(owner) -> None:
+    """Drops a transformers experts module's code tensors (plain attributes, unlike leanmoe.MoE's
+    buffers) and what they were written from."""
+    for name in weight_names(owner):
+        for suffix in CODE_BUFFERS:
+            owner.__dict__.pop(f"{name}_{suffix}", None)
+    owner._fp8_stamps = {}
+
+
 def _stamp(p, buffers):
     return (p.data_ptr(), p._version, _WRITES.get(p, 0), p.dtype, p.device, tuple(b.data_ptr() for b in buffers))
 

@@ -121,13 +121,19 @@ def _check_precision(fn, precision):
         raise ValueError(f"{fn}: argument 'precision': must be one of {PRECISIONS}, got {precision!r}")
 
 
+def _fp8_width_unmet(d, n):
+    """("d", d) or ("n", n), the first width precision="fp8" cannot run (not a multiple of its 128-wide
+    scale tiles), or None."""
+    return next(((name, value) for name, value in (("d", d), ("n", n)) if value % FP8_BLOCK), None)
+
+
 def _check_fp8_widths(fn, precision, d, n):
     """A layer's widths are fixed at construction (its dtype is not: autocast, .to()): one that
     precision="fp8" could never run is refused there."""
-    for name, value in (("d", d), ("n", n)):
-        if precision == "fp8" and value % FP8_BLOCK:
-            raise ValueError(f"{fn}: argument '{name}': must be a multiple of {FP8_BLOCK} with precision='fp8' "
-                             f"(1x128 scale tiles, 128x128 weight blocks), got {value}")
+    unmet = _fp8_width_unmet(d, n) if precision == "fp8" else None
+    if unmet:
+        raise ValueError(f"{fn}: argument '{unmet[0]}': must be a multiple of {FP8_BLOCK} with precision='fp8' "
+                         f"(1x128 scale tiles, 128x128 weight blocks), got {unmet[1]}")
 
 
 def _check_fp8_dtypes(fn, precision, named):

@@ -58,7 +58,7 @@ import torch
 
 from . import _fp8_codes
 from ._ops import FP8_BLOCK, GATED_ACTIVATIONS, ops
-from .functional import RouterStats, _check_precision, moe, moe_routed, routing_for_call
+from .functional import RouterStats, _check_precision, _fp8_width_unmet, moe, moe_routed, routing_for_call
 
 EXPERTS_IMPLEMENTATION = "leanmoe"
 # The same experts implementation with the expert GEMMs in blockwise FP8 (precision="fp8").
@@ -162,22 +162,30 @@ def _compute_experts_spec(module) -> ExpertsSpec:
     return spec
 
 
+def _experts_modules(model):
+    """The transformers experts modules of `model` (the classes decorated for the experts interface)."""
+    return [m for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "down_proj")]
+
+
 def prepare(model: torch.nn.Module) -> int:
     """Recognises every experts module of `model` now (eager) instead of at its first forward:
     an unsupported model fails here, and torch.compile(fullgraph=True) then traces the experts
     without a graph break. Returns the number of experts modules."""
-    modules = [m for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "down_proj")]
+    modules = _experts_modules(model)
     for m in modules:
         experts_spec(m)
     return len(modules)
 
 
+_WIDTH_NAMES = {"d": "d (hidden size)", "n": "n (expert intermediate size)"}
+
+
 def _fp8_widths_unmet(d, n):
-    """The width rule of precision="fp8" that d and n break, or None."""
-    for letter, width in (("d (hidden size)", d), ("n (expert intermediate size)", n)):
-        if width % FP8_BLOCK:
-            return f"{letter} = {width} must be a multiple of {FP8_BLOCK} for FP8 expert GEMMs"
-    return None
+    """The width rule of precision="fp8" that d and n break, in a model's words, or None."""
+    unmet = _fp8_width_unmet(d, n)
+    if unmet is None:
+        return None
+    return f"{_WIDTH_NAMES[unmet[0]]} = {unmet[1]} must be a multiple of {FP8_BLOCK} for FP8 expert GEMMs"
 
 
 def _fp8_unmet(w, d, n):
@@ -207,8 +215,7 @@ def _fp8_codes_for_call(module, spec):
         state.setdefault(_fp8_codes.HF_KEEPS, True)
         state["_fp8_stamps"] = {}
     state[_fp8_codes.HF_PRECISION] = "fp8"
-    _fp8_codes.register(module)  # ExpertAdamW steps its weights with the update that writes codes
-    return _fp8_codes.codes_for_call(module)
+    return _fp8_codes.codes_for_call(module)  # registers the weights: ExpertAdamW's update writes codes
 
 
 def _experts(self, hidden_states, top_k_index, top_k_weights, precision):
@@ -245,15 +252,11 @@ def fp8_weight_codes(model: torch.nn.Module, enabled: bool = True) -> int:
     """Whether the experts modules of `model` keep their weights' FP8 codes under "leanmoe_fp8" (the
     default; the bf16 weights' bytes again). False frees the codes: each FP8 call then quantizes the
     weights itself (the same bits, slower on the GPU). Returns the number of experts modules."""
-    modules = [m for m in model.modules() if hasattr(m, "has_gate") and hasattr(m, "down_proj")]
+    modules = _experts_modules(model)
     for m in modules:
-        state = m.__dict__
-        state[_fp8_codes.HF_KEEPS] = bool(enabled)
-        if not enabled and _fp8_codes.HF_NAMES in state:
-            for name in state[_fp8_codes.HF_NAMES]:
-                for suffix in _fp8_codes.CODE_BUFFERS:
-                    state.pop(f"{name}_{suffix}", None)
-            state["_fp8_stamps"] = {}
+        m.__dict__[_fp8_codes.HF_KEEPS] = bool(enabled)
+        if not enabled and _fp8_codes.HF_NAMES in m.__dict__:
+            _fp8_codes.free(m)
     return len(modules)
 
 

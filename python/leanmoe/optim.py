@@ -260,14 +260,15 @@ class ExpertAdamW(torch.optim.Optimizer):
                 d_out, d_losses, x, router_weight, gate_up_proj, down_proj, *saved, *config,
                 g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper,
                 self._master(g), self._master(d), kernel, fp8_weights)
-        self._updated.update((id(gate_up_proj), id(down_proj)))
-        self._wrote(gate_up_proj, down_proj)
-        self._codes_updated(gate_up_proj, down_proj, fp8_weights)
+        self._after_in_backward_update(gate_up_proj, down_proj, fp8_weights)
         return dx, d_router
 
-    @staticmethod
-    def _codes_updated(gate_up_proj, down_proj, fp8_weights):
-        """After an in-backward update: codes given were rewritten in its pass; without, any kept are stale."""
+    def _after_in_backward_update(self, gate_up_proj, down_proj, fp8_weights):
+        """What a layer's in-backward update leaves: both weights stepped this step, written by this
+        optimizer (their masters current), and the codes given rewritten in its pass (without, any
+        kept are stale)."""
+        self._updated.update((id(gate_up_proj), id(down_proj)))
+        self._wrote(gate_up_proj, down_proj)
         _fp8_codes.updated(gate_up_proj, fp8_weights[:4] if fp8_weights is not None else None)
         _fp8_codes.updated(down_proj, fp8_weights[4:] if fp8_weights is not None else None)
 
@@ -281,9 +282,7 @@ class ExpertAdamW(torch.optim.Optimizer):
                 d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, *saved, *expert_fn, weights_dtype,
                 g["exp_avg"], g["exp_avg_sq"], g["step"], d["exp_avg"], d["exp_avg_sq"], d["step"], *hyper,
                 self._master(g), self._master(d), kernel, fp8_weights)
-        self._updated.update((id(gate_up_proj), id(down_proj)))
-        self._wrote(gate_up_proj, down_proj)
-        self._codes_updated(gate_up_proj, down_proj, fp8_weights)
+        self._after_in_backward_update(gate_up_proj, down_proj, fp8_weights)
         return result
 
     @torch.no_grad()
