@@ -387,10 +387,21 @@ void require_balanced_routing(const BenchShape& s, int64_t tile) {
     throw UsageError("--routing balanced on " + s.name + ": " + rule);
 }
 
+// The storage dtype without --dtype: bf16 on cuda, and with fp8, whose only storage it is (f32 on
+// the CPU would fail every row); else f32.
+DType default_dtype(const Options& o, Device dev) {
+  return o.dtype.value_or(dev == Device::cuda || o.layer.precision == Precision::fp8 ? DType::bf16 : DType::f32);
+}
+
+// The flags' layer (router, routing, precision, ...) at a shape's widths.
+MoEConfig shaped(MoEConfig layer, const BenchShape& s) {
+  layer.d = s.d, layer.n = s.n, layer.E = s.E, layer.K = s.K;
+  return layer;
+}
+
 // A single layer the flags describe must be one the library runs: its refusal (plan_layer names the
 // argument and the rule, e.g. FP8's widths and storage) is a usage error, before any output.
-void require_layer(MoEConfig cfg, int64_t T, int64_t d, int64_t n, int64_t E, int64_t K, DType dt, Device dev) {
-  cfg.d = d, cfg.n = n, cfg.E = E, cfg.K = K;
+void require_layer(const MoEConfig& cfg, int64_t T, DType dt, Device dev) {
   try {
     plan_layer(cfg, T, dt, dev);
   } catch (const Error& e) {
@@ -401,8 +412,7 @@ void require_layer(MoEConfig cfg, int64_t T, int64_t d, int64_t n, int64_t E, in
 BenchResult bench_one(const BenchShape& s, const MoEConfig& layer, bool balanced, DType dt, Device dev, int warmup,
                       int iters, bool graph, const std::string& progress) {
   using clock = std::chrono::steady_clock;
-  MoEConfig cfg = layer;
-  cfg.d = s.d, cfg.n = s.n, cfg.E = s.E, cfg.K = s.K;
+  const MoEConfig cfg = shaped(layer, s);
   const int64_t T = s.T, d = s.d, n = s.n, E = s.E;
   if (balanced) require_balanced_routing(s, cfg.tile);  // a grid row that breaks the rule fails alone
   LayerMemory mem(cfg, T, dt, dev);  // cfg.fp8_weights_given: no weight codes in the workspaces
@@ -617,15 +627,14 @@ void write_json(const std::string& path, const std::string& command, Device dev,
 
 int run_bench(const Options& o, const std::string& command) {
   const Device dev = resolve_device(o.device);
-  // fp8 takes bf16 storage only: its default on the CPU too (f32 there would fail every row).
   const bool fp8 = o.layer.precision == Precision::fp8;
-  const DType dt = o.dtype.value_or(dev == Device::cuda || fp8 ? DType::bf16 : DType::f32);
+  const DType dt = default_dtype(o, dev);
   const int warmup = o.warmup.value_or(dev == Device::cuda ? 3 : 1);
   const int iters = o.iters.value_or(dev == Device::cuda ? 20 : 5);
   if (o.fp8_per_call && !fp8) std::fprintf(stderr, "leanmoe bench: --fp8-weights ignored without --precision fp8\n");
   std::vector<BenchShape> shapes = o.grid ? tools::grid_shapes() : std::vector<BenchShape>{chosen_shape(o, dev)};
   if (o.balanced && !o.grid) require_balanced_routing(shapes[0], o.layer.tile);  // before any output: exit 2
-  if (!o.grid) require_layer(o.layer, shapes[0].T, shapes[0].d, shapes[0].n, shapes[0].E, shapes[0].K, dt, dev);
+  if (!o.grid) require_layer(shaped(o.layer, shapes[0]), shapes[0].T, dt, dev);
   const bool graph = o.graph && dev == Device::cuda;
   if (o.graph && !graph) std::fprintf(stderr, "leanmoe bench: --graph ignored on %s (CUDA graphs need --device cuda)\n",
                                       device_name(dev));
@@ -743,15 +752,15 @@ std::vector<CheckCase> check_cases(const Options& o) {
 
 int run_check(const Options& o) {
   const Device dev = resolve_device(o.device);
-  const bool fp8 = o.layer.precision == Precision::fp8;  // bf16 storage only, as in bench
-  const DType dt = o.dtype.value_or(dev == Device::cuda || fp8 ? DType::bf16 : DType::f32);
+  const bool fp8 = o.layer.precision == Precision::fp8;
+  const DType dt = default_dtype(o, dev);
   // bf16: every stored tensor carries a relative rounding of 2^-9 = 2e-3, and a gradient passes
   // through up to four such roundings plus fp32 accumulation order: 2e-2 leaves room for that and
   // still catches a wrong term (which shows as O(1)). f32 against a double reference: fp32
   // accumulation over d <= 256 terms gives ~1e-6..1e-5.
   const double threshold = dt == DType::bf16 ? 2e-2 : 1e-4;
   for (const CheckCase& c : check_cases(o))  // before any output: exit 2
-    require_layer(c.cfg, c.T, c.cfg.d, c.cfg.n, c.cfg.E, c.cfg.K, dt, dev);
+    require_layer(c.cfg, c.T, dt, dev);
   // FP8: the backend and the reference quantize the same bf16 values the same way (src/fp8.h), so
   // they differ by bf16 rounding and accumulation order as in storage precision (CPU 0-6e-5, CUDA
   // 1.5e-3-5.2e-3 on the H200): the bf16 threshold holds, and a misplaced scale is O(1).
