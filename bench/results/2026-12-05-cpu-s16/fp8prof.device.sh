@@ -45,3 +45,12 @@ for path in sys.argv[1:]:
         if kernel and any(k in line for k in KEYS):
             print("    " + " ".join(line.split()))
 PY
+# The promotion structure in isolation (dev/fp8_promotion_bench.cu, carried in .carry/s16pb; ~5 s):
+# operands resident in shared memory, no producer, no epilogue: bf16 / fp8 ceilings against the
+# library's per-half wait + promotion and DeepGEMM's 64x192 single part. stdout only (8 files).
+if [ -f .carry/s16pb/fp8_promotion_bench.xz ]; then
+  echo "== promotion bench (t=${SECONDS})"
+  xz -dc .carry/s16pb/fp8_promotion_bench.xz > "$W/fp8_promotion_bench" && chmod +x "$W/fp8_promotion_bench"
+  timeout 60 "$W/fp8_promotion_bench" 20000
+  echo "promotion bench rc=$? (t=${SECONDS})"
+fi

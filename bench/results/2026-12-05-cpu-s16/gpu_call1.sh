@@ -3,7 +3,7 @@
 # Session 15's gpu_call1.sh (branch sass: tests, sanitizers, ncu counts, bench base vs new, ~4 min;
 # branch epfp8: the CUDA EP layer in FP8, ~1.5 min), then fp8prof.device.sh (issue 16: ncu sections
 # of the FP8 and bf16 up / dH / down / dx kernels at 120B-n2048, main's and sass's; ~2-3 min).
-# Carry [".carry/s15sass", ".carry/s14epf", ".carry/blaslibs.tar.xz"] (~39 MB with the tree).
+# Carry [".carry/s15sass", ".carry/s14epf", ".carry/blaslibs.tar.xz", ".carry/s16pb"] (~39 MB with the tree).
 # Expected ~8 min; caps 330 + 120 + 240 s, the whole call within the 600 s limit.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
