@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <functional>
 #include <optional>
 #include <sstream>
@@ -109,12 +110,20 @@ struct Options {
   std::string json;
 };
 
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
+int64_t parse_int(const std::string& flag, const std::string& v, int64_t min,
+                  int64_t max = std::numeric_limits<int64_t>::max()) {
   int64_t x = 0;
   auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || end != v.data() + v.size() || x < min)
-    throw UsageError("--" + flag + ": expected an integer >= " + std::to_string(min) + ", got '" + v + "'");
+  if (ec != std::errc() || end != v.data() + v.size() || x < min || x > max)
+    throw UsageError("--" + flag + ": expected an integer >= " + std::to_string(min) +
+                     (max < std::numeric_limits<int64_t>::max() ? " and <= " + std::to_string(max) : "") + ", got '" +
+                     v + "'");
   return x;
+}
+
+// A count held in an int (iterations, seeds, SMs): refused past int's range rather than wrapped.
+int parse_count(const std::string& flag, const std::string& v, int min) {
+  return int(parse_int(flag, v, min, std::numeric_limits<int>::max()));
 }
 
 template <class V>
@@ -185,14 +194,14 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
                                                                  {precision_name(Precision::fp8), Precision::fp8}});
     else if (name == "fp8-weights")
       o.fp8_per_call = parse_choice<bool>(name, take(), {{"given", false}, {"per-call", true}});
-    else if (name == "iters") o.iters = int(parse_int(name, take(), 1));
-    else if (name == "warmup") o.warmup = int(parse_int(name, take(), 0));
-    else if (name == "seeds") o.seeds = int(parse_int(name, take(), 1));
+    else if (name == "iters") o.iters = parse_count(name, take(), 1);
+    else if (name == "warmup") o.warmup = parse_count(name, take(), 0);
+    else if (name == "seeds") o.seeds = parse_count(name, take(), 1);
     else if (name == "graph") o.graph = flag_only();
     else if (name == "json") o.json = take();
     else if (name == "bwd-overlap") {
       o.bwd_overlap = take();
-      if (o.bwd_overlap != "off" && o.bwd_overlap != "auto") parse_int(name, o.bwd_overlap, 0);
+      if (o.bwd_overlap != "off" && o.bwd_overlap != "auto") parse_count(name, o.bwd_overlap, 0);
     }
   }
   if (o.grid && (!o.config.empty() || o.T || o.d || o.n || o.E || o.K))
@@ -641,7 +650,7 @@ int run_bench(const Options& o, const std::string& command) {
 #ifdef LEANMOE_WITH_CUDA
   cuda::BackwardOverlap overlap;
   overlap.overlapped = o.bwd_overlap != "off";
-  if (overlap.overlapped && o.bwd_overlap != "auto") overlap.side_sms = int(parse_int("bwd-overlap", o.bwd_overlap, 0));
+  if (overlap.overlapped && o.bwd_overlap != "auto") overlap.side_sms = parse_count("bwd-overlap", o.bwd_overlap, 0);
   cuda::set_backward_overlap(overlap);
 #endif
   if (o.bwd_overlap != "auto" && dev != Device::cuda)
