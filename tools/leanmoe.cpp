@@ -94,7 +94,7 @@ struct UsageError : std::runtime_error {
 };
 
 struct Options {
-  std::string config;
+  std::optional<std::string> config;
   std::optional<int64_t> T, d, n, E, K;
   bool grid = false;
   std::string device = "auto";
@@ -204,7 +204,7 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
       if (o.bwd_overlap != "off" && o.bwd_overlap != "auto") parse_count(name, o.bwd_overlap, 0);
     }
   }
-  if (o.grid && (!o.config.empty() || o.T || o.d || o.n || o.E || o.K))
+  if (o.grid && (o.config || o.T || o.d || o.n || o.E || o.K))
     throw UsageError("--grid runs every grid row: it takes no --config or shape flags");
   return o;
 }
@@ -222,9 +222,9 @@ bool has_shape_flags(const Options& o) { return o.T || o.d || o.n || o.E || o.K;
 // A named shape (or the device's default), then single dimensions from the flags on top.
 BenchShape chosen_shape(const Options& o, Device dev) {
   BenchShape s = dev == Device::cuda ? tools::gpu_default_shape() : tools::cpu_default_shape();
-  if (!o.config.empty()) {
-    const BenchShape* named = tools::find_shape(o.config);
-    if (!named) throw UsageError("unknown config '" + o.config + "'; valid: " + tools::shape_names());
+  if (o.config) {
+    const BenchShape* named = tools::find_shape(*o.config);
+    if (!named) throw UsageError("unknown config '" + *o.config + "'; valid: " + tools::shape_names());
     s = *named;
   }
   if (has_shape_flags(o)) s.name = s.name + "+custom";
@@ -848,7 +848,10 @@ int main(int argc, char** argv) {
       std::printf("\nnamed configs: %s\n", tools::shape_names().c_str());
       return 0;
     }
-    if (cmd == "version" || cmd == "--version") return run_version();
+    if (cmd == "version" || cmd == "--version") {
+      if (!args.empty()) throw UsageError("unexpected argument '" + args[0] + "' for 'leanmoe version'");
+      return run_version();
+    }
     if (cmd == "bench") return run_bench(parse_options(cmd, args), command);
     if (cmd == "check") return run_check(parse_options(cmd, args));
     throw UsageError("unknown subcommand '" + cmd + "' (expected bench, check or version)");
