@@ -1,5 +1,5 @@
 // leanmoe_bench_gemms: times each of the six expert grouped GEMMs (src/cuda/expert_gemms.h) on
-// its own, on named BENCHMARKS.md shapes, so a kernel change can be judged GEMM by GEMM (the
+// its own, on the named shapes of tools/configs.cpp, so a kernel change can be judged GEMM by GEMM (the
 // layer benchmark `leanmoe bench` only sees forward and backward totals). Routing is uniform
 // random top-K (each token picks K distinct experts), rows sorted by expert as the backend does;
 // inputs are filled on the device with a hash (no host copy of multi-GB weights).

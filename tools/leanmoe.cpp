@@ -53,7 +53,7 @@ shape (bench and check):
   --T N --d N --n N --E N --K N
                              set or override single dimensions
 bench options:
-  --grid                     every row of the BENCHMARKS.md grid (a GPU workload)
+  --grid                     every named config but cpu-default: the benchmark grid (a GPU workload)
   --device auto|cpu|cuda     auto: cuda when a GPU backend is present, else cpu (default auto)
   --dtype bf16|f32           storage dtype (default bf16 on cuda and with --precision fp8, else f32)
   --router topk_then_softmax|softmax_then_topk   (default softmax_then_topk)
@@ -300,7 +300,7 @@ struct BenchResult {
   bool graph_timed() const { return fwd_graph_ms > 0 && bwd_graph_ms > 0; }
   double fwd_graph_tflops() const { return forward_flops(cfg, shape.T) / (fwd_graph_ms * 1e9); }
   double bwd_graph_tflops() const { return backward_flops(cfg, shape.T) / (bwd_graph_ms * 1e9); }
-  // Activation memory of one layer, counted like the anchor's peak (BENCHMARKS.md): the saved state
+  // Activation memory of one layer, counted like the anchor's peak (bench/README.md): the saved state
   // and out stay live from forward to backward; one workspace at a time (forward's and backward's
   // are never live together); dx joins during backward. Weights, x and dO are there "before".
   size_t activation_bytes() const {
