@@ -581,10 +581,9 @@ void print_bench_row(const BenchResult& r, Device dev, bool graph) {
   std::fflush(stdout);
 }
 
-void write_json(const std::string& path, const std::string& command, Device dev, DType dt, int warmup, int iters,
-                bool graph, const std::vector<BenchResult>& results) {
-  std::ofstream f(path);
-  if (!f) throw Error("--json: cannot open '" + path + "' for writing");
+// f: the --json file, opened before the benchmark ran.
+void write_json(std::ofstream& f, const std::string& path, const std::string& command, Device dev, DType dt,
+                int warmup, int iters, bool graph, const std::vector<BenchResult>& results) {
   f.precision(10);
   f << "{\n \"tool\": \"leanmoe " LEANMOE_VERSION "\",\n \"command\": " << json_string(command)
     << ",\n \"device\": " << json_string(device_name(dev))
@@ -655,6 +654,11 @@ int run_bench(const Options& o, const std::string& command) {
 #endif
   if (o.bwd_overlap != "auto" && dev != Device::cuda)
     std::fprintf(stderr, "leanmoe bench: --bwd-overlap ignored on %s (a cuda backward schedule)\n", device_name(dev));
+  std::ofstream json;  // opened now: a path that cannot be written fails before the benchmark, not after it
+  if (!o.json.empty()) {
+    json.open(o.json);
+    if (!json) throw Error("--json: cannot open '" + o.json + "' for writing");
+  }
 
   std::printf("# leanmoe bench: %s, %s, %s, router %s%s, routing %s", device_name(dev),
               backend_description(dev).c_str(), dtype_name(dt), router_convention_name(o.layer.router),
@@ -690,7 +694,7 @@ int run_bench(const Options& o, const std::string& command) {
     }
   }
   if (!o.json.empty()) {
-    write_json(o.json, command, dev, dt, warmup, iters, graph, results);
+    write_json(json, o.json, command, dev, dt, warmup, iters, graph, results);
     std::fprintf(stderr, "wrote %s\n", o.json.c_str());
   }
   std::fprintf(stderr, "bench done in %.1f s (set-up, warm-up and repeats)\n",
