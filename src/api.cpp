@@ -85,7 +85,8 @@ const char* expert_weight_name(ExpertWeight w) {
 
 Tensor Tensor::contiguous(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape,
                           int device_index) {
-  if (shape.size() > size_t(kMaxDims)) throw Error("Tensor::contiguous: at most 4 dims");
+  if (shape.size() > size_t(kMaxDims))
+    throw Error("Tensor::contiguous: argument 'shape': at most 4 dims, got " + std::to_string(shape.size()));
   Tensor t;
   t.data = data;
   t.dtype = dtype;
@@ -94,6 +95,8 @@ Tensor Tensor::contiguous(void* data, DType dtype, Device device, std::initializ
   t.ndim = int(shape.size());
   int i = 0;
   for (int64_t s : shape) t.shape[i++] = s;
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t s) { return s < 0; }))
+    throw Error("Tensor::contiguous: argument 'shape': every dimension must be >= 0, got " + t.shape_str());
   int64_t st = 1;
   for (int k = t.ndim - 1; k >= 0; --k) {
     t.stride[k] = st;

@@ -371,3 +371,16 @@ TEST(BadInput, BackwardSavedMustMatchDevice) {
   a.mem.saved().x.device = Device::cuda;
   expect_error([&] { a.bwd(); }, {"argument 'saved.x'", "same device as d_out"});
 }
+
+// A view's shape: at most kMaxDims dims, none negative (a negative one gave a negative numel and,
+// through Buffer::view, a refusal of 2^64-ish bytes), each refusal naming 'shape'.
+TEST(BadInput, ContiguousShapeRules) {
+  float f = 0;
+  expect_error([&] { Tensor::contiguous(&f, DType::f32, Device::cpu, {1, 1, 1, 1, 1}); },
+               {"argument 'shape'", "at most 4 dims", "got 5"});
+  expect_error([&] { Tensor::contiguous(&f, DType::f32, Device::cpu, {-1, 2}); },
+               {"argument 'shape'", "must be >= 0", "[-1, 2]"});
+  Buffer b(Device::cpu, 16);
+  expect_error([&] { b.view(DType::f32, {4, -1}); }, {"argument 'shape'", "must be >= 0", "[4, -1]"});
+  EXPECT_EQ(Tensor::contiguous(nullptr, DType::f32, Device::cpu, {0, 3}).numel(), 0);
+}
