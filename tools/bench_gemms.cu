@@ -264,8 +264,8 @@ int main(int argc, char** argv) {
       else if (flag == "--gemms") only = split_commas(v);
       else if (flag == "--layout") layouts = parse_layouts(v);
       else if (flag == "--precision") precisions = parse_precisions(v);
-      else if (flag == "--iters") iters = int(leanmoe::tools::to_int(flag, v));
-      else if (flag == "--warmup") warmup = int(leanmoe::tools::to_int(flag, v));
+      else if (flag == "--iters") iters = leanmoe::tools::to_count(flag, v);
+      else if (flag == "--warmup") warmup = leanmoe::tools::to_count(flag, v);
       else throw std::runtime_error("unknown flag " + flag + " (see --help)");
     }
     for (const auto& name : only) lc::parse_gemm_kind(name);  // refuses an unknown name, listing the known

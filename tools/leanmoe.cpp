@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <limits>
 #include <functional>
 #include <optional>
 #include <sstream>
@@ -110,20 +109,20 @@ struct Options {
   std::string json;
 };
 
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min,
-                  int64_t max = std::numeric_limits<int64_t>::max()) {
-  int64_t x = 0;
-  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || end != v.data() + v.size() || x < min || x > max)
-    throw UsageError("--" + flag + ": expected an integer >= " + std::to_string(min) +
-                     (max < std::numeric_limits<int64_t>::max() ? " and <= " + std::to_string(max) : "") + ", got '" +
-                     v + "'");
-  return x;
+// tools::to_int / to_count for the flag --name, their refusal a usage error (exit 2).
+template <class Parse>
+auto usage_checked(Parse parse) -> decltype(parse()) {
+  try {
+    return parse();
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
 }
-
-// A count held in an int (iterations, seeds, SMs): refused past int's range rather than wrapped.
-int parse_count(const std::string& flag, const std::string& v, int min) {
-  return int(parse_int(flag, v, min, std::numeric_limits<int>::max()));
+int64_t parse_int(const std::string& name, const std::string& v, int64_t min) {
+  return usage_checked([&] { return tools::to_int("--" + name, v, min); });
+}
+int parse_count(const std::string& name, const std::string& v, int min) {
+  return usage_checked([&] { return tools::to_count("--" + name, v, min); });
 }
 
 template <class V>
