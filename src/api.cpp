@@ -174,8 +174,9 @@ int64_t max_routed_rows(const MoEConfig& cfg, int64_t T) {
   return std::min(bound, T * cfg.E);
 }
 
-double forward_flops(const MoEConfig& c, int64_t T) { return 6.0 * double(T) * c.K * c.d * c.n; }
-double backward_flops(const MoEConfig& c, int64_t T) { return 12.0 * double(T) * c.K * c.d * c.n; }
+// Up-projection 2*T*K*d*W, down-projection 2*T*K*d*n; backward runs each twice (data and weight gradients).
+double forward_flops(const MoEConfig& c, int64_t T) { return 2.0 * double(T) * c.K * c.d * (up_width(c) + c.n); }
+double backward_flops(const MoEConfig& c, int64_t T) { return 2.0 * forward_flops(c, T); }
 
 // ---------------------------------------------------------------------------------------------
 // Saved-state layout: one buffer, each view 256-byte aligned (the GPU's vector loads want 16).
