@@ -241,6 +241,7 @@ SavedState make_saved_state(const MoEConfig& cfg, int64_t T, DType dtype, Device
                             size_t buffer_bytes, int device_index) {
   detail::validate_config(cfg, "make_saved_state");
   detail::validate_tokens(cfg, T, "make_saved_state");
+  detail::validate_storage(cfg, dtype, "make_saved_state");
   const SavedLayout l = saved_layout(cfg, T, dtype);
   if (buffer == nullptr) throw Error("make_saved_state: argument 'buffer': must not be null");
   if (buffer_bytes < l.total)

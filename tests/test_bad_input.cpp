@@ -384,3 +384,17 @@ TEST(BadInput, ContiguousShapeRules) {
   expect_error([&] { b.view(DType::f32, {4, -1}); }, {"argument 'shape'", "must be >= 0", "[4, -1]"});
   EXPECT_EQ(Tensor::contiguous(nullptr, DType::f32, Device::cpu, {0, 3}).numel(), 0);
 }
+
+// The storage dtype is bf16 or f32, refused by name where the layer is planned (before, plan_layer,
+// make_saved_state and LayerMemory sized an i32 or e4m3 layer and forward refused it later as 'x').
+TEST(BadInput, StorageDtypeRefusedWhenPlanned) {
+  MoEConfig cfg;
+  cfg.d = 8, cfg.n = 4, cfg.E = 3, cfg.K = 2;
+  for (DType dt : {DType::i32, DType::e4m3}) {
+    expect_error([&] { plan_layer(cfg, 4, dt, Device::cpu); }, {"plan_layer", "argument 'dtype'", "bf16 or f32"});
+    expect_error([&] { LayerMemory(cfg, 4, dt, Device::cpu); }, {"argument 'dtype'", "bf16 or f32"});
+    std::vector<char> buf(1 << 16);
+    expect_error([&] { make_saved_state(cfg, 4, dt, Device::cpu, buf.data(), buf.size()); },
+                 {"make_saved_state", "argument 'dtype'", "bf16 or f32", dtype_name(dt)});
+  }
+}
