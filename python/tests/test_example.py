@@ -34,3 +34,19 @@ def test_example_refuses_bad_flags(flags, argument):
                          text=True, timeout=300)
     assert out.returncode == 2, (out.returncode, out.stdout[-500:], out.stderr[-2000:])
     assert f"argument {argument}" in out.stderr and "Traceback" not in out.stderr and "step" not in out.stdout
+
+
+TRAIN_LM = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_lm.py")
+
+
+# train_lm.py --runs fp8 on the CPU preset (fp32, d 64) built the corpus and the model, then died in
+# leanmoe.MoE with a traceback; its flag rules are checked first, like the others (no corpus read).
+@pytest.mark.parametrize("flags, rule", [
+    (["--d", "128", "--n", "128"], "--dtype bfloat16"),
+    (["--dtype", "bfloat16", "--d", "128", "--n", "96"], "--n"),
+])
+def test_train_lm_refuses_fp8_without_its_rules(tmp_path, flags, rule):
+    out = subprocess.run([sys.executable, TRAIN_LM, "--device", "cpu", "--runs", "topk,fp8", "--steps", "2",
+                          "--out", str(tmp_path), *flags], capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "argument --runs: fp8" in out.stderr and rule in out.stderr and "data:" not in out.stdout, out.stderr
