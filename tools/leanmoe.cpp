@@ -102,6 +102,7 @@ struct Options {
   std::optional<bool> fp8_per_call;  // --fp8-weights per-call: no cfg.fp8_weights_given
   bool balanced = false;  // --routing balanced: layer.routing is given, the ids from balanced_routing
   std::optional<int64_t> tile;  // token rounding; bench defaults to MoEConfig's 128, check to 32
+  bool rounding_given = false;  // --rounding (read only with token rounding)
   std::optional<int> iters, warmup;
   bool graph = false;  // bench: CUDA-graph replay timing beside the eager one
   std::string bwd_overlap = "auto";  // bench: off, auto or the SMs left to the side work
@@ -183,9 +184,11 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
           name, take(), {{"topk", {Routing::topk, false}}, {"token-rounding", {Routing::token_rounding, false}},
                          {"given", {Routing::given, false}}, {"balanced", {Routing::given, true}}});
     else if (name == "tile") o.tile = o.layer.tile = parse_int(name, take(), 1);
-    else if (name == "rounding")
+    else if (name == "rounding") {
       o.layer.rounding_mode = parse_choice<RoundingMode>(name, take(), {{"nearest", RoundingMode::nearest}, {"up", RoundingMode::up},
                                                           {"down", RoundingMode::down}});
+      o.rounding_given = true;
+    }
     else if (name == "layout")
       o.layer.transposed = parse_choice<bool>(name, take(), {{"hf", false}, {"transposed", true}});
     else if (name == "precision")
@@ -639,6 +642,11 @@ int run_bench(const Options& o, const std::string& command) {
   const int warmup = o.warmup.value_or(dev == Device::cuda ? 3 : 1);
   const int iters = o.iters.value_or(dev == Device::cuda ? 20 : 5);
   if (o.fp8_per_call && !fp8) std::fprintf(stderr, "leanmoe bench: --fp8-weights ignored without --precision fp8\n");
+  if (o.rounding_given && o.layer.routing != Routing::token_rounding)
+    std::fprintf(stderr, "leanmoe bench: --rounding ignored without --routing token-rounding\n");
+  if (o.layer.norm_topk_prob && o.layer.router == RouterConvention::topk_then_softmax)
+    std::fprintf(stderr, "leanmoe bench: --norm-topk-prob ignored with --router topk_then_softmax (its gates are "
+                         "already renormalised)\n");
   std::vector<BenchShape> shapes = o.grid ? tools::grid_shapes() : std::vector<BenchShape>{chosen_shape(o, dev)};
   if (o.balanced && !o.grid) require_balanced_routing(shapes[0], o.layer.tile);  // before any output: exit 2
   if (!o.grid) require_layer(shaped(o.layer, shapes[0]), shapes[0].T, dt, dev);
