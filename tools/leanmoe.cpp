@@ -52,7 +52,8 @@ shape (bench and check):
   --T N --d N --n N --E N --K N
                              set or override single dimensions
 bench options:
-  --grid                     every named config but cpu-default: the benchmark grid (a GPU workload)
+  --grid                     every named config but cpu-default: the benchmark grid (a GPU workload;
+                             on a CPU only with --device cpu)
   --device auto|cpu|cuda     auto: cuda when a GPU backend is present, else cpu (default auto)
   --dtype bf16|f32           storage dtype (default bf16 on cuda and with --precision fp8, else f32)
   --router topk_then_softmax|softmax_then_topk   (default softmax_then_topk)
@@ -637,6 +638,11 @@ void write_json(std::ofstream& f, const std::string& path, const std::string& co
 
 int run_bench(const Options& o, const std::string& command) {
   const Device dev = resolve_device(o.device);
+  // The grid's largest row in f32 holds over 30 GB (sparse-T32k-d4096-n512-E512: weights and their
+  // gradients 26 GB) and its rows take minutes per iteration on a CPU: run there only when asked for.
+  if (o.grid && dev == Device::cpu && o.device == "auto")
+    throw UsageError("--grid: no GPU here, and the grid is a GPU workload (hours and over 30 GB on a CPU); "
+                     "--device cpu runs it anyway");
   const bool fp8 = o.layer.precision == Precision::fp8;
   const DType dt = default_dtype(o, dev);
   const int warmup = o.warmup.value_or(dev == Device::cuda ? 3 : 1);
