@@ -317,6 +317,25 @@ TEST(ExpertParallel, RejectsExpertsNotDivisibleByRanks) {
   EXPECT_THROW(run_ep(pb, 4), Error);
 }
 
+// A communicator whose rank() is outside [0, size()) (a caller's own Communicator with a bug) is
+// refused by name: rank 5 of 2 took the expert slice [10, 15) of E = 4 without a word.
+TEST(ExpertParallel, RejectsRankOutsideSize) {
+  struct BadRank : ep::Communicator {
+    int rank() const override { return 5; }
+    int size() const override { return 2; }
+    Device device() const override { return Device::cpu; }
+    Stream stream() const override { return nullptr; }
+    void synchronize() override {}
+    void all_to_all_v(const void*, const int64_t*, const int64_t*, void*, const int64_t*, const int64_t*,
+                      size_t) override {}
+    void all_reduce_sum(float*, int64_t) override {}
+  } comm;
+  MoEConfig cfg;
+  cfg.d = 8, cfg.n = 4, cfg.E = 4, cfg.K = 2;
+  expect_error([&] { ep::ExpertParallelLayer(cfg, comm); },
+               {"ExpertParallelLayer", "argument 'comm'", "rank", "got 5"});
+}
+
 TEST(ExpertParallel, RejectsRouterLosses) {
   Problem pb = make_problem(4, 2, {3, 3}, 7);
   pb.cfg.aux_loss_coef = 0.01f;
