@@ -20,6 +20,7 @@ import leanmoe.hf
 from leanmoe.optim import expert_parameters
 from train_common import MoEOptimizers, peak_memory_gib, reset_peak_memory
 
+MODES = ("standard", "in_backward")
 SHAPES = {
     "tiny": dict(vocab_size=512, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=4, num_experts=8, num_experts_per_tok=2),
@@ -75,22 +76,33 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--shape", default="tiny", choices=sorted(SHAPES))
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"], help="default: cpu fp32, cuda bf16")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="default: bf16 on cuda and with --precision fp8, else fp32")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--aux-coef", type=float, default=0.01)
-    p.add_argument("--modes", default="standard,in_backward")
+    p.add_argument("--modes", default="standard,in_backward", help="comma-separated, of: " + ", ".join(MODES))
     p.add_argument("--grad-ckpt", action="store_true", help="HF gradient checkpointing (activations recomputed per block)")
     p.add_argument("--precision", default="storage", choices=["storage", "fp8"],
                    help="fp8: the expert GEMMs in blockwise FP8 (needs bfloat16; d, n multiples of 128)")
     args = p.parse_args()
-    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" else "float32"))
+    for k in ("steps", "batch", "seq"):
+        if getattr(args, k) <= 0:
+            p.error(f"argument --{k}: must be > 0, got {getattr(args, k)}")
+    args.modes = args.modes.split(",")
+    if not args.modes or any(m not in MODES for m in args.modes):
+        p.error(f"argument --modes: comma-separated, of: {', '.join(MODES)}; got '{','.join(args.modes)}'")
+    if args.device == "cuda" and not leanmoe.cuda_available():
+        p.error("argument --device: cuda: leanmoe was built without its CUDA backend or sees no GPU")
+    if args.dtype == "float32" and (args.device == "cuda" or args.precision == "fp8"):
+        p.error("argument --dtype: float32 needs --device cpu and --precision storage (bf16 storage otherwise)")
+    dtype = getattr(torch, args.dtype or ("bfloat16" if args.device == "cuda" or args.precision == "fp8" else "float32"))
     print(f"leanmoe {leanmoe.__version__}, torch {torch.__version__}, device {args.device}, shape {args.shape}, "
           f"dtype {dtype}, precision {args.precision}, batch {args.batch} x {args.seq}", flush=True)
     results = {}
-    for mode in args.modes.split(","):
+    for mode in args.modes:
         model = build(args.shape, dtype, args.device, seed=0, grad_ckpt=args.grad_ckpt, precision=args.precision)
         n_exp = sum(p.numel() for p in expert_parameters(model))
         n_all = sum(p.numel() for p in model.parameters())
@@ -102,7 +114,7 @@ def main():
         gc.collect()
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    if len(results) == 2:
+    if len(results) == len(MODES):
         (ls, rs), (li, ri) = results["standard"], results["in_backward"]
         print(f"final loss standard {ls:.4f} vs in-backward {li:.4f}; speed ratio {ri / rs:.2f}x", flush=True)
 

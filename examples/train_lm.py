@@ -985,6 +985,9 @@ def parse_args(argv=None):
     for r in args.runs:
         if r not in RUNS:
             raise SystemExit(f"train_lm: argument --runs: unknown run '{r}'; valid: {', '.join(RUNS)}")
+    if "fp8" in args.runs and (args.dtype_name != "bfloat16" or args.d % 128 or args.n % 128):
+        raise SystemExit(f"train_lm: argument --runs: fp8 needs --dtype bfloat16 and --d, --n multiples of 128 "
+                         f"(1x128 scale tiles), got {args.dtype_name}, d {args.d}, n {args.n}")
     if args.check_inbackward and "in-backward" not in args.runs:
         raise SystemExit("train_lm: argument --check-inbackward: needs the in-backward run in --runs")
     for k in ("layers", "d", "heads", "n", "experts", "topk", "vocab", "seq", "batch", "tile", "val_tokens", "steps",

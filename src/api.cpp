@@ -85,7 +85,8 @@ const char* expert_weight_name(ExpertWeight w) {
 
 Tensor Tensor::contiguous(void* data, DType dtype, Device device, std::initializer_list<int64_t> shape,
                           int device_index) {
-  if (shape.size() > size_t(kMaxDims)) throw Error("Tensor::contiguous: at most 4 dims");
+  if (shape.size() > size_t(kMaxDims))
+    throw Error("Tensor::contiguous: argument 'shape': at most 4 dims, got " + std::to_string(shape.size()));
   Tensor t;
   t.data = data;
   t.dtype = dtype;
@@ -94,6 +95,8 @@ Tensor Tensor::contiguous(void* data, DType dtype, Device device, std::initializ
   t.ndim = int(shape.size());
   int i = 0;
   for (int64_t s : shape) t.shape[i++] = s;
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t s) { return s < 0; }))
+    throw Error("Tensor::contiguous: argument 'shape': every dimension must be >= 0, got " + t.shape_str());
   int64_t st = 1;
   for (int k = t.ndim - 1; k >= 0; --k) {
     t.stride[k] = st;
@@ -171,8 +174,9 @@ int64_t max_routed_rows(const MoEConfig& cfg, int64_t T) {
   return std::min(bound, T * cfg.E);
 }
 
-double forward_flops(const MoEConfig& c, int64_t T) { return 6.0 * double(T) * c.K * c.d * c.n; }
-double backward_flops(const MoEConfig& c, int64_t T) { return 12.0 * double(T) * c.K * c.d * c.n; }
+// Up-projection 2*T*K*d*W, down-projection 2*T*K*d*n; backward runs each twice (data and weight gradients).
+double forward_flops(const MoEConfig& c, int64_t T) { return 2.0 * double(T) * c.K * c.d * (up_width(c) + c.n); }
+double backward_flops(const MoEConfig& c, int64_t T) { return 2.0 * forward_flops(c, T); }
 
 // ---------------------------------------------------------------------------------------------
 // Saved-state layout: one buffer, each view 256-byte aligned (the GPU's vector loads want 16).
@@ -237,6 +241,7 @@ SavedState make_saved_state(const MoEConfig& cfg, int64_t T, DType dtype, Device
                             size_t buffer_bytes, int device_index) {
   detail::validate_config(cfg, "make_saved_state");
   detail::validate_tokens(cfg, T, "make_saved_state");
+  detail::validate_storage(cfg, dtype, "make_saved_state");
   const SavedLayout l = saved_layout(cfg, T, dtype);
   if (buffer == nullptr) throw Error("make_saved_state: argument 'buffer': must not be null");
   if (buffer_bytes < l.total)

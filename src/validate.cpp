@@ -410,6 +410,8 @@ void validate_fp8_weights(const MoEConfig& cfg, const MoEWeights& w, const Tenso
 }
 
 void validate_storage(const MoEConfig& cfg, DType dtype, const char* fn) {
+  if (dtype != DType::bf16 && dtype != DType::f32)
+    fail(fn, "dtype", "must be a storage dtype, bf16 or f32", dtype_name(dtype));
   if (cfg.precision == Precision::fp8 && dtype != DType::bf16)
     fail(fn, "cfg", "cfg.precision = fp8 needs bf16 storage (operands are quantized from bf16 values)",
          std::string("storage dtype ") + dtype_name(dtype));

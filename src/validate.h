@@ -6,7 +6,7 @@
 namespace leanmoe::detail {
 
 void validate_config(const MoEConfig& cfg, const char* fn);
-// The storage dtype cfg needs (bf16 for cfg.precision = fp8).
+// The storage dtype: bf16 or f32 (bf16 for cfg.precision = fp8).
 void validate_storage(const MoEConfig& cfg, DType dtype, const char* fn);
 // w.fp8 (cfg.fp8_weights_given: all eight codes and scales of cfg.E experts, else none) on ref's
 // device; experts_name is cfg.E's letter in messages (the EP layer's local experts: "E/P").

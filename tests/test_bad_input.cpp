@@ -371,3 +371,30 @@ TEST(BadInput, BackwardSavedMustMatchDevice) {
   a.mem.saved().x.device = Device::cuda;
   expect_error([&] { a.bwd(); }, {"argument 'saved.x'", "same device as d_out"});
 }
+
+// A view's shape: at most kMaxDims dims, none negative (a negative one gave a negative numel and,
+// through Buffer::view, a refusal of 2^64-ish bytes), each refusal naming 'shape'.
+TEST(BadInput, ContiguousShapeRules) {
+  float f = 0;
+  expect_error([&] { Tensor::contiguous(&f, DType::f32, Device::cpu, {1, 1, 1, 1, 1}); },
+               {"argument 'shape'", "at most 4 dims", "got 5"});
+  expect_error([&] { Tensor::contiguous(&f, DType::f32, Device::cpu, {-1, 2}); },
+               {"argument 'shape'", "must be >= 0", "[-1, 2]"});
+  Buffer b(Device::cpu, 16);
+  expect_error([&] { b.view(DType::f32, {4, -1}); }, {"argument 'shape'", "must be >= 0", "[4, -1]"});
+  EXPECT_EQ(Tensor::contiguous(nullptr, DType::f32, Device::cpu, {0, 3}).numel(), 0);
+}
+
+// The storage dtype is bf16 or f32, refused by name where the layer is planned (before, plan_layer,
+// make_saved_state and LayerMemory sized an i32 or e4m3 layer and forward refused it later as 'x').
+TEST(BadInput, StorageDtypeRefusedWhenPlanned) {
+  MoEConfig cfg;
+  cfg.d = 8, cfg.n = 4, cfg.E = 3, cfg.K = 2;
+  for (DType dt : {DType::i32, DType::e4m3}) {
+    expect_error([&] { plan_layer(cfg, 4, dt, Device::cpu); }, {"plan_layer", "argument 'dtype'", "bf16 or f32"});
+    expect_error([&] { LayerMemory(cfg, 4, dt, Device::cpu); }, {"argument 'dtype'", "bf16 or f32"});
+    std::vector<char> buf(1 << 16);
+    expect_error([&] { make_saved_state(cfg, 4, dt, Device::cpu, buf.data(), buf.size()); },
+                 {"make_saved_state", "argument 'dtype'", "bf16 or f32", dtype_name(dt)});
+  }
+}

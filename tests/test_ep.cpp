@@ -317,6 +317,35 @@ TEST(ExpertParallel, RejectsExpertsNotDivisibleByRanks) {
   EXPECT_THROW(run_ep(pb, 4), Error);
 }
 
+// A communicator that only answers rank(), size() and device(), its collectives doing nothing: for the
+// constructor's refusals, which come before any communication.
+class StubCommunicator final : public ep::Communicator {
+ public:
+  StubCommunicator(int rank, int size, Device device) : rank_(rank), size_(size), device_(device) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Device device() const override { return device_; }
+  Stream stream() const override { return nullptr; }
+  void synchronize() override {}
+  void all_to_all_v(const void*, const int64_t*, const int64_t*, void*, const int64_t*, const int64_t*,
+                    size_t) override {}
+  void all_reduce_sum(float*, int64_t) override {}
+
+ private:
+  int rank_, size_;
+  Device device_;
+};
+
+// A communicator whose rank() is outside [0, size()) (a caller's own Communicator with a bug) is
+// refused by name: rank 5 of 2 took the expert slice [10, 15) of E = 4 without a word.
+TEST(ExpertParallel, RejectsRankOutsideSize) {
+  StubCommunicator comm(5, 2, Device::cpu);
+  MoEConfig cfg;
+  cfg.d = 8, cfg.n = 4, cfg.E = 4, cfg.K = 2;
+  expect_error([&] { ep::ExpertParallelLayer(cfg, comm); },
+               {"ExpertParallelLayer", "argument 'comm'", "rank", "got 5"});
+}
+
 TEST(ExpertParallel, RejectsRouterLosses) {
   Problem pb = make_problem(4, 2, {3, 3}, 7);
   pb.cfg.aux_loss_coef = 0.01f;
@@ -411,20 +440,8 @@ TEST(ExpertParallel, Fp8Rules) {
 
 // A one-rank communicator that says its tensors live on the GPU; the constructor refuses FP8
 // before it looks for the CUDA backend, so this runs in any build.
-class CudaLookalike final : public ep::Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  Device device() const override { return Device::cuda; }
-  Stream stream() const override { return nullptr; }
-  void synchronize() override {}
-  void all_to_all_v(const void*, const int64_t*, const int64_t*, void*, const int64_t*, const int64_t*,
-                    size_t) override {}
-  void all_reduce_sum(float*, int64_t) override {}
-};
-
 TEST(ExpertParallel, Fp8RefusedOnCuda) {
-  CudaLookalike comm;
+  StubCommunicator comm(0, 1, Device::cuda);
   expect_error([&] { ep::ExpertParallelLayer layer(fp8_problem(4, 2, {3}, 7).cfg, comm); },
                {"ExpertParallelLayer: argument 'cfg'", "FP8 in the EP layer runs on CPU ranks only: its CUDA path is "
                                                        "untested"});

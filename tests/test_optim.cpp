@@ -8,6 +8,7 @@
 #include <sstream>
 #include <vector>
 
+#include "expect_error.h"
 #include "leanmoe/optim.h"
 
 using namespace leanmoe;
@@ -512,4 +513,30 @@ TEST(Optim, Bf16MomentsSaveLoadAndRules) {
   expect_moments_error([&] { o.register_tensor("m", view(wa, {4, 8}), true, DType::bf16); }, "master");
   expect_moments_error([&] { o.register_tensor("i", view(wa, {4, 8}), false, DType::i32); }, "f32 or bf16");
   EXPECT_FALSE(o.has_tensor("m"));
+}
+
+// The rule's hyper-parameters follow torch's rules, refused by name when the optimizer is made (and by
+// update_tensor): lr, eps, weight decay and momentum >= 0, betas in [0, 1), Nesterov with momentum.
+// Before, AdamW{.lr = -1} was taken by the constructor although set_lr(-1) is refused, and a beta1 of
+// 1.5 made the bias correction negative.
+TEST(Optim, RuleHyperParametersRefusedByName) {
+  struct Bad {
+    Rule rule;
+    const char* name;
+  };
+  const Bad bad[] = {{AdamW{.lr = -1.f}, "lr"},         {AdamW{.beta1 = 1.5f}, "beta1"},
+                     {AdamW{.beta2 = 1.f}, "beta2"},     {AdamW{.eps = -1e-8f}, "eps"},
+                     {AdamW{.weight_decay = -0.1f}, "weight_decay"}, {AdamW{.lr = NAN}, "lr"},
+                     {SGD{.momentum = -0.9f}, "momentum"}, {SGD{.lr = 1e-2f, .momentum = 0.f, .nesterov = true}, "nesterov"},
+                     {SGD{.weight_decay = -1.f}, "weight_decay"}};
+  std::vector<float> p(8, 0.5f), g(8, 0.1f);
+  const Tensor param = Tensor::contiguous(p.data(), DType::f32, Device::cpu, {2, 4});
+  const Tensor grad = Tensor::contiguous(g.data(), DType::f32, Device::cpu, {2, 4});
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.name);
+    const std::string arg = std::string("argument 'rule.") + b.name + "'";
+    expect_error([&] { ExpertOptimizer{b.rule}; }, {"ExpertOptimizer", arg.c_str()});
+    expect_error([&] { update_tensor(b.rule, 1, param, grad, UpdateState{}); }, {"update_tensor", arg.c_str()});
+  }
+  ExpertOptimizer ok{SGD{.lr = 0.f, .momentum = 0.f}};  // lr 0 and momentum 0 are valid
 }

@@ -3,11 +3,13 @@
 // every step, for AdamW with and without fp32 master weights, SGD, and fp32 storage.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <sstream>
 #include <vector>
 
+#include "expect_error.h"
 #include "leanmoe/optim.h"
 
 using namespace leanmoe;
@@ -262,5 +264,23 @@ TEST(OptimStack, LoadRejectsOtherShapes) {
     ADD_FAILURE();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("layers.1"), std::string::npos) << e.what();
+  }
+}
+
+// A stack runs each layer's own router, so a layer with routing given is refused when the stack is
+// made (it failed at the first forward, pointing to forward_routed, which a stack user cannot call);
+// so is a negative or NaN router clipping norm (a negative one silently turned clipping off).
+TEST(OptimStack, RefusesRoutingGivenAndNegativeClipNorm) {
+  MoEConfig c;
+  c.d = 8, c.n = 4, c.E = 3, c.K = 2;
+  MoEConfig given = c;
+  given.routing = Routing::given;
+  expect_error([&] { MoEStack({c, given}, 4, DType::f32, Device::cpu, StackOptions{}, 1); },
+               {"MoEStack", "argument 'layers'", "layer 1", "routing given"});
+  for (float norm : {-1.f, NAN}) {
+    StackOptions o;
+    o.dense_max_grad_norm = norm;
+    expect_error([&] { MoEStack({c}, 4, DType::f32, Device::cpu, o, 1); },
+                 {"MoEStack", "argument 'opt.dense_max_grad_norm'", ">= 0"});
   }
 }

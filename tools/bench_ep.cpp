@@ -103,7 +103,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--ranks") {
       o.ranks.clear();
       std::stringstream list(value());
-      for (std::string item; std::getline(list, item, ',');) o.ranks.push_back(int(to_int(a, item)));
+      for (std::string item; std::getline(list, item, ',');) o.ranks.push_back(tools::to_count(a, item));
       if (o.ranks.empty()) throw Error("argument '--ranks': needs at least one rank count");
     } else if (a == "--config") o.config = value();
     else if (a == "--T") o.T = to_int(a, value());
@@ -112,8 +112,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--E") o.E = to_int(a, value());
     else if (a == "--K") o.K = to_int(a, value());
     else if (a == "--tokens-per-rank") o.tokens_per_rank = to_int(a, value());
-    else if (a == "--iters") o.iters = int(to_int(a, value()));
-    else if (a == "--warmup") o.warmup = int(to_int(a, value(), 0));
+    else if (a == "--iters") o.iters = tools::to_count(a, value());
+    else if (a == "--warmup") o.warmup = tools::to_count(a, value(), 0);
     else if (a == "--device") o.device = tools::device_flag(value());
     else if (a == "--out") o.out = value();
     else if (a == "--commit") o.commit = value();

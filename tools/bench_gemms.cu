@@ -1,5 +1,5 @@
 // leanmoe_bench_gemms: times each of the six expert grouped GEMMs (src/cuda/expert_gemms.h) on
-// its own, on named BENCHMARKS.md shapes, so a kernel change can be judged GEMM by GEMM (the
+// its own, on the named shapes of tools/configs.cpp, so a kernel change can be judged GEMM by GEMM (the
 // layer benchmark `leanmoe bench` only sees forward and backward totals). Routing is uniform
 // random top-K (each token picks K distinct experts), rows sorted by expert as the backend does;
 // inputs are filled on the device with a hash (no host copy of multi-GB weights).
@@ -264,8 +264,8 @@ int main(int argc, char** argv) {
       else if (flag == "--gemms") only = split_commas(v);
       else if (flag == "--layout") layouts = parse_layouts(v);
       else if (flag == "--precision") precisions = parse_precisions(v);
-      else if (flag == "--iters") iters = int(leanmoe::tools::to_int(flag, v));
-      else if (flag == "--warmup") warmup = int(leanmoe::tools::to_int(flag, v));
+      else if (flag == "--iters") iters = leanmoe::tools::to_count(flag, v);
+      else if (flag == "--warmup") warmup = leanmoe::tools::to_count(flag, v);
       else throw std::runtime_error("unknown flag " + flag + " (see --help)");
     }
     for (const auto& name : only) lc::parse_gemm_kind(name);  // refuses an unknown name, listing the known

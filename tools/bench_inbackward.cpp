@@ -85,9 +85,9 @@ Options parse(int argc, char** argv) {
       if (v != "adamw" && v != "sgd") throw Error("argument '--rule': must be adamw or sgd, got '" + v + "'");
       o.sgd = v == "sgd";
     } else if (a == "--master") o.master = true;
-    else if (a == "--steps") o.steps = int(to_int(a, value()));
-    else if (a == "--warmup") o.warmup = int(to_int(a, value()));
-    else if (a == "--update-reps") o.update_reps = int(to_int(a, value()));
+    else if (a == "--steps") o.steps = tools::to_count(a, value());
+    else if (a == "--warmup") o.warmup = tools::to_count(a, value());
+    else if (a == "--update-reps") o.update_reps = tools::to_count(a, value());
     else if (a == "--out") o.out = value();
     else if (a == "--commit") o.commit = value();
     else throw Error("unknown argument '" + a + "' (see --help)");

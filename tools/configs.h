@@ -1,4 +1,4 @@
-// Named layer shapes for `leanmoe bench`: the grid of BENCHMARKS.md (SonicMoE's plus real models)
+// Named layer shapes for `leanmoe bench`: the benchmark grid (SonicMoE's shapes plus real models)
 // and the two defaults (one sized for a 2-core CPU, one for a GPU).
 #pragma once
 #include <cstdint>
@@ -13,7 +13,7 @@ struct BenchShape {
   int64_t T, d, n, E, K;
 };
 
-// The 16 rows of BENCHMARKS.md, in its order, then four high-sparsity rows (token rounding's case).
+// The grid: 16 rows (SonicMoE's shapes, then real models), then four high-sparsity rows (token rounding's case).
 const std::vector<BenchShape>& grid_shapes();
 
 // Forward+backward of the whole CPU bench (warm-up and repeats included) fits in a minute on 2 cores.

@@ -52,7 +52,8 @@ shape (bench and check):
   --T N --d N --n N --E N --K N
                              set or override single dimensions
 bench options:
-  --grid                     every row of the BENCHMARKS.md grid (a GPU workload)
+  --grid                     every named config but cpu-default: the benchmark grid (a GPU workload;
+                             on a CPU only with --device cpu)
   --device auto|cpu|cuda     auto: cuda when a GPU backend is present, else cpu (default auto)
   --dtype bf16|f32           storage dtype (default bf16 on cuda and with --precision fp8, else f32)
   --router topk_then_softmax|softmax_then_topk   (default softmax_then_topk)
@@ -93,7 +94,7 @@ struct UsageError : std::runtime_error {
 };
 
 struct Options {
-  std::string config;
+  std::optional<std::string> config;
   std::optional<int64_t> T, d, n, E, K;
   bool grid = false;
   std::string device = "auto";
@@ -102,6 +103,7 @@ struct Options {
   std::optional<bool> fp8_per_call;  // --fp8-weights per-call: no cfg.fp8_weights_given
   bool balanced = false;  // --routing balanced: layer.routing is given, the ids from balanced_routing
   std::optional<int64_t> tile;  // token rounding; bench defaults to MoEConfig's 128, check to 32
+  bool rounding_given = false;  // --rounding (read only with token rounding)
   std::optional<int> iters, warmup;
   bool graph = false;  // bench: CUDA-graph replay timing beside the eager one
   std::string bwd_overlap = "auto";  // bench: off, auto or the SMs left to the side work
@@ -109,12 +111,20 @@ struct Options {
   std::string json;
 };
 
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
-  int64_t x = 0;
-  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || end != v.data() + v.size() || x < min)
-    throw UsageError("--" + flag + ": expected an integer >= " + std::to_string(min) + ", got '" + v + "'");
-  return x;
+// tools::to_int / to_count for the flag --name, their refusal a usage error (exit 2).
+template <class Parse>
+auto usage_checked(Parse parse) -> decltype(parse()) {
+  try {
+    return parse();
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+}
+int64_t parse_int(const std::string& name, const std::string& v, int64_t min) {
+  return usage_checked([&] { return tools::to_int("--" + name, v, min); });
+}
+int parse_count(const std::string& name, const std::string& v, int min) {
+  return usage_checked([&] { return tools::to_count("--" + name, v, min); });
 }
 
 template <class V>
@@ -175,9 +185,11 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
           name, take(), {{"topk", {Routing::topk, false}}, {"token-rounding", {Routing::token_rounding, false}},
                          {"given", {Routing::given, false}}, {"balanced", {Routing::given, true}}});
     else if (name == "tile") o.tile = o.layer.tile = parse_int(name, take(), 1);
-    else if (name == "rounding")
+    else if (name == "rounding") {
       o.layer.rounding_mode = parse_choice<RoundingMode>(name, take(), {{"nearest", RoundingMode::nearest}, {"up", RoundingMode::up},
                                                           {"down", RoundingMode::down}});
+      o.rounding_given = true;
+    }
     else if (name == "layout")
       o.layer.transposed = parse_choice<bool>(name, take(), {{"hf", false}, {"transposed", true}});
     else if (name == "precision")
@@ -185,17 +197,17 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
                                                                  {precision_name(Precision::fp8), Precision::fp8}});
     else if (name == "fp8-weights")
       o.fp8_per_call = parse_choice<bool>(name, take(), {{"given", false}, {"per-call", true}});
-    else if (name == "iters") o.iters = int(parse_int(name, take(), 1));
-    else if (name == "warmup") o.warmup = int(parse_int(name, take(), 0));
-    else if (name == "seeds") o.seeds = int(parse_int(name, take(), 1));
+    else if (name == "iters") o.iters = parse_count(name, take(), 1);
+    else if (name == "warmup") o.warmup = parse_count(name, take(), 0);
+    else if (name == "seeds") o.seeds = parse_count(name, take(), 1);
     else if (name == "graph") o.graph = flag_only();
     else if (name == "json") o.json = take();
     else if (name == "bwd-overlap") {
       o.bwd_overlap = take();
-      if (o.bwd_overlap != "off" && o.bwd_overlap != "auto") parse_int(name, o.bwd_overlap, 0);
+      if (o.bwd_overlap != "off" && o.bwd_overlap != "auto") parse_count(name, o.bwd_overlap, 0);
     }
   }
-  if (o.grid && (!o.config.empty() || o.T || o.d || o.n || o.E || o.K))
+  if (o.grid && (o.config || o.T || o.d || o.n || o.E || o.K))
     throw UsageError("--grid runs every grid row: it takes no --config or shape flags");
   return o;
 }
@@ -213,9 +225,9 @@ bool has_shape_flags(const Options& o) { return o.T || o.d || o.n || o.E || o.K;
 // A named shape (or the device's default), then single dimensions from the flags on top.
 BenchShape chosen_shape(const Options& o, Device dev) {
   BenchShape s = dev == Device::cuda ? tools::gpu_default_shape() : tools::cpu_default_shape();
-  if (!o.config.empty()) {
-    const BenchShape* named = tools::find_shape(o.config);
-    if (!named) throw UsageError("unknown config '" + o.config + "'; valid: " + tools::shape_names());
+  if (o.config) {
+    const BenchShape* named = tools::find_shape(*o.config);
+    if (!named) throw UsageError("unknown config '" + *o.config + "'; valid: " + tools::shape_names());
     s = *named;
   }
   if (has_shape_flags(o)) s.name = s.name + "+custom";
@@ -291,7 +303,7 @@ struct BenchResult {
   bool graph_timed() const { return fwd_graph_ms > 0 && bwd_graph_ms > 0; }
   double fwd_graph_tflops() const { return forward_flops(cfg, shape.T) / (fwd_graph_ms * 1e9); }
   double bwd_graph_tflops() const { return backward_flops(cfg, shape.T) / (bwd_graph_ms * 1e9); }
-  // Activation memory of one layer, counted like the anchor's peak (BENCHMARKS.md): the saved state
+  // Activation memory of one layer, counted like the anchor's peak (bench/README.md): the saved state
   // and out stay live from forward to backward; one workspace at a time (forward's and backward's
   // are never live together); dx joins during backward. Weights, x and dO are there "before".
   size_t activation_bytes() const {
@@ -572,10 +584,9 @@ void print_bench_row(const BenchResult& r, Device dev, bool graph) {
   std::fflush(stdout);
 }
 
-void write_json(const std::string& path, const std::string& command, Device dev, DType dt, int warmup, int iters,
-                bool graph, const std::vector<BenchResult>& results) {
-  std::ofstream f(path);
-  if (!f) throw Error("--json: cannot open '" + path + "' for writing");
+// f: the --json file, opened before the benchmark ran.
+void write_json(std::ofstream& f, const std::string& path, const std::string& command, Device dev, DType dt,
+                int warmup, int iters, bool graph, const std::vector<BenchResult>& results) {
   f.precision(10);
   f << "{\n \"tool\": \"leanmoe " LEANMOE_VERSION "\",\n \"command\": " << json_string(command)
     << ",\n \"device\": " << json_string(device_name(dev))
@@ -627,11 +638,21 @@ void write_json(const std::string& path, const std::string& command, Device dev,
 
 int run_bench(const Options& o, const std::string& command) {
   const Device dev = resolve_device(o.device);
+  // The grid's largest row in f32 holds over 30 GB (sparse-T32k-d4096-n512-E512: weights and their
+  // gradients 26 GB) and its rows take minutes per iteration on a CPU: run there only when asked for.
+  if (o.grid && dev == Device::cpu && o.device == "auto")
+    throw UsageError("--grid: no GPU here, and the grid is a GPU workload (hours and over 30 GB on a CPU); "
+                     "--device cpu runs it anyway");
   const bool fp8 = o.layer.precision == Precision::fp8;
   const DType dt = default_dtype(o, dev);
   const int warmup = o.warmup.value_or(dev == Device::cuda ? 3 : 1);
   const int iters = o.iters.value_or(dev == Device::cuda ? 20 : 5);
   if (o.fp8_per_call && !fp8) std::fprintf(stderr, "leanmoe bench: --fp8-weights ignored without --precision fp8\n");
+  if (o.rounding_given && o.layer.routing != Routing::token_rounding)
+    std::fprintf(stderr, "leanmoe bench: --rounding ignored without --routing token-rounding\n");
+  if (o.layer.norm_topk_prob && o.layer.router == RouterConvention::topk_then_softmax)
+    std::fprintf(stderr, "leanmoe bench: --norm-topk-prob ignored with --router topk_then_softmax (its gates are "
+                         "already renormalised)\n");
   std::vector<BenchShape> shapes = o.grid ? tools::grid_shapes() : std::vector<BenchShape>{chosen_shape(o, dev)};
   if (o.balanced && !o.grid) require_balanced_routing(shapes[0], o.layer.tile);  // before any output: exit 2
   if (!o.grid) require_layer(shaped(o.layer, shapes[0]), shapes[0].T, dt, dev);
@@ -641,11 +662,16 @@ int run_bench(const Options& o, const std::string& command) {
 #ifdef LEANMOE_WITH_CUDA
   cuda::BackwardOverlap overlap;
   overlap.overlapped = o.bwd_overlap != "off";
-  if (overlap.overlapped && o.bwd_overlap != "auto") overlap.side_sms = int(parse_int("bwd-overlap", o.bwd_overlap, 0));
+  if (overlap.overlapped && o.bwd_overlap != "auto") overlap.side_sms = parse_count("bwd-overlap", o.bwd_overlap, 0);
   cuda::set_backward_overlap(overlap);
 #endif
   if (o.bwd_overlap != "auto" && dev != Device::cuda)
     std::fprintf(stderr, "leanmoe bench: --bwd-overlap ignored on %s (a cuda backward schedule)\n", device_name(dev));
+  std::ofstream json;  // opened now: a path that cannot be written fails before the benchmark, not after it
+  if (!o.json.empty()) {
+    json.open(o.json);
+    if (!json) throw Error("--json: cannot open '" + o.json + "' for writing");
+  }
 
   std::printf("# leanmoe bench: %s, %s, %s, router %s%s, routing %s", device_name(dev),
               backend_description(dev).c_str(), dtype_name(dt), router_convention_name(o.layer.router),
@@ -681,7 +707,7 @@ int run_bench(const Options& o, const std::string& command) {
     }
   }
   if (!o.json.empty()) {
-    write_json(o.json, command, dev, dt, warmup, iters, graph, results);
+    write_json(json, o.json, command, dev, dt, warmup, iters, graph, results);
     std::fprintf(stderr, "wrote %s\n", o.json.c_str());
   }
   std::fprintf(stderr, "bench done in %.1f s (set-up, warm-up and repeats)\n",
@@ -839,7 +865,10 @@ int main(int argc, char** argv) {
       std::printf("\nnamed configs: %s\n", tools::shape_names().c_str());
       return 0;
     }
-    if (cmd == "version" || cmd == "--version") return run_version();
+    if (cmd == "version" || cmd == "--version") {
+      if (!args.empty()) throw UsageError("unexpected argument '" + args[0] + "' for 'leanmoe version'");
+      return run_version();
+    }
     if (cmd == "bench") return run_bench(parse_options(cmd, args), command);
     if (cmd == "check") return run_check(parse_options(cmd, args));
     throw UsageError("unknown subcommand '" + cmd + "' (expected bench, check or version)");

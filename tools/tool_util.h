@@ -7,6 +7,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,13 +16,21 @@
 
 namespace leanmoe::tools {
 
-// The value of `flag` as an integer >= min, or leanmoe::Error naming the flag and the rule.
-inline int64_t to_int(const std::string& flag, const std::string& v, int64_t min = 1) {
+// The value of `flag` as an integer in [min, max], or leanmoe::Error naming the flag and the rule.
+inline int64_t to_int(const std::string& flag, const std::string& v, int64_t min = 1,
+                      int64_t max = std::numeric_limits<int64_t>::max()) {
   int64_t x = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
-  if (ec != std::errc() || p != v.data() + v.size() || x < min)
-    throw Error("argument '" + flag + "': must be an integer >= " + std::to_string(min) + ", got '" + v + "'");
+  if (ec != std::errc() || p != v.data() + v.size() || x < min || x > max)
+    throw Error("argument '" + flag + "': must be an integer >= " + std::to_string(min) +
+                (max < std::numeric_limits<int64_t>::max() ? " and <= " + std::to_string(max) : "") + ", got '" + v +
+                "'");
   return x;
+}
+
+// A count held in an int (steps, iterations, seeds, ranks, SMs): refused past int's range, not wrapped.
+inline int to_count(const std::string& flag, const std::string& v, int min = 1) {
+  return int(to_int(flag, v, min, std::numeric_limits<int>::max()));
 }
 
 // The value after argv[i] (advancing i), or leanmoe::Error naming the flag.

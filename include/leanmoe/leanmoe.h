@@ -155,7 +155,8 @@ int64_t max_routed_rows(const MoEConfig& cfg, int64_t T);
 // or softmax_then_topk with norm_topk_prob) rather than p itself.
 bool gates_renormalised(const MoEConfig& cfg);
 
-// Expert FLOPs of one layer (docs/SPEC.md §1): forward 6*T*K*d*n, backward 12*T*K*d*n.
+// Expert FLOPs of one layer (docs/SPEC.md §1): forward 2*T*K*d*(up_width(cfg) + n), backward twice
+// that: 6*T*K*d*n and 12*T*K*d*n for gated experts, 4 and 8 for plain ones.
 double forward_flops(const MoEConfig& cfg, int64_t T);
 double backward_flops(const MoEConfig& cfg, int64_t T);
 

@@ -193,10 +193,7 @@ class CpuBackend final : public Backend {
   void copy(void* dst, const void* src, size_t bytes, CopyKind) override { std::memcpy(dst, src, bytes); }
   void synchronize() override {}
 
-  std::string unsupported_reason(const MoEConfig&, DType dtype) const override {
-    if (dtype != DType::bf16 && dtype != DType::f32) return "storage dtype must be bf16 or f32";
-    return "";
-  }
+  std::string unsupported_reason(const MoEConfig&, DType) const override { return ""; }  // any valid storage
   bool supports_expert_biases() const override { return true; }
 
   size_t forward_workspace_bytes(const MoEConfig& c, int64_t T, DType dtype) const override {

@@ -147,6 +147,8 @@ ExpertParallelLayer::ExpertParallelLayer(const MoEConfig& cfg, Communicator& com
     : s_(std::make_unique<State>(cfg, comm)) {
   const int P = comm.size();
   EP_REQUIRE(P >= 1, "ExpertParallelLayer: argument 'comm': size must be >= 1, got " + std::to_string(P));
+  EP_REQUIRE(comm.rank() >= 0 && comm.rank() < P, "ExpertParallelLayer: argument 'comm': rank must be in [0, size = " +
+                                                      std::to_string(P) + "), got " + std::to_string(comm.rank()));
   // The single-device rules (d, n, E, K, tile; FP8: d and n multiples of 128), then the EP ones.
   ::leanmoe::detail::validate_config(cfg, "ExpertParallelLayer");
   EP_REQUIRE(cfg.E % P == 0, "ExpertParallelLayer: argument 'cfg': E (" + std::to_string(cfg.E) +

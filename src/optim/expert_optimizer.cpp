@@ -98,7 +98,31 @@ struct ExpertOptimizer::Slot {
   DType dtype(StateKind k) const { return k == StateKind::master ? DType::f32 : moments; }
 };
 
-ExpertOptimizer::ExpertOptimizer(Rule rule) : rule_(rule) {}
+namespace {
+// torch's rules for the hyper-parameters (NaN fails every comparison, so it is refused too).
+void check_rule(const std::string& fn, const Rule& rule) {
+  auto need = [&](bool ok, const char* name, const char* must, float got) {
+    if (!ok)
+      throw Error(fn + "argument 'rule." + name + "': must be " + must + ", got " + std::to_string(got));
+  };
+  if (const auto* a = std::get_if<AdamW>(&rule)) {
+    need(a->lr >= 0.f, "lr", ">= 0", a->lr);
+    need(a->beta1 >= 0.f && a->beta1 < 1.f, "beta1", "in [0, 1)", a->beta1);
+    need(a->beta2 >= 0.f && a->beta2 < 1.f, "beta2", "in [0, 1)", a->beta2);
+    need(a->eps >= 0.f, "eps", ">= 0", a->eps);
+    need(a->weight_decay >= 0.f, "weight_decay", ">= 0", a->weight_decay);
+  } else {
+    const SGD& g = std::get<SGD>(rule);
+    need(g.lr >= 0.f, "lr", ">= 0", g.lr);
+    need(g.momentum >= 0.f, "momentum", ">= 0", g.momentum);
+    need(g.weight_decay >= 0.f, "weight_decay", ">= 0", g.weight_decay);
+    need(!g.nesterov || g.momentum > 0.f, "nesterov", "false when momentum is 0 (Nesterov needs a momentum)",
+         g.momentum);
+  }
+}
+}  // namespace
+
+ExpertOptimizer::ExpertOptimizer(Rule rule) : rule_(rule) { check_rule("ExpertOptimizer: ", rule_); }
 ExpertOptimizer::~ExpertOptimizer() = default;
 ExpertOptimizer::ExpertOptimizer(ExpertOptimizer&&) noexcept = default;
 ExpertOptimizer& ExpertOptimizer::operator=(ExpertOptimizer&&) noexcept = default;
@@ -268,6 +292,7 @@ void ExpertOptimizer::step(const std::string& name, const Tensor& grad, float gr
 void update_tensor(const Rule& rule, int64_t t, const Tensor& param, const Tensor& grad, const UpdateState& state,
                    const Fp8Copy& fp8, float grad_scale, Stream stream) {
   const std::string fn = "optim::update_tensor: ";
+  check_rule(fn, rule);
   if (param.data == nullptr || param.numel() <= 0 || (param.dtype != DType::bf16 && param.dtype != DType::f32) ||
       !param.is_contiguous())
     throw Error(fn + "argument 'param': must be a non-empty contiguous bf16 or f32 tensor, got " + param.describe());

@@ -201,9 +201,11 @@ MoEStack::MoEStack(std::vector<MoEConfig> cfgs, int64_t T, DType dtype, Device d
                   "mode = standard");
     throw Error(std::string(fn) + ": argument 'opt.accumulate_gradients': not implemented by MoEStack yet");
   }
-  if (dtype != DType::bf16 && dtype != DType::f32)
-    throw Error(std::string(fn) + ": argument 'dtype': must be bf16 or f32, got " + dtype_name(dtype));
-  for (const MoEConfig& c : cfgs) {
+  if (!(opt.dense_max_grad_norm >= 0.f))
+    throw Error(std::string(fn) + ": argument 'opt.dense_max_grad_norm': must be >= 0 (0 = no clipping), got " +
+                std::to_string(opt.dense_max_grad_norm));
+  for (size_t l = 0; l < cfgs.size(); ++l) {
+    const MoEConfig& c = cfgs[l];
     // Before any allocation: a bad E or n would otherwise size the weight buffers first
     // (std::length_error or a huge allocation instead of a leanmoe::Error).
     ::leanmoe::detail::validate_config(c, fn);
@@ -212,6 +214,9 @@ MoEStack::MoEStack(std::vector<MoEConfig> cfgs, int64_t T, DType dtype, Device d
     if (c.d != cfgs[0].d)
       throw Error(std::string(fn) + ": argument 'layers': every layer must share d = " + std::to_string(cfgs[0].d) +
                   ", got d = " + std::to_string(c.d));
+    if (c.routing == Routing::given)
+      throw Error(std::string(fn) + ": argument 'layers': layer " + std::to_string(l) +
+                  " has routing given; the stack runs each layer's own router (topk or token_rounding)");
   }
   Impl& m = *impl_;
   m.T = T;
