@@ -8,7 +8,9 @@ Two backward paths:
   with ``in_backward=True`` and require grad (a frozen one is never updated), backward updates each
   expert weight inside the C++ backward, the moment its gradient is complete, and the expert
   gradients never reach ``.grad``. A backward that accumulates no gradient into them
-  (``torch.autograd.grad(loss, x)``, ``backward(inputs=[x])``) runs the standard one instead.
+  (``torch.autograd.grad(loss, x)``, ``backward(inputs=[x])``) runs the standard one instead, and
+  so does a call whose expert weights torch's DistributedDataParallel synchronises (their gradients
+  must be averaged across ranks before any update; a warning says so once).
 Neither has a second derivative: a gradient taken with ``create_graph=True`` raises when it is
 differentiated again (``_once_differentiable``).
 
@@ -205,25 +207,39 @@ def _in_backward_optimizer_of_call(params, used):
     if optimizer is None:
         return None
     if used[0] is not params[0]:
-        _warn_autocast_in_backward()
+        _warn_once("leanmoe: torch.autocast casts the expert weights to another dtype for the layer, so their "
+                   "in-backward updates cannot run in place: their gradients go to .grad and ExpertAdamW.step() "
+                   "applies them (the standard path, same update). For in-backward updates keep the expert "
+                   "weights in the autocast dtype (bfloat16, with ExpertAdamW(..., master_weights=True)).")
+        return None
+    if _synced_by_ddp(params):
+        _warn_once("leanmoe: the expert weights are synchronised by torch DistributedDataParallel, which averages "
+                   "their gradients across ranks after backward: an in-backward update would step each rank with "
+                   "its own gradient and the ranks would diverge. Their gradients go to .grad (averaged) and "
+                   "ExpertAdamW.step() applies them (the standard path, same update).")
         return None
     optimizer._check_not_updated(*params, "forward")
     optimizer._check_no_stale_grad(*params)
     return optimizer
 
 
-_warned_autocast_in_backward = False
+_warned = set()
 
 
-def _warn_autocast_in_backward():
-    global _warned_autocast_in_backward
-    if not _warned_autocast_in_backward:
-        _warned_autocast_in_backward = True
-        warnings.warn("leanmoe: torch.autocast casts the expert weights to another dtype for the layer, so their "
-                      "in-backward updates cannot run in place: their gradients go to .grad and ExpertAdamW.step() "
-                      "applies them (the standard path, same update). For in-backward updates keep the expert "
-                      "weights in the autocast dtype (bfloat16, with ExpertAdamW(..., master_weights=True)).",
-                      stacklevel=4)
+def _warn_once(message):
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, stacklevel=4)  # the caller of moe() / moe_routed()
+
+
+def _synced_by_ddp(params):
+    """Whether this call runs inside the forward of a DistributedDataParallel that all-reduces the
+    gradient of one of `params` (not excluded through _ddp_params_and_buffers_to_ignore)."""
+    ddp = torch.nn.parallel.DistributedDataParallel._active_ddp_module if torch.distributed.is_available() else None
+    if ddp is None:
+        return False
+    ignored = {id(p) for name, p in ddp.module.named_parameters() if name in ddp.parameters_to_ignore}
+    return any(id(p) not in ignored for p in params)
 
 
 def _updates_asked_for(experts):

@@ -9,6 +9,8 @@ each layer):
   gradient is complete (down_proj after the last read of W2, then gate_up_proj after the last read
   of W1); the gradient is dropped at once and never lands in ``.grad``. ``step()`` ends the training
   step (and updates, the standard way, any expert tensor that did receive a ``.grad``).
+  Under torch DistributedDataParallel (expert gradients averaged across ranks after backward) the
+  layers take the standard path: the gradients reach ``.grad`` and ``step()`` applies them.
 - in_backward=False: standard; ``step()`` updates every expert tensor from its ``.grad``.
 
 Both modes run the same update (by default torch's fused AdamW kernel, one tensor at a time, what
