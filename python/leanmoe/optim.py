@@ -287,8 +287,21 @@ class ExpertAdamW(torch.optim.Optimizer):
         self._after_in_backward_update(gate_up_proj, down_proj, fp8_weights)
         return result
 
+    @property
+    def _step_supports_amp_scaling(self):
+        # torch.amp.GradScaler then hands step() its scale (self.grad_scale) instead of unscaling
+        # .grad itself: how an in-backward optimizer learns that loss scaling is on, to refuse it.
+        return self.in_backward
+
     @torch.no_grad()
     def step(self, closure=None):
+        if self.in_backward and getattr(self, "grad_scale", None) is not None:
+            del self.grad_scale, self.found_inf  # GradScaler removes them only after a step that returns
+            raise RuntimeError(
+                "leanmoe.optim.ExpertAdamW(in_backward=True): torch.amp.GradScaler cannot be honored: the expert "
+                "weights were updated inside backward from the scaled gradients, before GradScaler could unscale "
+                "them or skip a step with inf/nan ones. Use ExpertAdamW(..., in_backward=False) with GradScaler, "
+                "or no loss scaling (bfloat16 needs none).")
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -328,3 +328,26 @@ def test_update_leanmoe_tracks_torch_fused_adamw(device):
         torch.testing.assert_close(p, q, rtol=2 ** -7, atol=2 ** -7 * q.abs().max().item(), msg=name)
         equal = (p == q).float().mean().item()
         assert 0.98 < equal, f"{name}: {equal:.4f} of the weights bitwise equal to torch's"
+
+
+def test_grad_scaler_with_in_backward_updates_is_refused_by_name():
+    """torch.amp.GradScaler unscales .grad and skips a step with inf/nan before optimizer.step(): an
+    in-backward update has already run on the scaled gradient by then. Refused at scaler.step() by
+    name (not GradScaler's bare 'No inf checks were recorded'); the standard mode is honored."""
+    for in_backward in (False, True):
+        torch.manual_seed(0)
+        m = leanmoe.MoE(32, 16, 4, 2)
+        opt = ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, in_backward=in_backward)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+        x = torch.randn(8, 32)
+        x[0, 0] = float("inf")  # an overflow: GradScaler must skip this step
+        before = [p.detach().clone() for p in (m.gate_up_proj, m.down_proj)]
+        scaler.scale(m(x).output.square().sum()).backward()
+        if not in_backward:
+            scaler.step(opt)
+            scaler.update()
+            assert all(torch.equal(b, p) for b, p in zip(before, (m.gate_up_proj, m.down_proj)))
+            continue
+        with pytest.raises(RuntimeError, match="GradScaler.*in_backward=False"):
+            scaler.step(opt)
+        opt.release()
