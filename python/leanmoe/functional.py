@@ -18,6 +18,7 @@ Under ``torch.autocast`` the layer follows autocast as ``F.linear`` does: x and 
 to the autocast dtype (bfloat16; float32 is a no-op) for the call, the output has that dtype.
 """
 import warnings
+import weakref
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -232,14 +233,19 @@ def _warn_once(message):
         warnings.warn(message, stacklevel=4)  # the caller of moe() / moe_routed()
 
 
+_DDP_SYNCED = weakref.WeakKeyDictionary()  # DistributedDataParallel -> ids of the parameters it all-reduces
+
+
 def _synced_by_ddp(params):
     """Whether this call runs inside the forward of a DistributedDataParallel that all-reduces the
-    gradient of one of `params` (not excluded through _ddp_params_and_buffers_to_ignore)."""
+    gradient of one of `params` (one of its module's, not in _ddp_params_and_buffers_to_ignore)."""
     ddp = torch.nn.parallel.DistributedDataParallel._active_ddp_module if torch.distributed.is_available() else None
     if ddp is None:
         return False
-    ignored = {id(p) for name, p in ddp.module.named_parameters() if name in ddp.parameters_to_ignore}
-    return any(id(p) not in ignored for p in params)
+    if ddp not in _DDP_SYNCED:  # once per DDP (its parameters are fixed at construction): not per call
+        _DDP_SYNCED[ddp] = frozenset(id(p) for name, p in ddp.module.named_parameters()
+                                     if name not in ddp.parameters_to_ignore)
+    return any(id(p) in _DDP_SYNCED[ddp] for p in params)
 
 
 def _updates_asked_for(experts):

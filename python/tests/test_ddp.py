@@ -31,6 +31,8 @@ def _worker(rank, port, result_dir, in_backward, find_unused, no_sync):
     try:
         torch.manual_seed(0)  # the same initial weights on every rank
         net = torch.nn.ModuleDict({"inp": torch.nn.Linear(32, 32), "moe": leanmoe.MoE(32, 16, 4, 2)})
+        outside = leanmoe.MoE(32, 16, 4, 2)  # called in the DDP forward, not DDP's: its own in-backward updates
+        outside_opt = ExpertAdamW(expert_parameters(outside), lr=1e-2)
 
         class Net(torch.nn.Module):
             def __init__(self):
@@ -39,7 +41,7 @@ def _worker(rank, port, result_dir, in_backward, find_unused, no_sync):
 
             def forward(self, x):
                 o = self.net["moe"](self.net["inp"](x))
-                return o.output.square().mean() + 0.01 * o.aux_loss
+                return o.output.square().mean() + 0.01 * o.aux_loss + outside(x).output.square().mean()
 
         model = torch.nn.parallel.DistributedDataParallel(Net(), find_unused_parameters=find_unused)
         experts = ExpertAdamW(expert_parameters(model), lr=1e-2, in_backward=in_backward)
@@ -51,7 +53,10 @@ def _worker(rank, port, result_dir, in_backward, find_unused, no_sync):
                 if no_sync:  # two micro-batches, gradients synchronised in the second backward
                     with model.no_sync():
                         model(torch.randn(8, 32, generator=g)).backward()
+                    outside_opt.step()
                 model(torch.randn(8, 32, generator=g)).backward()
+                assert outside.gate_up_proj.grad is None and outside.down_proj.grad is None
+                outside_opt.step()
                 experts.step()
                 dense.step()
                 experts.zero_grad()
