@@ -139,17 +139,22 @@ class ExpertAdamW(torch.optim.Optimizer):
         self.register_load_state_dict_post_hook(_restore_fp32_state)
 
     def add_param_group(self, param_group):
-        super().add_param_group(param_group)
+        super().add_param_group(param_group)  # fills the defaults in, then the group is checked
         group = self.param_groups[-1]
+        try:
+            _check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+            for p in group["params"]:
+                if p.dtype not in (torch.float32, torch.bfloat16):
+                    raise ValueError(f"leanmoe.optim.ExpertAdamW: argument 'params': dtype must be float32 or "
+                                     f"bfloat16, got {p.dtype}")
+        except ValueError:
+            self.param_groups.pop()  # refused: the optimizer stays as it was
+            raise
         if not hasattr(self, "_group_of"):
             self._group_of = {}  # id(parameter) -> index of its param group
         self._group_of.update((id(p), len(self.param_groups) - 1) for p in group["params"])
-        _check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
-        for p in group["params"]:
-            if p.dtype not in (torch.float32, torch.bfloat16):
-                raise ValueError(f"leanmoe.optim.ExpertAdamW: argument 'params': dtype must be float32 or "
-                                 f"bfloat16, got {p.dtype}")
-            if self.in_backward:
+        if self.in_backward:
+            for p in group["params"]:
                 _IN_BACKWARD[p] = weakref.ref(self)  # takes p over from an older optimizer
 
     def release(self):

@@ -351,3 +351,19 @@ def test_grad_scaler_with_in_backward_updates_is_refused_by_name():
         with pytest.raises(RuntimeError, match="GradScaler.*in_backward=False"):
             scaler.step(opt)
         opt.release()
+
+
+@pytest.mark.parametrize("group, arg", [(dict(lr=-1.0), "lr"), (dict(betas=(0.9, 1.5)), "betas"),
+                                        (dict(dtype=torch.float16), "params")])
+def test_a_refused_param_group_is_not_added(group, arg):
+    """add_param_group raising ValueError leaves the optimizer as it was: a caller that catches the
+    error (a notebook, a config retry) must not step the refused tensors with the refused values."""
+    m = leanmoe.MoE(32, 16, 4, 2)
+    opt = ExpertAdamW([m.gate_up_proj], lr=1e-2)
+    p = torch.nn.Parameter(torch.zeros(2, dtype=group.pop("dtype"))) if "dtype" in group else m.down_proj
+    with pytest.raises(ValueError, match=f"argument '{arg}'"):
+        opt.add_param_group({"params": [p], **group})
+    assert len(opt.param_groups) == 1 and [id(q) for q in opt.param_groups[0]["params"]] == [id(m.gate_up_proj)]
+    opt.add_param_group({"params": [m.down_proj]})  # the corrected group is taken
+    m(torch.randn(8, 32)).output.square().sum().backward()  # both in-backward: the layer's hypers must agree
+    opt.release()
