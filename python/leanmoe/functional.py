@@ -260,6 +260,17 @@ def _updates_asked_for(experts):
     return all(accumulated(p) for p in experts)
 
 
+def _check_experts_unmodified(ctx):
+    """The in-backward path keeps the expert weights outside the saved tensors (the optimizer finds
+    them by identity), so it repeats autograd's check that they were not modified in place since
+    the forward (the standard path gets it from save_for_backward), before anything is updated."""
+    for name, p, version in zip(("gate_up_proj", "down_proj"), ctx.experts, ctx.versions):
+        if p._version != version:
+            raise RuntimeError(f"leanmoe: one of the variables needed for gradient computation has been modified by an "
+                               f"inplace operation: the expert weight '{name}' {tuple(p.shape)} is at version "
+                               f"{p._version}; expected version {version} (its value at the forward)")
+
+
 class _InBackwardMoE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, router_weight, gate_up_proj, down_proj, config, optimizer, fp8_weights):
@@ -267,6 +278,7 @@ class _InBackwardMoE(torch.autograd.Function):
         ctx.save_for_backward(x, router_weight, *saved)
         # The parameters themselves (not saved-tensor copies): the optimizer finds its state by identity.
         ctx.experts = (gate_up_proj, down_proj)
+        ctx.versions = (gate_up_proj._version, down_proj._version)
         ctx.config, ctx.optimizer, ctx.fp8_weights = config, optimizer, fp8_weights
         ctx.set_materialize_grads(False)
         token_offsets, expert_offsets, topk_experts = saved[4], saved[5], saved[6]
@@ -276,6 +288,7 @@ class _InBackwardMoE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out, d_losses, *unused):
         x, router_weight, *saved = ctx.saved_tensors
+        _check_experts_unmodified(ctx)
         gate_up_proj, down_proj = ctx.experts
         d_out, d_losses = _incoming_grads(x, d_out, d_losses)
         if not _updates_asked_for(ctx.experts):  # the standard backward, every gradient returned
@@ -350,6 +363,7 @@ class _InBackwardRoutedMoE(torch.autograd.Function):
                                              *expert_fn, fp8_weights)
         ctx.save_for_backward(x, gate_up_bias, down_bias, *saved)
         ctx.experts = (gate_up_proj, down_proj)
+        ctx.versions = (gate_up_proj._version, down_proj._version)
         ctx.expert_fn, ctx.optimizer, ctx.weights_dtype = expert_fn, optimizer, weights.dtype
         ctx.fp8_weights = fp8_weights
         ctx.set_materialize_grads(False)
@@ -358,6 +372,7 @@ class _InBackwardRoutedMoE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out):
         x, gate_up_bias, down_bias, *saved = ctx.saved_tensors
+        _check_experts_unmodified(ctx)
         gate_up_proj, down_proj = ctx.experts
         d_out = torch.zeros_like(x) if d_out is None else d_out.to(x.dtype)
         if not _updates_asked_for(ctx.experts):  # the standard backward, every gradient returned
