@@ -9,8 +9,9 @@ Two backward paths:
   expert weight inside the C++ backward, the moment its gradient is complete, and the expert
   gradients never reach ``.grad``. A backward that accumulates no gradient into them
   (``torch.autograd.grad(loss, x)``, ``backward(inputs=[x])``) runs the standard one instead, and
-  so does a call whose expert weights torch's DistributedDataParallel synchronises (their gradients
-  must be averaged across ranks before any update; a warning says so once).
+  so does a call whose expert weights have a gradient hook (it needs the gradient) or are
+  synchronised by torch's DistributedDataParallel (their gradients must be averaged across ranks
+  before any update); a warning says so once.
 Neither has a second derivative: a gradient taken with ``create_graph=True`` raises when it is
 differentiated again (``_once_differentiable``).
 
@@ -212,6 +213,11 @@ def _in_backward_optimizer_of_call(params, used):
                    "in-backward updates cannot run in place: their gradients go to .grad and ExpertAdamW.step() "
                    "applies them (the standard path, same update). For in-backward updates keep the expert "
                    "weights in the autocast dtype (bfloat16, with ExpertAdamW(..., master_weights=True)).")
+        return None
+    if any(getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None) for p in params):
+        _warn_once("leanmoe: an expert weight has a gradient hook (register_hook or "
+                   "register_post_accumulate_grad_hook), which needs its gradient: the layer's gradients go to "
+                   ".grad and ExpertAdamW.step() applies them (the standard path, same update).")
         return None
     if _synced_by_ddp(params):
         _warn_once("leanmoe: the expert weights are synchronised by torch DistributedDataParallel, which averages "

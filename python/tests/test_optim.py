@@ -1,4 +1,5 @@
 """leanmoe.optim.ExpertAdamW: in-backward expert updates, bitwise equal to the standard path."""
+import contextlib
 import copy
 import io
 
@@ -367,3 +368,31 @@ def test_a_refused_param_group_is_not_added(group, arg):
     opt.add_param_group({"params": [m.down_proj]})  # the corrected group is taken
     m(torch.randn(8, 32)).output.square().sum().backward()  # both in-backward: the layer's hypers must agree
     opt.release()
+
+
+@pytest.mark.parametrize("hook", ["register_hook", "register_post_accumulate_grad_hook"])
+def test_gradient_hooks_on_expert_weights_see_the_gradient(hook, monkeypatch):
+    """A hook on an expert weight (clamping its gradient, logging its norm, torch's optimizer-in-
+    backward pattern) needs the gradient: with one, the layer takes the standard path (a warning says
+    so) instead of updating in backward and calling the hook with None; training equals the
+    standard run bit for bit."""
+    monkeypatch.setattr(leanmoe.functional, "_warned", set())  # warned once per process
+    torch.manual_seed(0)
+    standard = leanmoe.MoE(32, 16, 4, 2)
+    inb = copy.deepcopy(standard)
+    for m, in_backward in ((standard, False), (inb, True)):
+        opt = ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, in_backward=in_backward)
+        seen = []
+        if hook == "register_hook":
+            m.down_proj.register_hook(lambda g: seen.append(g) or g.clamp(-1e-3, 1e-3))
+        else:
+            m.down_proj.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.norm()))
+        for step in range(2):
+            torch.manual_seed(step)
+            with pytest.warns(UserWarning, match="hook") if in_backward and step == 0 else contextlib.nullcontext():
+                m(torch.randn(9, 32)).output.square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        assert len(seen) == 2 and all(g is not None for g in seen)
+        opt.release()
+    assert_bitwise(standard, inb)
