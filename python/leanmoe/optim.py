@@ -294,14 +294,16 @@ class ExpertAdamW(torch.optim.Optimizer):
 
     @property
     def _step_supports_amp_scaling(self):
-        # torch.amp.GradScaler then hands step() its scale (self.grad_scale) instead of unscaling
-        # .grad itself: how an in-backward optimizer learns that loss scaling is on, to refuse it.
+        # torch.amp.GradScaler then sets self.found_inf (and self.grad_scale unless unscale_() ran)
+        # for step() instead of unscaling .grad itself: how an in-backward optimizer learns that
+        # loss scaling is on, to refuse it.
         return self.in_backward
 
     @torch.no_grad()
     def step(self, closure=None):
-        if self.in_backward and getattr(self, "grad_scale", None) is not None:
-            del self.grad_scale, self.found_inf  # GradScaler removes them only after a step that returns
+        if self.in_backward and hasattr(self, "found_inf"):
+            for name in ("grad_scale", "found_inf"):  # GradScaler removes them only after a step that returns
+                self.__dict__.pop(name, None)
             raise RuntimeError(
                 "leanmoe.optim.ExpertAdamW(in_backward=True): torch.amp.GradScaler cannot be honored: the expert "
                 "weights were updated inside backward from the scaled gradients, before GradScaler could unscale "

@@ -334,8 +334,9 @@ def test_update_leanmoe_tracks_torch_fused_adamw(device):
 def test_grad_scaler_with_in_backward_updates_is_refused_by_name():
     """torch.amp.GradScaler unscales .grad and skips a step with inf/nan before optimizer.step(): an
     in-backward update has already run on the scaled gradient by then. Refused at scaler.step() by
-    name (not GradScaler's bare 'No inf checks were recorded'); the standard mode is honored."""
-    for in_backward in (False, True):
+    name (not GradScaler's bare 'No inf checks were recorded'), also after an explicit unscale_()
+    (for clipping); the standard mode is honored."""
+    for in_backward, unscale_first in ((False, False), (False, True), (True, False), (True, True)):
         torch.manual_seed(0)
         m = leanmoe.MoE(32, 16, 4, 2)
         opt = ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, in_backward=in_backward)
@@ -344,6 +345,8 @@ def test_grad_scaler_with_in_backward_updates_is_refused_by_name():
         x[0, 0] = float("inf")  # an overflow: GradScaler must skip this step
         before = [p.detach().clone() for p in (m.gate_up_proj, m.down_proj)]
         scaler.scale(m(x).output.square().sum()).backward()
+        if unscale_first:
+            scaler.unscale_(opt)
         if not in_backward:
             scaler.step(opt)
             scaler.update()
