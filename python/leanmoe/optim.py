@@ -195,6 +195,14 @@ class ExpertAdamW(torch.optim.Optimizer):
             return state
         if state["step"].device != step_device:
             state["step"] = state["step"].to(step_device)
+        if self.master_weights and self._uses_master(p) != ("master" in state):
+            # p's dtype changed since its state was made (model.to(dtype)): a bf16 p gets a master of its
+            # value, an fp32 one is its own (p wins, as after any change outside the optimizer).
+            if self._uses_master(p):
+                state["master"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format)
+                self._wrote(p)
+            else:
+                del state["master"]
         if self._uses_master(p) and "master" in state and self._written.get(p) != (p.data_ptr(), p._version):
             # p changed since this optimizer wrote it (the model's load_state_dict, an edit, a load of this
             # optimizer's state): the master follows p unless p is its rounding, else the next update

@@ -399,3 +399,30 @@ def test_gradient_hooks_on_expert_weights_see_the_gradient(hook, monkeypatch):
         assert len(seen) == 2 and all(g is not None for g in seen)
         opt.release()
     assert_bitwise(standard, inb)
+
+
+@pytest.mark.parametrize("update", ["torch", "leanmoe"])
+def test_master_weights_follow_a_dtype_change_of_the_model(update):
+    """ExpertAdamW(master_weights=True) over fp32 weights, then model.to(torch.bfloat16) (and back):
+    the bf16 weights get a master copy of their current values (before: torch's kernel failed with
+    'expected scalar type BFloat16 but found Float'), fp32 ones drop it; both modes stay bitwise equal."""
+    torch.manual_seed(0)
+    standard = leanmoe.MoE(32, 16, 4, 2)
+    inb = copy.deepcopy(standard)
+    for m, in_backward in ((standard, False), (inb, True)):
+        opt = ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, in_backward=in_backward, master_weights=True,
+                          update=update)
+        for step, dtype in enumerate((torch.float32, torch.float32, torch.bfloat16, torch.bfloat16, torch.float32)):
+            m.to(dtype)
+            torch.manual_seed(step)
+            m(torch.randn(9, 32, dtype=dtype)).output.float().square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+            state = opt.state[m.down_proj]
+            if dtype == torch.bfloat16:
+                assert torch.equal(state["master"].to(dtype), m.down_proj)
+                assert state["exp_avg"].dtype == torch.float32
+            else:
+                assert "master" not in state
+        opt.release()
+    assert_bitwise(standard, inb)
