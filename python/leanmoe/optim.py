@@ -304,19 +304,31 @@ class ExpertAdamW(torch.optim.Optimizer):
     def _step_supports_amp_scaling(self):
         # torch.amp.GradScaler then sets self.found_inf (and self.grad_scale unless unscale_() ran)
         # for step() instead of unscaling .grad itself: how an in-backward optimizer learns that
-        # loss scaling is on, to refuse it.
+        # loss scaling is on, to refuse it after in-backward updates (and honor it otherwise).
         return self.in_backward
 
     @torch.no_grad()
     def step(self, closure=None):
-        if self.in_backward and hasattr(self, "found_inf"):
-            for name in ("grad_scale", "found_inf"):  # GradScaler removes them only after a step that returns
-                self.__dict__.pop(name, None)
-            raise RuntimeError(
-                "leanmoe.optim.ExpertAdamW(in_backward=True): torch.amp.GradScaler cannot be honored: the expert "
-                "weights were updated inside backward from the scaled gradients, before GradScaler could unscale "
-                "them or skip a step with inf/nan ones. Use ExpertAdamW(..., in_backward=False) with GradScaler, "
-                "or no loss scaling (bfloat16 needs none).")
+        found_inf = getattr(self, "found_inf", None)  # set by torch.amp.GradScaler (_step_supports_amp_scaling)
+        if found_inf is not None:
+            if self._updated:
+                for name in ("grad_scale", "found_inf"):  # GradScaler removes them only after a step that returns
+                    self.__dict__.pop(name, None)
+                raise RuntimeError(
+                    "leanmoe.optim.ExpertAdamW(in_backward=True): torch.amp.GradScaler cannot be honored: the expert "
+                    "weights were updated inside backward from the scaled gradients, before GradScaler could "
+                    "unscale them or skip a step with inf/nan ones. Use ExpertAdamW(..., in_backward=False) with "
+                    "GradScaler, or no loss scaling (bfloat16 needs none).")
+            # Only .grad to step (every layer took the standard path): GradScaler's own contract.
+            if bool(found_inf):  # a tensor, or 0 when no tensor had a .grad
+                return None
+            if getattr(self, "grad_scale", None) is not None:  # unscale_() did not run: unscale as it would
+                inv_scale = self.grad_scale.double().reciprocal().float()
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            torch._amp_foreach_non_finite_check_and_unscale_([p.grad], torch.zeros_like(found_inf),
+                                                                            inv_scale.to(p.grad.device))
         loss = None
         if closure is not None:
             with torch.enable_grad():

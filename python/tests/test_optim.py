@@ -426,3 +426,35 @@ def test_master_weights_follow_a_dtype_change_of_the_model(update):
                 assert "master" not in state
         opt.release()
     assert_bitwise(standard, inb)
+
+
+@pytest.mark.filterwarnings("ignore:leanmoe. torch.autocast casts the expert weights")
+def test_grad_scaler_is_honored_when_nothing_was_updated_in_backward(monkeypatch):
+    """An in-backward ExpertAdamW whose layers took the standard path (fp32 weights under bf16
+    autocast here; DistributedDataParallel, gradient hooks) has only .grad to step: GradScaler's
+    unscale and inf/nan skip are honored, bitwise equal to in_backward=False."""
+    monkeypatch.setattr(leanmoe.functional, "_warned", set())
+    torch.manual_seed(0)
+    standard = leanmoe.MoE(32, 16, 4, 2)
+    inb = copy.deepcopy(standard)
+    for m, in_backward in ((standard, False), (inb, True)):
+        opt = ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, in_backward=in_backward)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+        for step in range(4):
+            torch.manual_seed(step)
+            x = torch.randn(9, 32)
+            if step == 1:
+                x[0, 0] = float("inf")  # skipped
+            before = [p.detach().clone() for p in (m.gate_up_proj, m.down_proj)]
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = m(x).output.float().square().sum()
+            scaler.scale(loss).backward()
+            if step == 2:
+                scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            unchanged = all(torch.equal(b, p) for b, p in zip(before, (m.gate_up_proj, m.down_proj)))
+            assert unchanged == (step == 1)
+        opt.release()
+    assert_bitwise(standard, inb)
