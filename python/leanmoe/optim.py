@@ -9,8 +9,10 @@ each layer):
   gradient is complete (down_proj after the last read of W2, then gate_up_proj after the last read
   of W1); the gradient is dropped at once and never lands in ``.grad``. ``step()`` ends the training
   step (and updates, the standard way, any expert tensor that did receive a ``.grad``).
-  Under torch DistributedDataParallel (expert gradients averaged across ranks after backward) the
-  layers take the standard path: the gradients reach ``.grad`` and ``step()`` applies them.
+  Under torch DistributedDataParallel (expert gradients averaged across ranks after backward), or
+  with a gradient hook on an expert weight, the layers take the standard path: the gradients reach
+  ``.grad`` and ``step()`` applies them. torch.amp.GradScaler is refused at ``scaler.step()`` after
+  in-backward updates (they ran on the scaled gradients), honored when there were none.
 - in_backward=False: standard; ``step()`` updates every expert tensor from its ``.grad``.
 
 Both modes run the same update (by default torch's fused AdamW kernel, one tensor at a time, what
