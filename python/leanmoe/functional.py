@@ -8,7 +8,10 @@ Two backward paths:
   with ``in_backward=True`` and require grad (a frozen one is never updated), backward updates each
   expert weight inside the C++ backward, the moment its gradient is complete, and the expert
   gradients never reach ``.grad``. A backward that accumulates no gradient into them
-  (``torch.autograd.grad(loss, x)``, ``backward(inputs=[x])``) runs the standard one instead.
+  (``torch.autograd.grad(loss, x)``, ``backward(inputs=[x])``) runs the standard one instead, and
+  so does a call whose expert weights have a gradient hook (it needs the gradient) or are
+  synchronised by torch's DistributedDataParallel (their gradients must be averaged across ranks
+  before any update); a warning says so once.
 Neither has a second derivative: a gradient taken with ``create_graph=True`` raises when it is
 differentiated again (``_once_differentiable``).
 
@@ -16,6 +19,7 @@ Under ``torch.autocast`` the layer follows autocast as ``F.linear`` does: x and 
 to the autocast dtype (bfloat16; float32 is a no-op) for the call, the output has that dtype.
 """
 import warnings
+import weakref
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -205,25 +209,49 @@ def _in_backward_optimizer_of_call(params, used):
     if optimizer is None:
         return None
     if used[0] is not params[0]:
-        _warn_autocast_in_backward()
+        _warn_once("leanmoe: torch.autocast casts the expert weights to another dtype for the layer, so their "
+                   "in-backward updates cannot run in place: their gradients go to .grad and ExpertAdamW.step() "
+                   "applies them (the standard path, same update). For in-backward updates keep the expert "
+                   "weights in the autocast dtype (bfloat16, with ExpertAdamW(..., master_weights=True)).")
+        return None
+    if any(getattr(p, "_backward_hooks", None) or getattr(p, "_post_accumulate_grad_hooks", None) for p in params):
+        _warn_once("leanmoe: an expert weight has a gradient hook (register_hook or "
+                   "register_post_accumulate_grad_hook), which needs its gradient: the layer's gradients go to "
+                   ".grad and ExpertAdamW.step() applies them (the standard path, same update).")
+        return None
+    if _synced_by_ddp(params):
+        _warn_once("leanmoe: the expert weights are synchronised by torch DistributedDataParallel, which averages "
+                   "their gradients across ranks after backward: an in-backward update would step each rank with "
+                   "its own gradient and the ranks would diverge. Their gradients go to .grad (averaged) and "
+                   "ExpertAdamW.step() applies them (the standard path, same update).")
         return None
     optimizer._check_not_updated(*params, "forward")
     optimizer._check_no_stale_grad(*params)
     return optimizer
 
 
-_warned_autocast_in_backward = False
+_warned = set()
 
 
-def _warn_autocast_in_backward():
-    global _warned_autocast_in_backward
-    if not _warned_autocast_in_backward:
-        _warned_autocast_in_backward = True
-        warnings.warn("leanmoe: torch.autocast casts the expert weights to another dtype for the layer, so their "
-                      "in-backward updates cannot run in place: their gradients go to .grad and ExpertAdamW.step() "
-                      "applies them (the standard path, same update). For in-backward updates keep the expert "
-                      "weights in the autocast dtype (bfloat16, with ExpertAdamW(..., master_weights=True)).",
-                      stacklevel=4)
+def _warn_once(message):
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, stacklevel=4)  # the caller of moe() / moe_routed()
+
+
+_DDP_SYNCED = weakref.WeakKeyDictionary()  # DistributedDataParallel -> ids of the parameters it all-reduces
+
+
+def _synced_by_ddp(params):
+    """Whether this call runs inside the forward of a DistributedDataParallel that all-reduces the
+    gradient of one of `params` (one of its module's, not in _ddp_params_and_buffers_to_ignore)."""
+    ddp = torch.nn.parallel.DistributedDataParallel._active_ddp_module if torch.distributed.is_available() else None
+    if ddp is None:
+        return False
+    if ddp not in _DDP_SYNCED:  # once per DDP (its parameters are fixed at construction): not per call
+        _DDP_SYNCED[ddp] = frozenset(id(p) for name, p in ddp.module.named_parameters()
+                                     if name not in ddp.parameters_to_ignore)
+    return any(id(p) in _DDP_SYNCED[ddp] for p in params)
 
 
 def _updates_asked_for(experts):
@@ -238,6 +266,17 @@ def _updates_asked_for(experts):
     return all(accumulated(p) for p in experts)
 
 
+def _check_experts_unmodified(ctx):
+    """The in-backward path keeps the expert weights outside the saved tensors (the optimizer finds
+    them by identity), so it repeats autograd's check that they were not modified in place since
+    the forward (the standard path gets it from save_for_backward), before anything is updated."""
+    for name, p, version in zip(("gate_up_proj", "down_proj"), ctx.experts, ctx.versions):
+        if p._version != version:
+            raise RuntimeError(f"leanmoe: one of the variables needed for gradient computation has been modified by an "
+                               f"inplace operation: the expert weight '{name}' {tuple(p.shape)} is at version "
+                               f"{p._version}; expected version {version} (its value at the forward)")
+
+
 class _InBackwardMoE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, router_weight, gate_up_proj, down_proj, config, optimizer, fp8_weights):
@@ -245,6 +284,7 @@ class _InBackwardMoE(torch.autograd.Function):
         ctx.save_for_backward(x, router_weight, *saved)
         # The parameters themselves (not saved-tensor copies): the optimizer finds its state by identity.
         ctx.experts = (gate_up_proj, down_proj)
+        ctx.versions = (gate_up_proj._version, down_proj._version)
         ctx.config, ctx.optimizer, ctx.fp8_weights = config, optimizer, fp8_weights
         ctx.set_materialize_grads(False)
         token_offsets, expert_offsets, topk_experts = saved[4], saved[5], saved[6]
@@ -254,6 +294,7 @@ class _InBackwardMoE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out, d_losses, *unused):
         x, router_weight, *saved = ctx.saved_tensors
+        _check_experts_unmodified(ctx)
         gate_up_proj, down_proj = ctx.experts
         d_out, d_losses = _incoming_grads(x, d_out, d_losses)
         if not _updates_asked_for(ctx.experts):  # the standard backward, every gradient returned
@@ -328,6 +369,7 @@ class _InBackwardRoutedMoE(torch.autograd.Function):
                                              *expert_fn, fp8_weights)
         ctx.save_for_backward(x, gate_up_bias, down_bias, *saved)
         ctx.experts = (gate_up_proj, down_proj)
+        ctx.versions = (gate_up_proj._version, down_proj._version)
         ctx.expert_fn, ctx.optimizer, ctx.weights_dtype = expert_fn, optimizer, weights.dtype
         ctx.fp8_weights = fp8_weights
         ctx.set_materialize_grads(False)
@@ -336,6 +378,7 @@ class _InBackwardRoutedMoE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_out):
         x, gate_up_bias, down_bias, *saved = ctx.saved_tensors
+        _check_experts_unmodified(ctx)
         gate_up_proj, down_proj = ctx.experts
         d_out = torch.zeros_like(x) if d_out is None else d_out.to(x.dtype)
         if not _updates_asked_for(ctx.experts):  # the standard backward, every gradient returned

@@ -9,6 +9,10 @@ each layer):
   gradient is complete (down_proj after the last read of W2, then gate_up_proj after the last read
   of W1); the gradient is dropped at once and never lands in ``.grad``. ``step()`` ends the training
   step (and updates, the standard way, any expert tensor that did receive a ``.grad``).
+  Under torch DistributedDataParallel (expert gradients averaged across ranks after backward), or
+  with a gradient hook on an expert weight, the layers take the standard path: the gradients reach
+  ``.grad`` and ``step()`` applies them. torch.amp.GradScaler is refused at ``scaler.step()`` after
+  in-backward updates (they ran on the scaled gradients), honored when there were none.
 - in_backward=False: standard; ``step()`` updates every expert tensor from its ``.grad``.
 
 Both modes run the same update (by default torch's fused AdamW kernel, one tensor at a time, what
@@ -137,17 +141,22 @@ class ExpertAdamW(torch.optim.Optimizer):
         self.register_load_state_dict_post_hook(_restore_fp32_state)
 
     def add_param_group(self, param_group):
-        super().add_param_group(param_group)
+        super().add_param_group(param_group)  # fills the defaults in, then the group is checked
         group = self.param_groups[-1]
+        try:
+            _check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+            for p in group["params"]:
+                if p.dtype not in (torch.float32, torch.bfloat16):
+                    raise ValueError(f"leanmoe.optim.ExpertAdamW: argument 'params': dtype must be float32 or "
+                                     f"bfloat16, got {p.dtype}")
+        except ValueError:
+            self.param_groups.pop()  # refused: the optimizer stays as it was
+            raise
         if not hasattr(self, "_group_of"):
             self._group_of = {}  # id(parameter) -> index of its param group
         self._group_of.update((id(p), len(self.param_groups) - 1) for p in group["params"])
-        _check_hyper(group["lr"], group["betas"], group["eps"], group["weight_decay"])
-        for p in group["params"]:
-            if p.dtype not in (torch.float32, torch.bfloat16):
-                raise ValueError(f"leanmoe.optim.ExpertAdamW: argument 'params': dtype must be float32 or "
-                                 f"bfloat16, got {p.dtype}")
-            if self.in_backward:
+        if self.in_backward:
+            for p in group["params"]:
                 _IN_BACKWARD[p] = weakref.ref(self)  # takes p over from an older optimizer
 
     def release(self):
@@ -188,6 +197,14 @@ class ExpertAdamW(torch.optim.Optimizer):
             return state
         if state["step"].device != step_device:
             state["step"] = state["step"].to(step_device)
+        if self.master_weights and self._uses_master(p) != ("master" in state):
+            # p's dtype changed since its state was made (model.to(dtype)): a bf16 p gets a master of its
+            # value, an fp32 one is its own (p wins, as after any change outside the optimizer).
+            if self._uses_master(p):
+                state["master"] = p.detach().to(torch.float32, memory_format=torch.contiguous_format)
+                self._wrote(p)
+            else:
+                del state["master"]
         if self._uses_master(p) and "master" in state and self._written.get(p) != (p.data_ptr(), p._version):
             # p changed since this optimizer wrote it (the model's load_state_dict, an edit, a load of this
             # optimizer's state): the master follows p unless p is its rounding, else the next update
@@ -285,8 +302,35 @@ class ExpertAdamW(torch.optim.Optimizer):
         self._after_in_backward_update(gate_up_proj, down_proj, fp8_weights)
         return result
 
+    @property
+    def _step_supports_amp_scaling(self):
+        # torch.amp.GradScaler then sets self.found_inf (and self.grad_scale unless unscale_() ran)
+        # for step() instead of unscaling .grad itself: how an in-backward optimizer learns that
+        # loss scaling is on, to refuse it after in-backward updates (and honor it otherwise).
+        return self.in_backward
+
     @torch.no_grad()
     def step(self, closure=None):
+        found_inf = getattr(self, "found_inf", None)  # set by torch.amp.GradScaler (_step_supports_amp_scaling)
+        if found_inf is not None:
+            if self._updated:
+                for name in ("grad_scale", "found_inf"):  # GradScaler removes them only after a step that returns
+                    self.__dict__.pop(name, None)
+                raise RuntimeError(
+                    "leanmoe.optim.ExpertAdamW(in_backward=True): torch.amp.GradScaler cannot be honored: the expert "
+                    "weights were updated inside backward from the scaled gradients, before GradScaler could "
+                    "unscale them or skip a step with inf/nan ones. Use ExpertAdamW(..., in_backward=False) with "
+                    "GradScaler, or no loss scaling (bfloat16 needs none).")
+            # Only .grad to step (every layer took the standard path): GradScaler's own contract.
+            if bool(found_inf):  # a tensor, or 0 when no tensor had a .grad
+                return None
+            if getattr(self, "grad_scale", None) is not None:  # unscale_() did not run: unscale as it would
+                inv_scale = self.grad_scale.double().reciprocal().float()
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            torch._amp_foreach_non_finite_check_and_unscale_([p.grad], torch.zeros_like(found_inf),
+                                                                            inv_scale.to(p.grad.device))
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -1,4 +1,5 @@
 """leanmoe.optim.ExpertAdamW: in-backward expert updates, bitwise equal to the standard path."""
+import contextlib
 import copy
 import io
 
@@ -328,3 +329,132 @@ def test_update_leanmoe_tracks_torch_fused_adamw(device):
         torch.testing.assert_close(p, q, rtol=2 ** -7, atol=2 ** -7 * q.abs().max().item(), msg=name)
         equal = (p == q).float().mean().item()
         assert 0.98 < equal, f"{name}: {equal:.4f} of the weights bitwise equal to torch's"
+
+
+def test_grad_scaler_with_in_backward_updates_is_refused_by_name():
+    """torch.amp.GradScaler unscales .grad and skips a step with inf/nan before optimizer.step(): an
+    in-backward update has already run on the scaled gradient by then. Refused at scaler.step() by
+    name (not GradScaler's bare 'No inf checks were recorded'), also after an explicit unscale_()
+    (for clipping); the standard mode is honored."""
+    for in_backward, unscale_first in ((False, False), (False, True), (True, False), (True, True)):
+        torch.manual_seed(0)
+        m = leanmoe.MoE(32, 16, 4, 2)
+        opt = ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, in_backward=in_backward)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 16)
+        x = torch.randn(8, 32)
+        x[0, 0] = float("inf")  # an overflow: GradScaler must skip this step
+        before = [p.detach().clone() for p in (m.gate_up_proj, m.down_proj)]
+        scaler.scale(m(x).output.square().sum()).backward()
+        if unscale_first:
+            scaler.unscale_(opt)
+        if not in_backward:
+            scaler.step(opt)
+            scaler.update()
+            assert all(torch.equal(b, p) for b, p in zip(before, (m.gate_up_proj, m.down_proj)))
+            continue
+        with pytest.raises(RuntimeError, match="GradScaler.*in_backward=False"):
+            scaler.step(opt)
+        opt.release()
+
+
+@pytest.mark.parametrize("group, arg", [(dict(lr=-1.0), "lr"), (dict(betas=(0.9, 1.5)), "betas"),
+                                        (dict(dtype=torch.float16), "params")])
+def test_a_refused_param_group_is_not_added(group, arg):
+    """add_param_group raising ValueError leaves the optimizer as it was: a caller that catches the
+    error (a notebook, a config retry) must not step the refused tensors with the refused values."""
+    m = leanmoe.MoE(32, 16, 4, 2)
+    opt = ExpertAdamW([m.gate_up_proj], lr=1e-2)
+    p = torch.nn.Parameter(torch.zeros(2, dtype=group.pop("dtype"))) if "dtype" in group else m.down_proj
+    with pytest.raises(ValueError, match=f"argument '{arg}'"):
+        opt.add_param_group({"params": [p], **group})
+    assert len(opt.param_groups) == 1 and [id(q) for q in opt.param_groups[0]["params"]] == [id(m.gate_up_proj)]
+    opt.add_param_group({"params": [m.down_proj]})  # the corrected group is taken
+    m(torch.randn(8, 32)).output.square().sum().backward()  # both in-backward: the layer's hypers must agree
+    opt.release()
+
+
+@pytest.mark.parametrize("hook", ["register_hook", "register_post_accumulate_grad_hook"])
+def test_gradient_hooks_on_expert_weights_see_the_gradient(hook, monkeypatch):
+    """A hook on an expert weight (clamping its gradient, logging its norm, torch's optimizer-in-
+    backward pattern) needs the gradient: with one, the layer takes the standard path (a warning says
+    so) instead of updating in backward and calling the hook with None; training equals the
+    standard run bit for bit."""
+    monkeypatch.setattr(leanmoe.functional, "_warned", set())  # warned once per process
+    torch.manual_seed(0)
+    standard = leanmoe.MoE(32, 16, 4, 2)
+    inb = copy.deepcopy(standard)
+    for m, in_backward in ((standard, False), (inb, True)):
+        opt = ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, in_backward=in_backward)
+        seen = []
+        if hook == "register_hook":
+            m.down_proj.register_hook(lambda g: seen.append(g) or g.clamp(-1e-3, 1e-3))
+        else:
+            m.down_proj.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.norm()))
+        for step in range(2):
+            torch.manual_seed(step)
+            with pytest.warns(UserWarning, match="hook") if in_backward and step == 0 else contextlib.nullcontext():
+                m(torch.randn(9, 32)).output.square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+        assert len(seen) == 2 and all(g is not None for g in seen)
+        opt.release()
+    assert_bitwise(standard, inb)
+
+
+@pytest.mark.parametrize("update", ["torch", "leanmoe"])
+def test_master_weights_follow_a_dtype_change_of_the_model(update):
+    """ExpertAdamW(master_weights=True) over fp32 weights, then model.to(torch.bfloat16) (and back):
+    the bf16 weights get a master copy of their current values (before: torch's kernel failed with
+    'expected scalar type BFloat16 but found Float'), fp32 ones drop it; both modes stay bitwise equal."""
+    torch.manual_seed(0)
+    standard = leanmoe.MoE(32, 16, 4, 2)
+    inb = copy.deepcopy(standard)
+    for m, in_backward in ((standard, False), (inb, True)):
+        opt = ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, in_backward=in_backward, master_weights=True,
+                          update=update)
+        for step, dtype in enumerate((torch.float32, torch.float32, torch.bfloat16, torch.bfloat16, torch.float32)):
+            m.to(dtype)
+            torch.manual_seed(step)
+            m(torch.randn(9, 32, dtype=dtype)).output.float().square().sum().backward()
+            opt.step()
+            opt.zero_grad()
+            state = opt.state[m.down_proj]
+            if dtype == torch.bfloat16:
+                assert torch.equal(state["master"].to(dtype), m.down_proj)
+                assert state["exp_avg"].dtype == torch.float32
+            else:
+                assert "master" not in state
+        opt.release()
+    assert_bitwise(standard, inb)
+
+
+@pytest.mark.filterwarnings("ignore:leanmoe. torch.autocast casts the expert weights")
+def test_grad_scaler_is_honored_when_nothing_was_updated_in_backward(monkeypatch):
+    """An in-backward ExpertAdamW whose layers took the standard path (fp32 weights under bf16
+    autocast here; DistributedDataParallel, gradient hooks) has only .grad to step: GradScaler's
+    unscale and inf/nan skip are honored, bitwise equal to in_backward=False."""
+    monkeypatch.setattr(leanmoe.functional, "_warned", set())
+    torch.manual_seed(0)
+    standard = leanmoe.MoE(32, 16, 4, 2)
+    inb = copy.deepcopy(standard)
+    for m, in_backward in ((standard, False), (inb, True)):
+        opt = ExpertAdamW([m.gate_up_proj, m.down_proj], lr=1e-2, in_backward=in_backward)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8)
+        for step in range(4):
+            torch.manual_seed(step)
+            x = torch.randn(9, 32)
+            if step == 1:
+                x[0, 0] = float("inf")  # skipped
+            before = [p.detach().clone() for p in (m.gate_up_proj, m.down_proj)]
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = m(x).output.float().square().sum()
+            scaler.scale(loss).backward()
+            if step == 2:
+                scaler.unscale_(opt)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            unchanged = all(torch.equal(b, p) for b, p in zip(before, (m.gate_up_proj, m.down_proj)))
+            assert unchanged == (step == 1)
+        opt.release()
+    assert_bitwise(standard, inb)

@@ -254,7 +254,7 @@ def test_autocast_follows_like_f_linear(monkeypatch):
     for t in (w1, w2, b1, b2):
         t.grad = None
     opt = ExpertAdamW([w1, w2, b1, b2], in_backward=True)
-    monkeypatch.setattr(leanmoe.functional, "_warned_autocast_in_backward", False)  # warned once per process
+    monkeypatch.setattr(leanmoe.functional, "_warned", set())  # warned once per process
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(UserWarning, match="standard path"):
         out = leanmoe.moe_routed(x, ids, wts, w1, w2, b1, b2)
     out.float().sum().backward()

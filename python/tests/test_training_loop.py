@@ -492,3 +492,28 @@ def test_module_from_hf_block_and_its_state_dict(kind):
 def test_package_is_typed():
     import importlib.resources
     assert (importlib.resources.files("leanmoe") / "py.typed").is_file()
+
+
+@pytest.mark.parametrize("routed", [False, True])
+@pytest.mark.parametrize("in_backward", [False, True])
+def test_expert_weights_edited_between_forward_and_backward_are_refused(routed, in_backward):
+    """An in-place edit of an expert weight after the forward (under no_grad: a clamp, a renorm, a
+    load) makes its backward wrong: the standard path refuses it through autograd's version check,
+    and the in-backward path, which keeps the weights outside the saved tensors, must refuse it too
+    (before updating anything) instead of differentiating the edited weights."""
+    torch.manual_seed(0)
+    m = leanmoe.MoE(32, 16, 4, 2)
+    opt = leanmoe.optim.ExpertAdamW([m.gate_up_proj, m.down_proj], in_backward=in_backward)
+    x = torch.randn(8, 32)
+    if routed:
+        ids, w = torch.randint(0, 4, (8, 2)), torch.rand(8, 2)
+        loss = leanmoe.moe_routed(x, ids, w, m.gate_up_proj, m.down_proj).square().sum()
+    else:
+        loss = m(x).output.square().sum()
+    with torch.no_grad():
+        m.down_proj.mul_(0.5)
+    before = [p.detach().clone() for p in (m.gate_up_proj, m.down_proj)]
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    assert all(torch.equal(b, p) for b, p in zip(before, (m.gate_up_proj, m.down_proj)))
+    opt.release()
