@@ -46,6 +46,7 @@ tl = importlib.util.module_from_spec(spec)
 sys.modules["train_lm"] = tl
 spec.loader.exec_module(tl)
 import train_common  # noqa: E402  (after train_lm put examples/ on the path)
+from fp8_dw_numerics import scale_pow2  # noqa: E402  (dev/, this script's folder: one emulated scale rule)
 
 ORIG_MOE, ORIG_ADAMW = leanmoe.MoE, train_common.ExpertAdamW
 
@@ -56,11 +57,7 @@ def fp8_round_trip(v, tile_rows):
     power-of-two scale per tile_rows x 128 tile: s = 2^k, the smallest with amax <= 448 s, k >= -126."""
     *lead, R, C = v.shape
     f = v.float().reshape(*lead, R // tile_rows, tile_rows, C // 128, 128)
-    amax = f.abs().amax(dim=(-3, -1), keepdim=True)
-    m, e = torch.frexp(amax)  # amax = m 2^e, m in [0.5, 1): significand 2m, exponent e - 1
-    k = torch.where(2 * m > 1.75, e - 8, e - 9).clamp_min(-126)
-    k = torch.where(amax == 0, torch.full_like(k, -126), k)
-    s = torch.ldexp(torch.ones_like(amax), k)
+    s = scale_pow2(f.abs().amax(dim=(-3, -1), keepdim=True))
     q = (f / s).to(torch.float8_e4m3fn).float() * s
     return q.reshape(v.shape).to(v.dtype)
 
