@@ -28,9 +28,8 @@
 #include "naive_moe.h"
 #include "tool_util.h"
 
-#ifndef LEANMOE_VERSION
-#define LEANMOE_VERSION "0.1.0"
-#endif
+// LEANMOE_VERSION: CMakeLists.txt's project version (the one definition; python/pyproject.toml is checked
+// against it by python/tests/test_version.py).
 
 using namespace leanmoe;
 using tools::BenchShape;

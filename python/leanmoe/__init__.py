@@ -2,6 +2,8 @@
 token-rounding, or routing given by the caller; gated or plain experts, biases, every weight
 layout) with in-backward expert updates (leanmoe.optim) and a bridge to transformers v5 MoE
 models (leanmoe.hf: the "leanmoe" experts implementation, and the fused-router block)."""
+from importlib import metadata as _metadata
+
 import torch  # noqa: F401  (loads torch's libraries before the extension)
 
 from . import _ops
@@ -12,4 +14,4 @@ from . import optim
 
 __all__ = ["MoE", "MoEOutput", "MoEOutputWithStats", "RouterStats", "moe", "moe_routed", "optim", "cuda_available",
            "max_routed_rows"]
-__version__ = "0.1.0"
+__version__ = _metadata.version("leanmoe")  # pyproject.toml's
