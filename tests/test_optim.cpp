@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -292,6 +293,17 @@ TEST(Optim, LoadRejectsMismatches) {
     ExpertOptimizer b(AdamW{});
     b.register_tensor("layers.1.down_proj", view(other, {2, 3, 2}));
     expect_error(b, bytes, "layers.0.down_proj");
+  }
+  {  // the rule's hyper-parameters are checked as the constructor checks them: a NaN lr in the file
+    std::string bad = bytes;
+    const size_t lr_at = 8 + 4;  // after the 8-byte magic and the rule's uint32 kind (save()'s layout)
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::memcpy(bad.data() + lr_at, &nan, sizeof(nan));
+    std::vector<float> other(12, 0.f);
+    ExpertOptimizer b(AdamW{});
+    b.register_tensor("layers.0.down_proj", view(other, {2, 3, 2}));
+    expect_error(b, bad, "argument 'rule.lr': must be >= 0");
+    EXPECT_EQ(b.step_count("layers.0.down_proj"), 0);
   }
   {
     std::vector<float> other(12, 0.f);

@@ -384,6 +384,7 @@ void ExpertOptimizer::load(std::istream& in) {
   if (!in || std::memcmp(magic, kMagic, sizeof(kMagic)) != 0)
     throw Error("ExpertOptimizer::load: argument 'in': not a leanmoe optimizer state");
   Rule rule = get_rule(in);
+  check_rule("ExpertOptimizer::load: argument 'in' holds a bad rule: ", rule);  // it becomes this optimizer's
   if (rule.index() != rule_.index())
     throw Error(std::string("ExpertOptimizer::load: argument 'in': holds ") + rule_name(rule) +
                 " state, this optimizer runs " + rule_name(rule_));
