@@ -79,6 +79,8 @@ usage: leanmoe_bench_ep [options]
   --device auto|cpu|cuda   auto: cuda when a GPU backend is present (default)
   --out DIR                write DIR/ep_scaling.md and DIR/ep_scaling.json (default: stdout only)
   --commit STR             the commit the binary was built from, stamped into the results
+
+exit codes: 0 success, 1 a failed run, 2 usage error
 )";
 
 struct Options {
@@ -432,8 +434,10 @@ int main(int argc, char** argv) {
   // NVLink multicast (NVLS) stays off: the team's device notes (KINDS.md) ask for it; set before any
   // NCCL init, unless the caller's environment chose (its value is recorded either way).
   setenv("NCCL_NVLS_ENABLE", "0", 0);
+  bool usage = true;  // an error before the run starts is the command line's (exit 2)
   try {
     const Options o = parse(argc, argv);
+    usage = false;
     const bool gpu = o.device == Device::cuda;
     const BenchShape s = chosen_shape(o);
     const int64_t Tr = o.tokens_per_rank ? o.tokens_per_rank : std::max<int64_t>(1, s.T / 8);
@@ -538,6 +542,6 @@ int main(int argc, char** argv) {
     return rows.empty() ? 1 : 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_ep: %s\n", e.what());
-    return 1;
+    return usage ? tools::kExitUsage : tools::kExitFailure;
   }
 }

@@ -37,6 +37,7 @@
 #include <cstdlib>
 #include <functional>
 #include <stdexcept>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -230,6 +231,7 @@ std::vector<bool> parse_layouts(const std::string& list) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bool usage = true;  // an error before the run starts is the command line's (exit 2)
   try {
     std::string shape_list = "7B-n256,120B-n2048";
     Requested requested;
@@ -258,6 +260,9 @@ int main(int argc, char** argv) {
               std::printf("  %s=%s%s\n", lc::gemm_kind_name(kind), lc::to_string(k).c_str(), fp8 ? " (fp8)" : "");
         return 0;
       }
+      static const std::set<std::string> kValued = {"--shape", "--config", "--gemms", "--layout", "--precision",
+                                                    "--iters", "--warmup"};
+      if (!kValued.count(flag)) throw std::runtime_error("unknown flag " + flag + " (see --help)");
       const std::string v = leanmoe::tools::flag_value(argc, argv, i);
       if (flag == "--shape") shape_list = v;
       else if (flag == "--config") requested = parse_requested(v);
@@ -265,8 +270,7 @@ int main(int argc, char** argv) {
       else if (flag == "--layout") layouts = parse_layouts(v);
       else if (flag == "--precision") precisions = parse_precisions(v);
       else if (flag == "--iters") iters = leanmoe::tools::to_count(flag, v);
-      else if (flag == "--warmup") warmup = leanmoe::tools::to_count(flag, v);
-      else throw std::runtime_error("unknown flag " + flag + " (see --help)");
+      else warmup = leanmoe::tools::to_count(flag, v);
     }
     for (const auto& name : only) lc::parse_gemm_kind(name);  // refuses an unknown name, listing the known
     std::vector<leanmoe::tools::BenchShape> shapes;
@@ -280,6 +284,7 @@ int main(int argc, char** argv) {
         shapes.push_back(*shape);
       }
     }
+    usage = false;
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     // Every requested configuration checked on every shape before anything is timed.
@@ -302,6 +307,6 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_gemms: %s\n", e.what());
-    return 1;
+    return usage ? leanmoe::tools::kExitUsage : leanmoe::tools::kExitFailure;
   }
 }

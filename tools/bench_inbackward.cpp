@@ -52,6 +52,8 @@ usage: leanmoe_bench_inbackward [options]
   --update-reps N          repetitions of the updater measurement (default 10)
   --out DIR                write DIR/inbackward.md and DIR/inbackward.json (default: stdout only)
   --commit STR             the commit the binary was built from, stamped into the results
+
+exit codes: 0 success, 1 a failed run, 2 usage error
 )";
 
 constexpr double kCopyCeilingGBs = 4200.0;  // H200 device-to-device copy, measured (KINDS.md)
@@ -285,8 +287,10 @@ std::string mib(size_t b) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  bool usage = true;  // an error before the run starts is the command line's (exit 2)
   try {
     const Options o = parse(argc, argv);
+    usage = false;
     const bool gpu = o.device == Device::cuda;
     // A failure in the stack part (the backend) still leaves the updater measurement.
     ModeResult standard, in_backward;
@@ -386,6 +390,6 @@ int main(int argc, char** argv) {
     return stack_error.empty() ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_inbackward: %s\n", e.what());
-    return 1;
+    return usage ? tools::kExitUsage : tools::kExitFailure;
   }
 }

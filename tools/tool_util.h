@@ -16,6 +16,10 @@
 
 namespace leanmoe::tools {
 
+// The tools' exit codes (as `leanmoe --help` says): 0 success, 1 a failed run or check, 2 a usage error
+// (what the command line asks for is refused before anything runs).
+constexpr int kExitFailure = 1, kExitUsage = 2;
+
 // The value of `flag` as an integer in [min, max], or leanmoe::Error naming the flag and the rule.
 inline int64_t to_int(const std::string& flag, const std::string& v, int64_t min = 1,
                       int64_t max = std::numeric_limits<int64_t>::max()) {
