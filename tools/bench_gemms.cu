@@ -270,7 +270,7 @@ int main(int argc, char** argv) {
       else if (flag == "--layout") layouts = parse_layouts(v);
       else if (flag == "--precision") precisions = parse_precisions(v);
       else if (flag == "--iters") iters = leanmoe::tools::to_count(flag, v);
-      else warmup = leanmoe::tools::to_count(flag, v);
+      else warmup = leanmoe::tools::to_count(flag, v, 0);
     }
     for (const auto& name : only) lc::parse_gemm_kind(name);  // refuses an unknown name, listing the known
     std::vector<leanmoe::tools::BenchShape> shapes;

@@ -88,7 +88,7 @@ Options parse(int argc, char** argv) {
       o.sgd = v == "sgd";
     } else if (a == "--master") o.master = true;
     else if (a == "--steps") o.steps = tools::to_count(a, value());
-    else if (a == "--warmup") o.warmup = tools::to_count(a, value());
+    else if (a == "--warmup") o.warmup = tools::to_count(a, value(), 0);
     else if (a == "--update-reps") o.update_reps = tools::to_count(a, value());
     else if (a == "--out") o.out = value();
     else if (a == "--commit") o.commit = value();
