@@ -20,9 +20,12 @@ struct Params {
   Activation kind = Activation::swiglu;
   float alpha = 1.702f;
   float limit = 7.f;
+  float up_offset = 1.f;
 };
 
-inline Params params_of(const MoEConfig& cfg) { return {cfg.activation, cfg.act_alpha, cfg.act_limit}; }
+inline Params params_of(const MoEConfig& cfg) {
+  return {cfg.activation, cfg.act_alpha, cfg.act_limit, cfg.act_up_offset};
+}
 
 // Columns of g_j and u_j in a row of H (the row order of W1): [gate; up], or interleaved
 // [g0, u0, g1, u1, ...] (gpt-oss). A plain activation reads its value at gate_column.
@@ -126,7 +129,7 @@ LEANMOE_HOST_DEVICE inline Real forward(const Params& p, Real g, Real u) {
     const Real l = Real(p.limit);
     const Real gc = g < l ? g : l;
     const Real uc = u < -l ? -l : (u > l ? l : u);
-    return (uc + Real(1)) * gc * sigmoid(Real(p.alpha) * gc);
+    return (uc + Real(p.up_offset)) * gc * sigmoid(Real(p.alpha) * gc);
   }
   const Real f = gate_fn(p.kind, g);
   return activation_is_gated(p.kind) ? f * u : f;
@@ -142,7 +145,7 @@ LEANMOE_HOST_DEVICE inline void backward(const Params& p, Real g, Real u, Real& 
     const Real s = sigmoid(alpha * gc);
     const Real glu = gc * s;
     const Real dglu = s + alpha * gc * s * (Real(1) - s);
-    da_dg = g <= l ? (uc + Real(1)) * dglu : Real(0);
+    da_dg = g <= l ? (uc + Real(p.up_offset)) * dglu : Real(0);
     da_du = (u >= -l && u <= l) ? glu : Real(0);
     return;
   }

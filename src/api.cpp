@@ -150,7 +150,8 @@ std::string MoEConfig::describe() const {
     s += "(tile " + std::to_string(tile) + ", " + rounding_mode_name(rounding_mode) + ")";
   if (activation != Activation::swiglu) s += std::string(" activation=") + activation_name(activation);
   if (activation == Activation::swiglu_clamped)
-    s += "(alpha " + std::to_string(act_alpha) + ", limit " + std::to_string(act_limit) + ")";
+    s += "(alpha " + std::to_string(act_alpha) + ", limit " + std::to_string(act_limit) + ", up offset " +
+         std::to_string(act_up_offset) + ")";
   if (interleaved) s += " interleaved";
   if (transposed) s += " transposed";
   if (precision != Precision::storage) s += std::string(" precision=") + precision_name(precision);

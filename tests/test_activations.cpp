@@ -2,6 +2,7 @@
 // interleaved gate/up, HF or transposed), through the fused router and with routing given: the
 // CPU backend against the naive reference (fp32 and bf16), finite differences for every
 // activation's derivatives, and the activation functions at known values.
+#include <algorithm>
 #include <cmath>
 
 #include "../src/activation.h"
@@ -68,6 +69,27 @@ TEST(Activations, GptOssExpertsUnderTheFusedRouter) {
   check(c, true, 48, 8202);
 }
 
+// DeepSeek-V4's experts (GLM-5-Next's, HY-V4's): silu(min(g, l)) clamp(u, -l, l), swiglu_clamped with
+// alpha 1 and up offset 0, on their layout ([gate; up], HF, no bias) under the fused router, then
+// every other layout with biases and routing given.
+MoEConfig deepseek_v4_config(bool interleaved, bool transposed, Routing routing) {
+  MoEConfig c = act_config(Activation::swiglu_clamped, interleaved, transposed, routing);
+  c.act_alpha = 1.f;
+  c.act_up_offset = 0.f;
+  return c;
+}
+
+TEST(Activations, DeepSeekV4ClampedSwiGLU) {
+  MoEConfig c = deepseek_v4_config(false, false, Routing::topk);
+  check(c, false, 48, 8211);
+  c.act_limit = 10.f;  // DeepSeek-V4's swiglu_limit: no clamp acts on these N(0, 1) values
+  check(c, false, 48, 8212);
+  uint64_t seed = 8213;
+  for (bool interleaved : {false, true})
+    for (bool transposed : {false, true})
+      check(deepseek_v4_config(interleaved, transposed, Routing::given), true, 30, seed++);
+}
+
 // Token rounding with a plain activation and biases (rows added by rounding carry the biases too).
 TEST(Activations, PlainActivationWithTokenRounding) {
   MoEConfig c = act_config(Activation::relu2, false, true, Routing::token_rounding);
@@ -98,6 +120,28 @@ TEST(Activations, GradCheckEachActivation) {
   }
 }
 
+// The same for DeepSeek-V4's clamped SwiGLU (up offset 0), in each layout.
+TEST(Activations, GradCheckDeepSeekV4ClampedSwiGLU) {
+  uint64_t seed = 8501;
+  for (bool interleaved : {false, true})
+    for (bool transposed : {false, true}) {
+      MoEConfig c = small_config(/*d=*/8, /*n=*/4, /*E=*/4, /*K=*/2);
+      c.activation = Activation::swiglu_clamped;
+      c.act_alpha = 1.f;
+      c.act_limit = 0.6f;
+      c.act_up_offset = 0.f;
+      c.routing = Routing::given;
+      c.interleaved = interleaved;
+      c.transposed = transposed;
+      SCOPED_TRACE(describe_case(c, 7, DType::f32));
+      HostLayerInputs in = reference::random_inputs(c, 7, DType::f32, seed++);
+      reference::add_random_biases(in, seed++);
+      const reference::HostLayerOutputs an = reference::naive_forward_backward<double>(in);
+      expect_routed_gradients_match_fd(in, an);
+      expect_agree(reference::run_backend(in, Device::cpu), an, kF32Tol);
+    }
+}
+
 // The functions themselves at known values (double): GELU(1) = Phi(1), tanh-GELU(1), SiLU(1) =
 // sigmoid(1); and gpt-oss's clamped SwiGLU (transformers' GptOssExperts._apply_gate) written out.
 TEST(Activations, KnownValues) {
@@ -124,6 +168,26 @@ TEST(Activations, KnownValues) {
   act::backward<double>({Activation::swiglu_clamped, 1.702f, 7.f}, 7.5, -7.5, dg, du);
   EXPECT_EQ(dg, 0.0);
   EXPECT_EQ(du, 0.0);
+  // DeepSeek-V4's (transformers' DeepseekV4Experts._apply_gate): silu(min(g, 10)) clamp(u, -10, 10),
+  // and its partial derivatives against central differences away from the kinks.
+  const act::Params v4{Activation::swiglu_clamped, 1.f, 10.f, 0.f};
+  auto v4_ref = [](double g, double u) {
+    const double gc = std::min(g, 10.0), uc = std::clamp(u, -10.0, 10.0);
+    return uc * gc / (1 + std::exp(-gc));
+  };
+  for (double g : {-12.0, -1.0, 0.3, 9.9, 10.0, 14.0})
+    for (double u : {-11.0, -10.0, -0.5, 0.0, 2.0, 13.0}) {
+      EXPECT_NEAR(act::forward<double>(v4, g, u), v4_ref(g, u), 1e-12) << g << ", " << u;
+      if (std::abs(std::abs(g) - 10.0) < 1e-3 || std::abs(std::abs(u) - 10.0) < 1e-3) continue;
+      act::backward<double>(v4, g, u, dg, du);
+      const double h = 1e-6;
+      EXPECT_NEAR(dg, (v4_ref(g + h, u) - v4_ref(g - h, u)) / (2 * h), 1e-6) << g << ", " << u;
+      EXPECT_NEAR(du, (v4_ref(g, u + h) - v4_ref(g, u - h)) / (2 * h), 1e-6) << g << ", " << u;
+    }
+  // Offset 0 makes no other change: a(g, u) = a_gpt-oss(g, u) - glu(g').
+  const act::Params oss_alpha1{Activation::swiglu_clamped, 1.f, 10.f, 1.f};
+  EXPECT_NEAR(act::forward<double>(oss_alpha1, 2.0, 3.0) - act::forward<double>(v4, 2.0, 3.0),
+              2.0 / (1 + std::exp(-2.0)), 1e-12);
 }
 
 // The argument rules of the expert function.
@@ -141,6 +205,21 @@ TEST(Activations, ConfigRules) {
   c.activation = Activation::swiglu_clamped;
   c.act_limit = 0.f;
   EXPECT_THROW(plan_layer(c, 4, DType::f32, Device::cpu), Error);
+  // The up offset: 1 (gpt-oss) or 0 (DeepSeek-V4), named with its rule; NaN and others refused.
+  c.act_limit = 7.f;
+  for (float bad : {std::nanf(""), 0.5f, -1.f, 2.f}) {
+    c.act_up_offset = bad;
+    try {
+      plan_layer(c, 4, DType::f32, Device::cpu);
+      ADD_FAILURE() << "act_up_offset " << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cfg.act_up_offset 0 (DeepSeek-V4) or 1 (gpt-oss)"), std::string::npos)
+          << e.what();
+    }
+  }
+  c.act_up_offset = 0.f;
+  EXPECT_NO_THROW(plan_layer(c, 4, DType::f32, Device::cpu));
+  c.act_up_offset = 1.f;
   // A plain activation's up-projection has n rows, so its saved H is [R, n].
   c.activation = Activation::gelu;
   LayerMemory mem(c, 4, DType::f32, Device::cpu);

@@ -84,7 +84,7 @@ enum class Activation {
   geglu,           // gelu(g) * u, exact (erf) GELU
   geglu_tanh,      // gelu_tanh(g) * u
   reglu,           // relu(g) * u
-  swiglu_clamped,  // gpt-oss: (clamp(u, -limit, limit) + 1) * g' * sigmoid(alpha * g'), g' = min(g, limit)
+  swiglu_clamped,  // gpt-oss: (clamp(u, -limit, limit) + up_offset) * g' * sigmoid(alpha * g'), g' = min(g, limit)
   gelu,            // plain: gelu(h), exact
   gelu_tanh,       // plain: gelu_tanh(h)
   silu,            // plain: silu(h)
@@ -125,6 +125,9 @@ struct MoEConfig {
   Activation activation = Activation::swiglu;
   float act_alpha = 1.702f;  // swiglu_clamped only
   float act_limit = 7.f;     // swiglu_clamped only
+  // swiglu_clamped only: added to the clamped up value, 1 (gpt-oss) or 0 (DeepSeek-V4 and its kin,
+  // whose a = silu(min(g, l)) clamp(u, -l, l) is this with act_alpha 1).
+  float act_up_offset = 1.f;
   bool interleaved = false;  // gated only: up-projection rows alternate [g0, u0, g1, u1, ...] (else [gate; up])
   bool transposed = false;   // gate_up_proj [E, d, 2n] and down_proj [E, n, d] (else [E, 2n, d] and [E, d, n])
   Precision precision = Precision::storage;  // fp8: bf16 storage, d and n multiples of 128

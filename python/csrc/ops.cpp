@@ -462,8 +462,8 @@ leanmoe::Activation parse_activation(c10::string_view name) {
 
 // The layer's shape from the weights in their layout: gate_up_proj [E, W, d] ([E, d, W] transposed).
 leanmoe::MoEConfig routed_config(const at::Tensor& gate_up_proj, int64_t top_k, c10::string_view activation,
-                                 double act_alpha, double act_limit, bool interleaved, bool transposed,
-                                 c10::string_view precision, bool fp8_weights_given = false) {
+                                 double act_alpha, double act_limit, double act_up_offset, bool interleaved,
+                                 bool transposed, c10::string_view precision, bool fp8_weights_given = false) {
   TORCH_CHECK_VALUE(gate_up_proj.dim() == 3, "leanmoe: argument 'gate_up_proj': must be 3-D [E, W, d] (or [E, d, W] "
                     "transposed), got ", gate_up_proj.sizes());
   leanmoe::MoEConfig c;
@@ -471,6 +471,7 @@ leanmoe::MoEConfig routed_config(const at::Tensor& gate_up_proj, int64_t top_k, 
   c.activation = parse_activation(activation);
   c.act_alpha = float(act_alpha);
   c.act_limit = float(act_limit);
+  c.act_up_offset = float(act_up_offset);
   c.interleaved = interleaved;
   c.transposed = transposed;
   const int64_t W = gate_up_proj.size(transposed ? 2 : 1);
@@ -506,14 +507,15 @@ RoutedSaved moe_routed_forward(const at::Tensor& x, const at::Tensor& topk_exper
                                const at::Tensor& gate_up_proj, const at::Tensor& down_proj,
                                const c10::optional<at::Tensor>& gate_up_bias,
                                const c10::optional<at::Tensor>& down_bias, c10::string_view activation,
-                               double act_alpha, double act_limit, bool interleaved, bool transposed,
-                               c10::string_view precision, const Fp8Weights& fp8_weights) {
+                               double act_alpha, double act_limit, double act_up_offset, bool interleaved,
+                               bool transposed, c10::string_view precision, const Fp8Weights& fp8_weights) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     TORCH_CHECK_VALUE(topk_experts.dim() == 2, "leanmoe::moe_routed_forward: argument 'topk_experts': must be 2-D "
                       "[T, K], got ", topk_experts.sizes());
-    const leanmoe::MoEConfig cfg = routed_config(gate_up_proj, topk_experts.size(1), activation, act_alpha, act_limit,
-                                                 interleaved, transposed, precision, fp8_weights.has_value());
+    const leanmoe::MoEConfig cfg =
+        routed_config(gate_up_proj, topk_experts.size(1), activation, act_alpha, act_limit, act_up_offset,
+                      interleaved, transposed, precision, fp8_weights.has_value());
     TORCH_CHECK_VALUE(x.dim() == 2, "leanmoe::moe_routed_forward: argument 'x': must be 2-D [T, d], got ", x.sizes());
     const int64_t T = x.size(0), R = leanmoe::max_routed_rows(cfg, T);
     const auto f32 = x.options().dtype(at::kFloat), i32 = x.options().dtype(at::kInt);
@@ -574,13 +576,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     const c10::optional<at::Tensor>& gate_up_bias, const c10::optional<at::Tensor>& down_bias, const at::Tensor& h,
     const at::Tensor& row_gate, const at::Tensor& row_token, const at::Tensor& token_rows,
     const at::Tensor& token_offsets, const at::Tensor& expert_offsets, const at::Tensor& topk_saved,
-    c10::string_view activation, double act_alpha, double act_limit, bool interleaved, bool transposed,
-    c10::string_view precision, at::ScalarType weights_dtype, const Fp8Weights& fp8_weights) {
+    c10::string_view activation, double act_alpha, double act_limit, double act_up_offset, bool interleaved,
+    bool transposed, c10::string_view precision, at::ScalarType weights_dtype, const Fp8Weights& fp8_weights) {
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
-        routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, interleaved, transposed,
-                      precision, fp8_weights.has_value());
+        routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, act_up_offset, interleaved,
+                      transposed, precision, fp8_weights.has_value());
     at::Tensor d_gate_up = at::empty_like(gate_up_proj, at::MemoryFormat::Contiguous);
     at::Tensor d_down = at::empty_like(down_proj, at::MemoryFormat::Contiguous);
     auto [dx, d_weights, d_b1, d_b2] = run_routed_backward(
@@ -599,8 +601,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_a
     const c10::optional<at::Tensor>& gate_up_bias, const c10::optional<at::Tensor>& down_bias, const at::Tensor& h,
     const at::Tensor& row_gate, const at::Tensor& row_token, const at::Tensor& token_rows,
     const at::Tensor& token_offsets, const at::Tensor& expert_offsets, const at::Tensor& topk_saved,
-    c10::string_view activation, double act_alpha, double act_limit, bool interleaved, bool transposed,
-    c10::string_view precision, at::ScalarType weights_dtype, const at::Tensor& gate_up_exp_avg,
+    c10::string_view activation, double act_alpha, double act_limit, double act_up_offset, bool interleaved,
+    bool transposed, c10::string_view precision, at::ScalarType weights_dtype, const at::Tensor& gate_up_exp_avg,
     const at::Tensor& gate_up_exp_avg_sq, const at::Tensor& gate_up_step, const at::Tensor& down_exp_avg,
     const at::Tensor& down_exp_avg_sq, const at::Tensor& down_step, double lr, double beta1, double beta2,
     double weight_decay, double eps, const c10::optional<at::Tensor>& gate_up_master,
@@ -608,8 +610,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_a
   return translate_errors([&] {
     c10::DeviceGuard guard(x.device());
     const leanmoe::MoEConfig cfg =
-        routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, interleaved, transposed,
-                      precision, fp8_weights.has_value());
+        routed_config(gate_up_proj, topk_saved.size(1), activation, act_alpha, act_limit, act_up_offset, interleaved,
+                      transposed, precision, fp8_weights.has_value());
     InBackwardAdamW update("leanmoe::moe_routed_backward_adamw_",
                            {gate_up_proj, gate_up_exp_avg, gate_up_exp_avg_sq, gate_up_step, gate_up_master},
                            {down_proj, down_exp_avg, down_exp_avg_sq, down_step, down_master},
@@ -626,23 +628,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> moe_routed_backward_a
 // "" when the backend of `like`'s device runs these experts (the layer's d, n, E from `like` =
 // gate_up_proj in its layout), else the rule: leanmoe.hf checks a model once before running it.
 std::string layer_unsupported_reason(const at::Tensor& like, c10::string_view activation, double act_alpha,
-                                     double act_limit, bool interleaved, bool transposed, bool biases,
-                                     c10::string_view precision) {
+                                     double act_limit, double act_up_offset, bool interleaved, bool transposed,
+                                     bool biases, c10::string_view precision) {
   return translate_errors([&] {
     leanmoe::MoEConfig cfg =
-        routed_config(like, 1, activation, act_alpha, act_limit, interleaved, transposed, precision);
+        routed_config(like, 1, activation, act_alpha, act_limit, act_up_offset, interleaved, transposed, precision);
     return leanmoe::unsupported_reason(cfg, storage_dtype(like), leanmoe_device(like), biases);
   });
 }
 
 at::Tensor expert_activation(const at::Tensor& h, c10::string_view activation, double act_alpha, double act_limit,
-                             bool interleaved) {
+                             double act_up_offset, bool interleaved) {
   return translate_errors([&] {
     TORCH_CHECK_VALUE(h.dim() == 2, "leanmoe::expert_activation: argument 'h': must be 2-D [R, W], got ", h.sizes());
     leanmoe::MoEConfig c;
     c.activation = parse_activation(activation);
     c.act_alpha = float(act_alpha);
     c.act_limit = float(act_limit);
+    c.act_up_offset = float(act_up_offset);
     c.interleaved = interleaved;
     const bool gated = leanmoe::activation_is_gated(c.activation);
     c.n = gated ? h.size(1) / 2 : h.size(1);
@@ -686,7 +689,8 @@ TORCH_LIBRARY(leanmoe, m) {
   const std::string experts =
       "Tensor gate_up_proj, Tensor down_proj, Tensor? gate_up_bias, Tensor? down_bias";
   const std::string expert_fn =
-      "str activation, float act_alpha, float act_limit, bool interleaved, bool transposed, str precision";
+      "str activation, float act_alpha, float act_limit, float act_up_offset, bool interleaved, bool transposed, "
+      "str precision";
   const std::string routed_saved =
       "Tensor h, Tensor row_gate, Tensor row_token, Tensor token_rows, Tensor token_offsets, Tensor expert_offsets, "
       "Tensor topk_saved";
@@ -699,8 +703,10 @@ TORCH_LIBRARY(leanmoe, m) {
          "Tensor? gate_up_bias, Tensor? down_bias, " + routed_saved + ", " + expert_fn +
          ", ScalarType weights_dtype, " + adamw_state + ", str update=\"torch\", Tensor(k!)[]? fp8_weights=None" +
          ") -> (Tensor dx, Tensor d_topk_weights, Tensor d_gate_up_bias, Tensor d_down_bias)").c_str());
-  m.def("expert_activation(Tensor h, str activation, float act_alpha, float act_limit, bool interleaved) -> Tensor");
-  m.def("layer_unsupported_reason(Tensor like, str activation, float act_alpha, float act_limit, bool interleaved, "
+  m.def("expert_activation(Tensor h, str activation, float act_alpha, float act_limit, float act_up_offset, "
+        "bool interleaved) -> Tensor");
+  m.def("layer_unsupported_reason(Tensor like, str activation, float act_alpha, float act_limit, "
+        "float act_up_offset, bool interleaved, "
         "bool transposed, bool biases, str precision=\"storage\") -> str",
         &layer_unsupported_reason);
 }

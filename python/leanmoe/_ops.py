@@ -142,7 +142,8 @@ def _up_width(gate_up_proj, transposed):
 
 @torch.library.register_fake("leanmoe::moe_routed_forward")
 def _moe_routed_forward_fake(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_bias, down_bias,
-                             activation, act_alpha, act_limit, interleaved, transposed, precision, fp8_weights=None):
+                             activation, act_alpha, act_limit, act_up_offset, interleaved, transposed, precision,
+                             fp8_weights=None):
     torch._check(x.dim() == 2, lambda: "leanmoe::moe_routed_forward: x must be 2-D [T, d]")
     T, d = x.shape
     K = topk_experts.shape[1]
@@ -167,7 +168,7 @@ def _empty_or_like(bias, x):
 @torch.library.register_fake("leanmoe::moe_routed_backward")
 def _moe_routed_backward_fake(d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate, row_token,
                               token_rows, token_offsets, expert_offsets, topk_saved, activation, act_alpha, act_limit,
-                              interleaved, transposed, precision, weights_dtype, fp8_weights=None):
+                              act_up_offset, interleaved, transposed, precision, weights_dtype, fp8_weights=None):
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             x.new_empty(topk_saved.shape, dtype=weights_dtype),
             torch.empty_like(gate_up_proj, memory_format=torch.contiguous_format),
@@ -178,19 +179,19 @@ def _moe_routed_backward_fake(d_out, x, gate_up_proj, down_proj, gate_up_bias, d
 @torch.library.register_fake("leanmoe::moe_routed_backward_adamw_")
 def _moe_routed_backward_adamw_fake(d_out, x, gate_up_proj, down_proj, gate_up_bias, down_bias, h, row_gate,
                                     row_token, token_rows, token_offsets, expert_offsets, topk_saved, activation,
-                                    act_alpha, act_limit, interleaved, transposed, precision, weights_dtype,
-                                    *state_and_hyper):
+                                    act_alpha, act_limit, act_up_offset, interleaved, transposed, precision,
+                                    weights_dtype, *state_and_hyper):
     return (torch.empty_like(x, memory_format=torch.contiguous_format),
             x.new_empty(topk_saved.shape, dtype=weights_dtype),
             _empty_or_like(gate_up_bias, x), _empty_or_like(down_bias, x))
 
 
 @torch.library.register_fake("leanmoe::expert_activation")
-def _expert_activation_fake(h, activation, act_alpha, act_limit, interleaved):
+def _expert_activation_fake(h, activation, act_alpha, act_limit, act_up_offset, interleaved):
     return h.new_empty(h.shape[0], h.shape[1] // 2 if activation in GATED_ACTIVATIONS else h.shape[1])
 
 
-_EXPERT_FN_ARGS = 6  # activation, act_alpha, act_limit, interleaved, transposed, precision
+_EXPERT_FN_ARGS = 7  # activation, act_alpha, act_limit, act_up_offset, interleaved, transposed, precision
 
 
 def _routed_setup_context(ctx, inputs, output):

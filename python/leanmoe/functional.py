@@ -311,7 +311,7 @@ class _InBackwardMoE(torch.autograd.Function):
 
 
 def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_bias=None, down_bias=None, *,
-               activation="swiglu", act_alpha=1.702, act_limit=7.0, interleaved=False,
+               activation="swiglu", act_alpha=1.702, act_limit=7.0, act_up_offset=1.0, interleaved=False,
                transposed=False, precision="storage", _fp8_weights=None) -> torch.Tensor:
     """The experts under a routing computed by the caller's router (any: softmax or sigmoid, with
     a correction bias, group-limited, ...): out_t = sum_k topk_weights[t, k] * expert_{topk_experts[t, k]}(x_t).
@@ -323,7 +323,8 @@ def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_b
       down_proj    [E, d, n] ([E, n, d] when transposed)
       gate_up_bias [E, W], down_bias [E, d]: optional
     activation: one of leanmoe.functional.ACTIVATIONS (swiglu_clamped is gpt-oss's, with act_alpha
-    and act_limit). Expert weights and x share one dtype (bfloat16 or float32) and device; under
+    and act_limit: (clamp(u, -l, l) + act_up_offset) g' sigmoid(act_alpha g'), g' = min(g, l);
+    act_up_offset 0 with act_alpha 1 is DeepSeek-V4's, GLM-5-Next's and HY-V4's; 0 and 1 only). Expert weights and x share one dtype (bfloat16 or float32) and device; under
     torch.autocast x, the weights and biases are cast as in ``moe``. x may have no tokens.
     precision: as in ``moe``. _fp8_weights (transformers experts under "leanmoe_fp8", leanmoe.hf):
     the weights' FP8 codes as in ``moe``, in the weights' layout."""
@@ -348,7 +349,8 @@ def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_b
     if weights.dtype not in (torch.float32, x.dtype):
         weights = weights.float()
     weights = weights.contiguous()
-    expert_fn = (activation, float(act_alpha), float(act_limit), bool(interleaved), bool(transposed), precision)
+    expert_fn = (activation, float(act_alpha), float(act_limit), float(act_up_offset), bool(interleaved),
+                 bool(transposed), precision)
     # Codes of the parameters, not of autocast's copies.
     fp8_weights = _fp8_weights if gate_up_proj is params[0] and down_proj is params[1] else None
     optimizer = _in_backward_optimizer_of_call(params, (gate_up_proj, down_proj))

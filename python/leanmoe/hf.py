@@ -14,7 +14,7 @@
    the gradient of the routing weights flows back into it. The experts' flags are honoured:
    ``has_gate`` (gated, or a plain up-projection ``up_proj``), ``has_bias``, ``is_transposed``,
    ``is_concatenated`` (else interleaved gate/up), and the activation (the module's ``act_fn``, or
-   an overridden ``_apply_gate`` such as gpt-oss's clamped SwiGLU), recognised by evaluating the
+   an overridden ``_apply_gate`` such as gpt-oss's or DeepSeek-V4's clamped SwiGLU), recognised by evaluating the
    module's own function against leanmoe's once per module. What leanmoe cannot run (a post-expert
    norm, an unknown activation, or a feature the device's backend lacks) raises an error naming
    the model and the feature. ``leanmoe.optim.ExpertAdamW`` updates these experts in backward.
@@ -73,6 +73,7 @@ class ExpertsSpec(NamedTuple):
     activation: str
     act_alpha: float
     act_limit: float
+    act_up_offset: float
     interleaved: bool
     transposed: bool
     gated: bool
@@ -96,9 +97,21 @@ def _default_apply_gate():
 
 
 def _probe_gate_up(width, dtype=torch.float32):
-    # Spans both signs and gpt-oss's clamp limit (7) so every branch of an activation shows.
+    # Spans both signs and the clamp limits of gpt-oss (7) and DeepSeek-V4 (10) so every branch of an
+    # activation shows.
     g = torch.Generator().manual_seed(0)
     return (torch.rand(97, width, generator=g, dtype=torch.float64) * 24 - 12).to(dtype)
+
+
+def _clamped_swiglu_constant(module, names, default):
+    """A clamped-SwiGLU constant of the module under the first of `names` it sets, else `default`:
+    gpt-oss keeps ``alpha`` and ``limit``, DeepSeek-V4 ``limit``, GLM-5-Next and HY-V4
+    ``swiglu_limit``, MiniMax-M3-VL ``swiglu_alpha`` (None, Step3p7's unclamped layers: unset)."""
+    for attr in names:
+        v = getattr(module, attr, None)
+        if v is not None:
+            return float(v)
+    return default
 
 
 def _recognise_activation(module, gated, interleaved, name):
@@ -107,11 +120,12 @@ def _recognise_activation(module, gated, interleaved, name):
         probe = _probe_gate_up(2 * 8)
         with torch.no_grad():
             want = module._apply_gate(probe.clone()).float()
-        # gpt-oss's alpha and limit; None (Step3p7's unclamped layers) means the module has none
-        alpha, limit = (float(default if v is None else v) for v, default in
-                        ((getattr(module, "alpha", None), 1.702), (getattr(module, "limit", None), 7.0)))
-        candidates = [(a, 1.702, 7.0) for a in GATED_ACTIVATIONS if a != "swiglu_clamped"]
-        candidates.append(("swiglu_clamped", alpha, limit))
+        alpha = _clamped_swiglu_constant(module, ("alpha", "swiglu_alpha"), 1.702)  # gpt-oss's defaults
+        limit = _clamped_swiglu_constant(module, ("limit", "swiglu_limit"), 7.0)
+        candidates = [(a, 1.702, 7.0, 1.0) for a in GATED_ACTIVATIONS if a != "swiglu_clamped"]
+        candidates.append(("swiglu_clamped", alpha, limit, 1.0))
+        # DeepSeek-V4's silu(min(g, limit)) * clamp(up, -limit, limit): alpha 1, no +1 on up.
+        candidates.append(("swiglu_clamped", 1.0, limit, 0.0))
         layout = "interleaved" if interleaved else "[gate; up]"
         own_gate = type(module)._apply_gate is not _default_apply_gate()
         what = (f"its own {type(module).__qualname__}._apply_gate" if own_gate else
@@ -124,15 +138,16 @@ def _recognise_activation(module, gated, interleaved, name):
                                       "act_fn")
         with torch.no_grad():
             want = act_fn(probe.clone()).float()
-        candidates = [(a, 1.702, 7.0) for a in ("gelu", "gelu_tanh", "silu", "relu", "relu2")]
+        candidates = [(a, 1.702, 7.0, 1.0) for a in ("gelu", "gelu_tanh", "silu", "relu", "relu2")]
         what = f"its activation {type(act_fn).__name__}"
-    for activation, alpha, limit in candidates:
-        ours = ops.expert_activation(probe, activation, alpha, limit, interleaved)
+    for activation, alpha, limit, up_offset in candidates:
+        ours = ops.expert_activation(probe, activation, alpha, limit, up_offset, interleaved)
         if ours.shape == want.shape and torch.allclose(ours, want, rtol=1e-5, atol=1e-5):
-            return activation, alpha, limit
+            return activation, alpha, limit, up_offset
+    names = dict.fromkeys(a for a, _, _, _ in candidates)  # swiglu_clamped once
     raise NotImplementedError(
         f"leanmoe experts implementation: {name}: the experts' activation ({what}) is none of leanmoe's "
-        f"({', '.join(a for a, _, _ in candidates)}). Use another experts_implementation for this model.")
+        f"({', '.join(names)}). Use another experts_implementation for this model.")
 
 
 def experts_spec(module) -> ExpertsSpec:
@@ -150,12 +165,12 @@ def _compute_experts_spec(module) -> ExpertsSpec:
                                   "(has_post_expert_norm) are not supported")
     gated = bool(getattr(module, "has_gate", True))
     interleaved = gated and not bool(getattr(module, "is_concatenated", True))
-    activation, alpha, limit = _recognise_activation(module, gated, interleaved, name)
-    spec = ExpertsSpec(activation, alpha, limit, interleaved, bool(getattr(module, "is_transposed", False)), gated,
-                       bool(getattr(module, "has_bias", False)))
+    activation, alpha, limit, up_offset = _recognise_activation(module, gated, interleaved, name)
+    spec = ExpertsSpec(activation, alpha, limit, up_offset, interleaved, bool(getattr(module, "is_transposed", False)),
+                       gated, bool(getattr(module, "has_bias", False)))
     w = module.gate_up_proj if gated else module.up_proj
-    reason = ops.layer_unsupported_reason(w, spec.activation, spec.act_alpha, spec.act_limit, spec.interleaved,
-                                          spec.transposed, spec.bias)
+    reason = ops.layer_unsupported_reason(w, spec.activation, spec.act_alpha, spec.act_limit, spec.act_up_offset,
+                                          spec.interleaved, spec.transposed, spec.bias)
     if reason:
         raise NotImplementedError(f"leanmoe experts implementation: {name} on {w.device.type} ({w.dtype}): {reason}")
     module.__dict__[_SPEC_ATTR] = spec
@@ -233,6 +248,7 @@ def _experts(self, hidden_states, top_k_index, top_k_weights, precision):
     down_bias = self.down_proj_bias if spec.bias else None
     out = moe_routed(hidden_states.to(up.dtype), top_k_index, top_k_weights, up, self.down_proj, up_bias, down_bias,
                      activation=spec.activation, act_alpha=spec.act_alpha, act_limit=spec.act_limit,
+                     act_up_offset=spec.act_up_offset,
                      interleaved=spec.interleaved, transposed=spec.transposed, precision=precision,
                      _fp8_weights=fp8_weights)
     return out.to(hidden_states.dtype)

@@ -550,3 +550,79 @@ def test_apply_fp8_rules_name_the_block():
         model(**b)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert torch.isfinite(model(**b).logits).all()
+
+
+# ---- DeepSeek-V4's clamped SwiGLU: silu(min(g, l)) * clamp(up, -l, l), leanmoe's swiglu_clamped with
+# alpha 1 and up offset 0. The families (transformers 5.25) and the attribute their experts keep the
+# limit in (from the config's swiglu_limit). Inkling2's soft-capped SwiGLU is another function (refused).
+CLAMPED_SWIGLU_FAMILIES = {"deepseek_v4": "limit", "glm5_next": "swiglu_limit", "hy_v4": "swiglu_limit",
+                           "hy_v4_vl": "swiglu_limit"}
+
+
+def _sweep_family(name):
+    import hf_family_sweep
+    family = next((f for f in hf_family_sweep.discover() if f.name == name), None)
+    if family is None or family.model_class is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {name} experts")
+    return hf_family_sweep, family
+
+
+@pytest.mark.parametrize("family", list(CLAMPED_SWIGLU_FAMILIES))
+def test_clamped_swiglu_family_matches_eager(family):
+    """The family's tiny model (hf_family_sweep's): logits, loss, every gradient as eager's, and the
+    spec leanmoe recognised: swiglu_clamped, alpha 1, the config's swiglu_limit, up offset 0."""
+    sweep, f = _sweep_family(family)
+    outcome, detail = sweep.check(f)
+    if outcome in ("not constructible", "not located"):
+        pytest.skip(f"{family}: {outcome}: {detail}")
+    assert outcome == "match", detail
+    model = sweep.build(f)
+    model.set_experts_implementation("leanmoe")
+    experts = experts_modules(model)[0]
+    spec = leanmoe.hf.experts_spec(experts)
+    limit = float(getattr(experts, CLAMPED_SWIGLU_FAMILIES[family]))
+    assert limit == float(getattr(model.config, "swiglu_limit", None) or
+                          getattr(model.config.get_text_config(), "swiglu_limit"))
+    assert (spec.activation, spec.act_alpha, spec.act_limit, spec.act_up_offset) == ("swiglu_clamped", 1.0, limit, 0.0)
+    assert (spec.interleaved, spec.transposed, spec.gated, spec.bias) == (False, False, True, False)
+
+
+@pytest.mark.parametrize("family", list(CLAMPED_SWIGLU_FAMILIES))
+def test_clamped_swiglu_experts_with_the_clamps_acting(family):
+    """The family's experts module alone, its weights scaled so that both clamps act (limit 1.5 set on
+    the module, pre-activations ~N(0, 4)): output and the gradients of x, the routing weights and both
+    expert weights as the eager experts' (fp32, CPU)."""
+    sweep, f = _sweep_family(family)
+    try:
+        eager_model = sweep.build(f)
+    except Exception as e:  # noqa: BLE001 (transformers' side)
+        pytest.skip(f"{family}: not constructible: {type(e).__name__}: {e}")
+    ours_model = copy.deepcopy(eager_model)
+    ours_model.set_experts_implementation("leanmoe")
+    eager, ours = experts_modules(eager_model)[0], experts_modules(ours_model)[0]
+    attr = CLAMPED_SWIGLU_FAMILIES[family]
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for m in (eager, ours):
+            setattr(m, attr, 1.5)
+        d = eager.gate_up_proj.shape[-1]
+        eager.gate_up_proj.copy_(torch.randn(eager.gate_up_proj.shape, generator=g) * 2 / d ** 0.5)
+        eager.down_proj.copy_(torch.randn(eager.down_proj.shape, generator=g) / eager.down_proj.shape[-1] ** 0.5)
+        ours.gate_up_proj.copy_(eager.gate_up_proj)
+        ours.down_proj.copy_(eager.down_proj)
+    E = eager.gate_up_proj.shape[0]
+    x = torch.randn(40, d, generator=g)
+    idx = torch.randint(0, E, (40, 2), generator=g)
+    w = torch.rand(40, 2, generator=g)
+    h = x @ eager.gate_up_proj[0].T  # the clamps act: some |gate| and |up| pre-activations pass 1.5
+    assert (h.abs() > 1.5).float().mean() > 0.2
+    results = []
+    for m in (eager, ours):
+        xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
+        m.zero_grad()
+        out = m(xi, idx, wi)
+        out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(5)))
+        results.append((out, xi.grad, wi.grad, m.gate_up_proj.grad, m.down_proj.grad))
+    assert "_leanmoe_experts_spec" in ours.__dict__ and ours.__dict__["_leanmoe_experts_spec"].act_limit == 1.5
+    for name, a, b in zip(("out", "dx", "d_topk_weights", "d_gate_up_proj", "d_down_proj"), *results):
+        assert rel(b, a) < 1e-5, f"{family}: {name}: relative error {rel(b, a):.2e}"

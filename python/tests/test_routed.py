@@ -13,9 +13,12 @@ from test_ops import close  # the tolerances of the op tests (their comment says
 
 
 # The activations written out in torch (as transformers' experts compute them), independently of leanmoe's.
-def torch_activation(name, h, interleaved, alpha=1.702, limit=7.0):
+def torch_activation(name, h, interleaved, alpha=1.702, limit=7.0, up_offset=1.0):
     if name in GATED_ACTIVATIONS:
         g, u = (h[..., ::2], h[..., 1::2]) if interleaved else h.chunk(2, dim=-1)
+        if name == "swiglu_clamped" and up_offset == 0:  # DeepSeek-V4's _apply_gate (alpha 1)
+            assert alpha == 1.0
+            return F.silu(g.clamp(max=limit)) * u.clamp(min=-limit, max=limit)
         if name == "swiglu_clamped":
             g = g.clamp(max=limit)
             return (u.clamp(-limit, limit) + 1) * g * torch.sigmoid(alpha * g)
@@ -26,7 +29,8 @@ def torch_activation(name, h, interleaved, alpha=1.702, limit=7.0):
             "relu2": lambda v: F.relu(v) ** 2}[name](h)
 
 
-def routed_reference(x, ids, weights, w1, w2, b1, b2, activation, interleaved, transposed, limit=7.0):
+def routed_reference(x, ids, weights, w1, w2, b1, b2, activation, interleaved, transposed, limit=7.0, alpha=1.702,
+                     up_offset=1.0):
     """fp32 loop over (token, slot) pairs; ids outside [0, E) add nothing."""
     E = w1.shape[0]
     out = torch.zeros_like(x)
@@ -37,7 +41,7 @@ def routed_reference(x, ids, weights, w1, w2, b1, b2, activation, interleaved, t
         w1e = w1[e] if transposed else w1[e].t()
         w2e = w2[e] if transposed else w2[e].t()
         h = x[t] @ w1e + (b1[e] if b1 is not None else 0)
-        y = torch_activation(activation, h, interleaved, limit=limit) @ w2e + (b2[e] if b2 is not None else 0)
+        y = torch_activation(activation, h, interleaved, alpha, limit, up_offset) @ w2e + (b2[e] if b2 is not None else 0)
         out = out.index_add(0, t, weights[t, k][:, None] * y)
     return out
 
@@ -100,6 +104,33 @@ def test_matches_reference(activation, interleaved, transposed, bias, dtype, dev
     assert torch.all(wts.grad[sentinel] == 0), "a sentinel slot's weight must get gradient 0"
 
 
+@pytest.mark.parametrize("interleaved,transposed,bias", [(False, False, False), (True, True, True)],
+                         ids=["deepseek_v4_layout", "interleaved_transposed_biased"])
+def test_deepseek_v4_clamped_swiglu_matches_reference(interleaved, transposed, bias, device):
+    """silu(min(g, l)) * clamp(u, -l, l): swiglu_clamped with act_alpha 1 and act_up_offset 0, output
+    and every gradient against the torch transcription of DeepseekV4Experts._apply_gate."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    skip_unsupported(device, dtype)
+    (d, n), T, E, K = widths(device), 41, 8, 2
+    limit = 1.5 if dtype == torch.float32 else 7.0  # as test_matches_reference (bf16 H crosses limits)
+    x, ids, wts, w1, w2, b1, b2 = make(T, d, n, E, K, "swiglu_clamped", transposed, bias, dtype, device,
+                                       sentinels=True)
+    out = leanmoe.moe_routed(x, ids, wts, w1, w2, b1, b2, activation="swiglu_clamped", act_alpha=1.0,
+                             act_limit=limit, act_up_offset=0.0, interleaved=interleaved, transposed=transposed)
+    d_out = torch.randn(T, d, generator=torch.Generator().manual_seed(1)).to(dtype).to(device)
+    (out.float() * d_out.float()).sum().backward()
+    leaves = [t for t in (x, wts, w1, w2, b1, b2) if t is not None]
+    ref_leaves = [t.detach().float().cpu().requires_grad_() for t in leaves]
+    rx, rw, rw1, rw2, *rb = ref_leaves
+    ref = routed_reference(rx, ids.cpu(), rw, rw1, rw2, rb[0] if bias else None, rb[1] if bias else None,
+                           "swiglu_clamped", interleaved, transposed, limit, alpha=1.0, up_offset=0.0)
+    (ref * d_out.float().cpu()).sum().backward()
+    close(out, ref, dtype, "output")
+    for name, got, want in zip(("dx", "d_topk_weights", "d_gate_up_proj", "d_down_proj", "d_gate_up_bias",
+                                "d_down_bias"), leaves, ref_leaves):
+        close(got.grad, want.grad, dtype, name)
+
+
 def test_fp32_weights_with_bf16_storage():
     x, ids, wts, w1, w2, _, _ = make(20, 32, 16, 6, 2, "swiglu", False, False, torch.bfloat16, "cpu")
     w32 = wts.detach().float().requires_grad_()
@@ -140,14 +171,21 @@ def test_errors_name_the_argument():
         leanmoe.moe_routed(x, ids, wts[:, :1], w1, w2)
     with pytest.raises(ValueError, match="down_proj"):
         leanmoe.moe_routed(x, ids, wts, w1, w2[:, :, :8])
+    for bad in (0.5, float("nan")):  # swiglu_clamped's up offset is 0 (DeepSeek-V4) or 1 (gpt-oss)
+        with pytest.raises(ValueError, match=r"act_up_offset 0 \(DeepSeek-V4\) or 1 \(gpt-oss\)"):
+            leanmoe.moe_routed(x, ids, wts, w1, w2, activation="swiglu_clamped", act_up_offset=bad)
 
 
 def test_expert_activation_op_matches_torch():
     h = torch.randn(50, 24) * 4
     for a in ACTIVATIONS:
         for interleaved in ([False, True] if a in GATED_ACTIVATIONS else [False]):
-            got = torch.ops.leanmoe.expert_activation(h, a, 1.702, 2.0, interleaved)
+            got = torch.ops.leanmoe.expert_activation(h, a, 1.702, 2.0, 1.0, interleaved)
             torch.testing.assert_close(got, torch_activation(a, h, interleaved, limit=2.0), rtol=1e-5, atol=1e-5)
+    for interleaved in (False, True):  # DeepSeek-V4's
+        got = torch.ops.leanmoe.expert_activation(h, "swiglu_clamped", 1.0, 2.0, 0.0, interleaved)
+        want = torch_activation("swiglu_clamped", h, interleaved, alpha=1.0, limit=2.0, up_offset=0.0)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -157,7 +195,7 @@ def test_opcheck(bias, device):
         pytest.skip("the CUDA backend has no expert biases (so far)")
     d, n = widths(device)
     x, ids, wts, w1, w2, b1, b2 = make(24, d, n, 6, 2, "swiglu", False, bias, dtype, device, sentinels=True)
-    fn = ("swiglu", 1.702, 7.0, False, False, "storage")
+    fn = ("swiglu", 1.702, 7.0, 1.0, False, False, "storage")
     args = (x, ids.int(), wts, w1, w2, b1, b2, *fn)
     torch.library.opcheck(torch.ops.leanmoe.moe_routed_forward.default, args)
     with torch.no_grad():

@@ -71,7 +71,7 @@ cuda::ExpertShape expert_shape(const MoEConfig& cfg, int64_t T) {
   return {T, cfg.d, cfg.n, activation_is_gated(cfg.activation), cfg.transposed, cfg.precision == Precision::fp8};
 }
 cuda::ExpertFunction expert_function(const MoEConfig& cfg) {
-  return {cfg.activation, cfg.act_alpha, cfg.act_limit, cfg.interleaved};
+  return {cfg.activation, cfg.act_alpha, cfg.act_limit, cfg.interleaved, cfg.act_up_offset};
 }
 
 // ---- FP8 (cfg.precision = fp8; docs/DESIGN.md "FP8") ----

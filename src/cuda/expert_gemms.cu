@@ -349,7 +349,7 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
   args.d = s.d;
   args.n = s.n;
   args.gated = s.gated;
-  args.act = {fn.alpha, fn.limit};
+  args.act = kernels::ActConstants::of(fn.alpha, fn.limit, fn.up_offset);
   args.interleaved = fn.interleaved;
   for (const GatherKernel& kernel : gather_kernels(kKind, fp8 != nullptr))
     if (kernel.config.same_kernel(config)) {

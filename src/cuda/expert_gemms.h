@@ -50,6 +50,7 @@ struct ExpertFunction {
   Activation activation = Activation::swiglu;
   float alpha = 1.702f, limit = 7.f;  // swiglu_clamped only
   bool interleaved = false;
+  float up_offset = 1.f;  // swiglu_clamped only (after interleaved: older initialisers stop before it)
 };
 
 // Empty when the GEMMs can take this shape, else the rule (e.g. "cfg.d must be a multiple of 64").

@@ -194,6 +194,26 @@ TEST(CudaBackend, EveryActivationBiasAndLayout) {
         }
 }
 
+// DeepSeek-V4's experts (and GLM-5-Next's, HY-V4's): silu(min(g, l)) clamp(u, -l, l), swiglu_clamped
+// with alpha 1 and up offset 0, [gate; up] in the HF layout without biases, as the model has them,
+// and interleaved, transposed with biases; the limit inside the pre-activations' range.
+TEST(CudaBackend, DeepSeekV4ClampedSwiGLU) {
+  REQUIRE_GPU();
+  uint64_t seed = 1900;
+  for (bool other_layout : {false, true}) {
+    MoEConfig c = base_config();
+    c.activation = Activation::swiglu_clamped;
+    c.act_alpha = 1.f;
+    c.act_limit = 1.5f;
+    c.act_up_offset = 0.f;
+    c.interleaved = c.transposed = other_layout;
+    c.aux_loss_coef = 0.01f;
+    HostLayerInputs in = reference::random_inputs(c, 300, DType::bf16, seed++);
+    if (other_layout) reference::add_random_biases(in, seed++);
+    expect_same(in, other_layout ? "interleaved, transposed, biased" : "DeepSeek-V4's layout");
+  }
+}
+
 TEST(CudaBackend, TokenRoundingAllModes) {
   REQUIRE_GPU();
   MoEConfig c = base_config();

@@ -303,16 +303,20 @@ void run_case(const Case& c, const Kernels& k = {}, bool transposed = false) {
 // and dw1 at the plain width W = n. Ragged rows with an empty expert, d = n = 192 (a partial last
 // column tile for both tile pairings), rows past the routed ones poisoned. transposed: the same
 // weights as W1 [E, d, W], W2 [E, n, d] (interleaved: W1's columns g0, u0, ..., gpt-oss's).
-void run_expert_function_case(leanmoe::Activation activation, bool interleaved, bool biased, bool transposed) {
+// up_offset: swiglu_clamped's (1 gpt-oss, 0 DeepSeek-V4).
+void run_expert_function_case(leanmoe::Activation activation, bool interleaved, bool biased, bool transposed,
+                              float up_offset = 1.f) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
   using leanmoe::act::Params;
   const bool gated = leanmoe::activation_is_gated(activation);
   SCOPED_TRACE(std::string(leanmoe::activation_name(activation)) + (interleaved ? " interleaved" : "") +
-               (biased ? " biased" : "") + (transposed ? " transposed" : ""));
+               (biased ? " biased" : "") + (transposed ? " transposed" : "") +
+               " up offset " + std::to_string(up_offset));
   const int64_t T = 150, E = 6, K = 2, d = 192, n = 192, W = gated ? 2 * n : n;
   const lc::ExpertShape s{T, d, n, gated, transposed};
-  const lc::ExpertFunction fn{activation, 1.702f, 1.5f, interleaved};
-  const Params p{activation, fn.alpha, fn.limit};
+  const float alpha = up_offset == 0.f ? 1.f : 1.702f;  // DeepSeek-V4's or gpt-oss's
+  const lc::ExpertFunction fn{activation, alpha, 1.5f, interleaved, up_offset};
+  const Params p{activation, fn.alpha, fn.limit, fn.up_offset};
   const Routing rt = make_routing(T, E, K, /*empty_expert=*/2, false, 77u);
   const int64_t R = rt.R, R_max = R + 3;
   std::mt19937 rng(7);
@@ -441,6 +445,15 @@ TEST(ExpertGemms, EveryActivationLayoutAndBias) {
 TEST(ExpertGemms, GptOssExpertFunction) {
   run_expert_function_case(leanmoe::Activation::swiglu_clamped, true, true, true);
   run_expert_function_case(leanmoe::Activation::relu2, false, true, true);
+}
+
+// DeepSeek-V4's clamped SwiGLU, silu(min(g, l)) clamp(u, -l, l) (alpha 1, up offset 0), on its layout
+// ([gate; up], HF, no bias) and on every other one.
+TEST(ExpertGemms, DeepSeekV4ExpertFunction) {
+  for (bool interleaved : {false, true})
+    for (bool biased : {false, true})
+      for (bool transposed : {false, true})
+        run_expert_function_case(leanmoe::Activation::swiglu_clamped, interleaved, biased, transposed, 0.f);
 }
 
 // A shape and function that disagree (a plain activation on a gated shape) are refused by name.

@@ -185,6 +185,8 @@ struct Case {
 struct Function {
   leanmoe::Activation activation = leanmoe::Activation::swiglu;
   bool interleaved = false, biased = false, transposed = false;
+  float up_offset = 1.f;  // swiglu_clamped's: 1 gpt-oss (alpha 1.702), 0 DeepSeek-V4 (alpha 1)
+  float limit = 7.f;
 };
 
 // The configs a case runs: every compiled FP8 one of `kind`, as is and capped at 2 CTAs, band 1.
@@ -207,8 +209,8 @@ void run_fp8_case(const Case& c, const Function& f) {
   const int64_t T = c.T, E = c.E, d = c.d, n = c.n, W = gated ? 2 * n : n;
   lc::ExpertShape s{T, d, n, gated, f.transposed};
   s.fp8 = true;
-  const lc::ExpertFunction fn{f.activation, 1.702f, 7.f, f.interleaved};
-  const leanmoe::act::Params p{f.activation, fn.alpha, fn.limit};
+  const lc::ExpertFunction fn{f.activation, f.up_offset == 0.f ? 1.f : 1.702f, f.limit, f.interleaved, f.up_offset};
+  const leanmoe::act::Params p{f.activation, fn.alpha, fn.limit, fn.up_offset};
   const Routing rt = make_routing(T, E, c.K, c.empty, c.all_to_one, 99u + uint32_t(T));
   const int64_t R = rt.R, R_max = R + 3;
   std::vector<int32_t> token_pad = rt.row_token;
@@ -393,6 +395,10 @@ TEST(ExpertGemmsFp8, SwiGLUBiasedTransposedLayout) {
 TEST(ExpertGemmsFp8, SwiGLUInterleaved) { run_fp8_case(kRagged, {leanmoe::Activation::swiglu, true, false, false}); }
 TEST(ExpertGemmsFp8, GeGLUInterleavedBiased) {
   run_fp8_case({200, 4, 2, 384, 256, -1, false}, {leanmoe::Activation::geglu, true, true, false});
+}
+// DeepSeek-V4's clamped SwiGLU (alpha 1, up offset 0) on its layout, the limit inside H's range.
+TEST(ExpertGemmsFp8, DeepSeekV4ClampedSwiGLU) {
+  run_fp8_case(kRagged, {leanmoe::Activation::swiglu_clamped, false, false, false, 0.f, 1.5f});
 }
 TEST(ExpertGemmsFp8, PlainReLU2) { run_fp8_case(kRagged, {leanmoe::Activation::relu2, false, false, false}); }
 TEST(ExpertGemmsFp8, PlainGeluBiased) {

@@ -12,9 +12,20 @@
 
 namespace leanmoe::cuda::kernels {
 
-// The constants of the clamped SwiGLU (act_alpha, act_limit), from the launch arguments.
+// The constants of the clamped SwiGLU (act_alpha, act_limit, act_up_offset), from the launch
+// arguments. 8 bytes: GemmArgs has no 4 bytes left (its 128 keep the default kernels' SASS), so the
+// up offset, 0 or 1 (validate.cpp), rides in the limit's sign bit (the limit is > 0).
 struct ActConstants {
-  float alpha, limit;
+  float alpha, limit_signed;  // limit_signed: +limit for up offset 1, -limit for 0
+
+  __host__ __device__ static ActConstants of(float alpha, float limit, float up_offset) {
+    return {alpha, up_offset == 0.f ? -limit : limit};
+  }
+  // The offset by arithmetic, not a select on the sign: with the select nvcc kept two copies of
+  // dH's epilogue (the swiglu_clamped dH kernels grew from 14.6k to 24.8k instructions).
+  __device__ __forceinline__ act::Params params(Activation kind) const {
+    return {kind, alpha, fabsf(limit_signed), 0.5f + copysignf(0.5f, limit_signed)};
+  }
 };
 
 // The backward of s·a for one column pair (g, u), with the upstream gradient dA and the row's
@@ -30,7 +41,7 @@ struct DeviceActivation {
   static constexpr bool kGated = activation_is_gated(kKind);
   static constexpr bool kNoBiasGateUp = false;  // see NoBiasGateUp
 
-  __device__ __forceinline__ static act::Params params(ActConstants c) { return {kKind, c.alpha, c.limit}; }
+  __device__ __forceinline__ static act::Params params(ActConstants c) { return c.params(kKind); }
 
   __device__ __forceinline__ static float forward(ActConstants c, float g, float u) {
     return act::forward(params(c), g, u);
