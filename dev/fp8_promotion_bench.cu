@@ -12,6 +12,9 @@
 //   fp8-lib-1wg   the same, one consumer warpgroup (nothing overlaps its promotion)
 //   fp8-n192      DeepGEMM's 1D2D shape: a 64 x 192 slice per warpgroup, 4 m64n192k32 into one part
 //                 per k-tile, wait<0>, promote 96 (a 128 x 192 tile)
+//   fp8-n192-2part the 64 x 192 slice as two n96 halves into two parts, each promoted while the next
+//                 half's wgmmas run (wait<1>): no drain of the wgmma queue per k-block
+//   fp8-q64-2part  the library's 64 x 256 slice as four n64 quarters into two parts, wait<1>
 // Built as leanmoe_dev_fp8_promotion in CUDA builds, or alone from the repository root:
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. \
 //   dev/fp8_promotion_bench.cu -o fp8_promotion_bench
@@ -47,6 +50,28 @@ __device__ __forceinline__ void wgmma_m64n192k32_e4m3(float (&d)[96], uint64_t d
       : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
 }
 
+__device__ __forceinline__ void wgmma_m64n96k32_e4m3(float (&d)[48], uint64_t desc_a, uint64_t desc_b,
+                                                     bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+      "%48, %49, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
+}
+
+__device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                     bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
+}
+
 __device__ __forceinline__ void wgmma_m64n256k32_e4m3(float (&d)[128], uint64_t desc_a, uint64_t desc_b,
                                                       bool accumulate) {
   asm volatile(
@@ -59,7 +84,7 @@ __device__ __forceinline__ void wgmma_m64n256k32_e4m3(float (&d)[128], uint64_t 
 }
 
 
-enum Variant { kBf16, kFp8Acc, kFp8AccHalves, kFp8Lib, kFp8Lib1Wg, kFp8N192 };
+enum Variant { kBf16, kFp8Acc, kFp8AccHalves, kFp8Lib, kFp8Lib1Wg, kFp8N192, kFp8N192TwoPart, kFp8Q64TwoPart };
 constexpr int kStages = 4;
 constexpr int kStageBytes = 48 * 1024;  // A 128 rows x 128 B, B 256 rows x 128 B
 constexpr int kABytes = 16 * 1024;
@@ -79,6 +104,7 @@ __global__ void __launch_bounds__(256, 1) promotion_bench(int k_tiles, float* ou
   float acc[128];
 #pragma unroll
   for (int j = 0; j < 128; ++j) acc[j] = 0.f;
+  float part0[48], part1[48], q0[32], q1[32];  // the two-part variants' parts (unused elsewhere)
   for (int kt = 0; kt < k_tiles; ++kt) {
     const uint32_t stage = base + uint32_t(kt % kStages) * kStageBytes;
     const uint32_t a = stage + wg * 64 * 128, b = stage + kABytes;
@@ -118,6 +144,49 @@ __global__ void __launch_bounds__(256, 1) promotion_bench(int k_tiles, float* ou
 #pragma unroll
         for (int j = 0; j < 64; ++j) acc[64 * h + j] += part[j] * s[(j >> 1) & 1][j >> 5];
       }
+    } else if constexpr (kV == kFp8N192TwoPart) {
+      // 64 x 192 per warpgroup as two n96 halves into two parts: each half's group is promoted while the
+      // next one runs (wait<1>), so the tensor pipe is not drained per k-block; acc 96 + 2 x 48 registers.
+      const float s0 = sa0 * sb0, s1 = sa1 * sb0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float(&p)[48] = h == 0 ? part0 : part1;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_m64n96k32_e4m3(p, smem_desc(a + kk * 32, 16, 1024), smem_desc(b + h * 96 * 128 + kk * 32, 16, 1024),
+                               kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();  // the other part's group (issued before this one) is complete
+        float(&q)[48] = h == 0 ? part1 : part0;
+        fence_registers(q);
+        if (kt > 0 || h == 1) {
+#pragma unroll
+          for (int j = 0; j < 48; ++j) acc[48 * (1 - h) + j] += q[j] * ((j >> 1) & 1 ? s1 : s0);
+        }
+      }
+    } else if constexpr (kV == kFp8Q64TwoPart) {
+      // 64 x 256 per warpgroup as four n64 quarters into two parts, promoted one group behind (wait<1>):
+      // acc 128 + 2 x 32 registers; m64n64 reads A once per 64 columns.
+      const float s[2][2] = {{sa0 * sb0, sa0 * sb1}, {sa1 * sb0, sa1 * sb1}};
+#pragma unroll
+      for (int qi = 0; qi < 4; ++qi) {
+        float(&p)[32] = (qi & 1) ? q1 : q0;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_m64n64k32_e4m3(p, smem_desc(a + kk * 32, 16, 1024), smem_desc(b + qi * 64 * 128 + kk * 32, 16, 1024),
+                               kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>();
+        float(&r)[32] = (qi & 1) ? q0 : q1;
+        fence_registers(r);
+        const int prev = (qi + 3) & 3;  // the quarter issued before this one
+        if (kt > 0 || qi > 0) {
+#pragma unroll
+          for (int j = 0; j < 32; ++j) acc[32 * prev + j] += r[j] * s[(j >> 1) & 1][prev >> 1];
+        }
+      }
     } else {  // kFp8N192
       float part[96];
       wgmma_fence();
@@ -132,7 +201,7 @@ __global__ void __launch_bounds__(256, 1) promotion_bench(int k_tiles, float* ou
       for (int j = 0; j < 96; ++j) acc[j] += part[j] * ((j >> 1) & 1 ? s1 : s0);
     }
   }
-  wgmma_wait<0>();
+  wgmma_wait<0>();  // (the two-part variants leave their last group unpromoted: one of k_tiles * 2 or * 4)
   fence_registers(acc);
   float sum = 0.f;
 #pragma unroll
@@ -162,6 +231,8 @@ int main(int argc, char** argv) {
       {"fp8-lib", promotion_bench<kFp8Lib>, 128.0 * 256 * 128 * 2},
       {"fp8-lib-1wg", promotion_bench<kFp8Lib1Wg>, 64.0 * 256 * 128 * 2},
       {"fp8-n192", promotion_bench<kFp8N192>, 128.0 * 192 * 128 * 2},
+      {"fp8-n192-2part", promotion_bench<kFp8N192TwoPart>, 128.0 * 192 * 128 * 2},
+      {"fp8-q64-2part", promotion_bench<kFp8Q64TwoPart>, 128.0 * 256 * 128 * 2},
   };
   float* out;
   CHECK(cudaMalloc(&out, sizeof(float) * sms * 256));
