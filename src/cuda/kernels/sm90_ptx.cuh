@@ -92,8 +92,8 @@ constexpr uint32_t kMNBlockBytes = 64 * 128;  // one 64-wide MN block of a 64-de
 // and bytes with addr + bytes < 2^18 (the start-address field spans 256 KB; a CTA's shared memory is
 // at most 228 KB): bytes >> 4 added to the field, which cannot carry out of it, so a 32-bit add of
 // the low word. The consumer mainloop builds its descriptors once and advances them per stage and
-// k-step (as CUTLASS's GmmaDescriptor iterator): half the warp instructions per k-tile of
-// rebuilding each one (docs/kernels.md "Descriptor advance").
+// k-step (as CUTLASS's GmmaDescriptor iterator): dW1 86 warp instructions per k-tile instead of
+// 151 rebuilding each one (docs/kernels.md "Descriptor advance").
 __host__ __device__ constexpr uint64_t smem_desc_advance(uint64_t desc, uint32_t bytes) {
   return (desc & ~uint64_t(0xFFFFFFFFu)) | uint32_t(uint32_t(desc) + (bytes >> 4));
 }
