@@ -494,7 +494,9 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   } else {
     // ---------------- consumers ----------------
     cutlass::arch::warpgroup_reg_alloc<kWideFeed ? 224 : 232>();
-    const int cwg = wg - 1;
+    // Shuffled from lane 0 (as CUTLASS's canonical_warp_group_idx) so that the compiler knows it is
+    // warp-uniform and keeps the descriptors below in uniform registers.
+    const int cwg = __shfl_sync(0xffffffffu, wg - 1, 0);
     // Frees a stage for the producers: of this CTA, and in cluster mode of both (mapa + remote arrive).
     auto release = [&](int stage) {
       if constexpr (kCluster) {
@@ -505,6 +507,12 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       }
     };
     float acc[Tile::kSlices][kTileN / 2];
+    // Stage 0's wgmma descriptors (sm90_ptx.cuh smem_desc), advanced per stage and k-step in the
+    // mainloop. A: this warpgroup's first 64-row slice, 64 K-major rows or one 64-wide MN block
+    // (8 KB either way; varlen-K MN-major, else K-major); B: K-major or MN-major as kBKMajor.
+    const uint64_t desc_a0 = smem_desc(smem_base + Tile::slice_row(cwg, 0) * kMNBlockBytes,
+                                       kVarlenK ? kMNBlockBytes : 16, 1024);
+    const uint64_t desc_b0 = smem_desc(smem_base + Tile::kABytes, kBKMajor ? 16 : kMNBlockBytes, 1024);
     int item = 0;  // stream position of tile i's first k-tile
     for (int i = 0; first_tile() + i * tile_stride() < total_tiles; ++i) {
       const int t = first_tile() + i * tile_stride();
@@ -531,16 +539,17 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           refs.load(args, min(kt + 1, num_k - 1), next_sa, next_sb);
           Barrier::wait(&full_bar[stage], (item / kStages) & 1);
           fence_proxy_async_smem();
-          const uint32_t a_slice = smem_base + stage * Tile::kStageBytes + Tile::slice_row(cwg, 0) * kMNBlockBytes;
-          const uint32_t b_smem = smem_base + stage * Tile::kStageBytes + Tile::kABytes;
+          const uint32_t stage_bytes = uint32_t(stage) * Tile::kStageBytes;
+          const uint64_t desc_a = smem_desc_advance(desc_a0, stage_bytes);
+          const uint64_t desc_b = smem_desc_advance(desc_b0, stage_bytes);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             float part[64];
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kTileK / 32; ++kk)  // 32 codes = 32 B along the K-major rows per step
-              wgmma_m64n128k32_e4m3(part, smem_desc(a_slice + kk * 32, 16, 1024),
-                                    smem_desc(b_smem + h * 128 * 128 + kk * 32, 16, 1024), kk > 0);
+              wgmma_m64n128k32_e4m3(part, smem_desc_advance(desc_a, kk * 32),
+                                    smem_desc_advance(desc_b, h * 128 * 128 + kk * 32), kk > 0);
             wgmma_commit();
             wgmma_wait<0>();
             fence_registers(part);
@@ -566,24 +575,21 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           Barrier::wait(&full_bar[stage], (item / kStages) & 1);
           // The cp.async rows arrived through the generic proxy; wgmma reads through the async proxy.
           fence_proxy_async_smem();
-          const uint32_t a_smem = smem_base + stage * Tile::kStageBytes;
-          const uint32_t b_smem = a_smem + Tile::kABytes;
+          const uint32_t stage_bytes = uint32_t(stage) * Tile::kStageBytes;
+          const uint64_t desc_a = smem_desc_advance(desc_a0, stage_bytes);
+          const uint64_t desc_b = smem_desc_advance(desc_b0, stage_bytes);
 #pragma unroll
           for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < kTileK / 16; ++kk) {
             // A k16 step is 32 B along a K-major row or 16 k-rows (2048 B) of an MN-major tile.
-            const uint64_t desc_b = kBKMajor ? smem_desc(b_smem + kk * 32, 16, 1024)
-                                             : smem_desc(b_smem + kk * 2048, kMNBlockBytes, 1024);
+            constexpr uint32_t kStepA = kVarlenK ? 2048 : 32, kStepB = kBKMajor ? 32 : 2048;
 #pragma unroll
-            for (int s = 0; s < Tile::kSlices; ++s) {
-              // 64-row slice of the A tile: 64 K-major rows or one 64-wide MN block, 8 KB either way.
-              const uint32_t a_slice = a_smem + Tile::slice_row(cwg, s) * kMNBlockBytes;
-              const uint64_t desc_a = kVarlenK ? smem_desc(a_slice + kk * 2048, kMNBlockBytes, 1024)
-                                               : smem_desc(a_slice + kk * 32, 16, 1024);
-              wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(acc[s], desc_a, desc_b);
-            }
+            for (int s = 0; s < Tile::kSlices; ++s)  // slice s: the next 8 KB of A
+              wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(
+                  acc[s], smem_desc_advance(desc_a, s * kMNBlockBytes + kk * kStepA),
+                  smem_desc_advance(desc_b, kk * kStepB));
           }
           wgmma_commit();
           // Keep one k-tile of wgmmas in flight; the one before it has retired: release its stage.

@@ -83,10 +83,24 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
 //   K-major tile [rows][64 k]: rows of 128 B, 8-row groups 1024 B apart (SBO); LBO unused (16).
 //   MN-major tile [MN/64 blocks][64 k][64 mn]: k-rows of 128 B, 8-row groups 1024 B apart (SBO),
 //   64-wide MN blocks 8192 B apart (LBO).
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+__host__ __device__ constexpr uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(lbo >> 4) << 16) | (uint64_t(sbo >> 4) << 32) | (uint64_t(1) << 62);
 }
 constexpr uint32_t kMNBlockBytes = 64 * 128;  // one 64-wide MN block of a 64-deep k-tile
+
+// smem_desc(addr + bytes, lbo, sbo) from smem_desc(addr, lbo, sbo), bit for bit, for 16-aligned addr
+// and bytes with addr + bytes < 2^18 (the start-address field spans 256 KB; a CTA's shared memory is
+// at most 228 KB): bytes >> 4 added to the field, which cannot carry out of it, so a 32-bit add of
+// the low word. The consumer mainloop builds its descriptors once and advances them per stage and
+// k-step (as CUTLASS's GmmaDescriptor iterator): dW1 86 warp instructions per k-tile instead of
+// 151 rebuilding each one (docs/kernels.md "Descriptor advance").
+__host__ __device__ constexpr uint64_t smem_desc_advance(uint64_t desc, uint32_t bytes) {
+  return (desc & ~uint64_t(0xFFFFFFFFu)) | uint32_t(uint32_t(desc) + (bytes >> 4));
+}
+static_assert(smem_desc(227 * 1024 - 16, 16, 1024) == smem_desc_advance(smem_desc(0, 16, 1024), 227 * 1024 - 16) &&
+                  smem_desc(0x3FFF0, kMNBlockBytes, 1024) ==
+                      smem_desc_advance(smem_desc(0x10010, kMNBlockBytes, 1024), 0x2FFE0),
+              "advancing a descriptor rebuilds it");
 
 // Byte offsets of 16-byte chunks in the two layouts above: the 128B swizzle XORs the chunk index
 // (within its 128 B row) with row % 8, exactly what wgmma expects for 1024-aligned tiles.
