@@ -38,10 +38,21 @@ LEANMOE_HOST_DEVICE inline int64_t up_column(int64_t j, int64_t n, bool interlea
 // exp and '/': the IEEE division brought a compare, a branch and a called slow path per element into
 // the up and dH epilogues (128 CALLs in the dH kernel). For v < -87 the denominator passes 2^126 and
 // the result is 0 where the exact one is below 1e-36.
+#if defined(__CUDA_ARCH__)
+// __expf(x) with the flush-to-zero ex2 (one MUFU.EX2; __expf's denormal-safe ex2 adds a compare and
+// two predicated multiplies per call). Used only as 1 + exp(x): where the two differ (2^(x·log2 e)
+// below 2^-126, or a denormal x·log2 e), 1 + e rounds to 1 + 0 either way, so sigmoid and silu are
+// bit-identical to __expf's for every float (dev/ex2_ftz_check.cu checks all 2^32 on the GPU).
+__device__ inline float exp_ftz(float x) {
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * 1.44269504088896341f));
+  return e;
+}
+#endif
 template <class Real>
 LEANMOE_HOST_DEVICE inline Real sigmoid(Real v) {
 #if defined(__CUDA_ARCH__)
-  if constexpr (std::is_same_v<Real, float>) return __fdividef(1.f, 1.f + __expf(-v));
+  if constexpr (std::is_same_v<Real, float>) return __fdividef(1.f, 1.f + exp_ftz(-v));
 #endif
   return Real(1) / (Real(1) + std::exp(-v));
 }
@@ -74,7 +85,7 @@ LEANMOE_HOST_DEVICE inline Real gelu_tanh_grad(Real x) {
 template <class Real>
 LEANMOE_HOST_DEVICE inline Real silu(Real x) {
 #if defined(__CUDA_ARCH__)  // one MUFU.RCP and a multiply, as sigmoid
-  if constexpr (std::is_same_v<Real, float>) return __fdividef(x, 1.f + __expf(-x));
+  if constexpr (std::is_same_v<Real, float>) return __fdividef(x, 1.f + exp_ftz(-x));
 #endif
   return x * sigmoid(x);
 }

@@ -6,7 +6,7 @@
 //
 //   leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]
 //                       [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]
-//                       [--precision bf16|fp8[,...]] [--iters N] [--warmup N]
+//                       [--precision bf16|fp8[,...]] [--iters N] [--warmup N] [--digest]
 //
 // --layout: the weights' layout (hf: W1 [E, 2n, d], W2 [E, d, n]; transposed: gpt-oss's [E, d, 2n],
 // [E, n, d], dW1 and dW2 written so); a list times each GEMM in every layout in turn (interleaved
@@ -21,6 +21,12 @@
 // out), the GEMM and the fp8_quantize_rows pass over that output ("-fp8-pass": A [R, n], dH [R, 2n]),
 // and the GEMM quantizing it in its epilogue ("-fp8-epi": up writes no bf16 A, dH keeps its bf16 dH),
 // the layer's path (the pass row times the alternative it replaced, docs/kernels.md "FP8 up and dH").
+//
+// --digest: no timing; each GEMM (configuration, layout, precision, FP8 way) launched once on the
+// fixed-seed inputs, its output buffers zeroed first, and a 64-bit hash of each output buffer printed
+// (up: H, A, A's codes and scales; dH: dH, A', ds partials, dH's codes and scales; the others their
+// one output): the same command on two builds prints the same lines iff the outputs are bitwise equal
+// (a kernel change meant to keep them). GEMMs run in the listed order, so dH after up reads up's H.
 //
 // --config runs the given kernel configuration (src/cuda/gemm_config.h, e.g.
 // up=gather:coop:128x256:s4:warp:c1:b4) for that GEMM kind on every shape, the heuristic's for the
@@ -58,6 +64,38 @@ using leanmoe::tools::DeviceBuffer;
 using leanmoe::tools::fill_uniform_bf16;
 using leanmoe::tools::split_commas;
 
+// Order-independent 64-bit hash of words [0, count): the sum of splitmix64(index << 32 | word).
+__global__ void digest_words(const uint32_t* words, size_t count, unsigned long long* sum) {
+  unsigned long long acc = 0;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (uint64_t(i) << 32 | words[i]) + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    acc += z ^ (z >> 31);
+  }
+  atomicAdd(sum, acc);
+}
+
+struct OutputBuffer {
+  const char* name;
+  void* ptr;
+  size_t bytes;  // a multiple of 4
+};
+template <class T>
+OutputBuffer output(const char* name, const DeviceBuffer<T>& b) {
+  return {name, b.ptr, b.count * sizeof(T)};
+}
+
+unsigned long long digest_of(const OutputBuffer& b) {
+  if (b.bytes % 4 != 0) throw std::runtime_error(std::string("--digest: ") + b.name + " is not whole 4-byte words");
+  DeviceBuffer<unsigned long long> sum(1);
+  check_cuda(cudaMemset(sum.ptr, 0, 8), "cudaMemset");
+  digest_words<<<1024, 256>>>(static_cast<const uint32_t*>(b.ptr), b.bytes / 4, sum.ptr);
+  unsigned long long h = 0;
+  check_cuda(cudaMemcpy(&h, sum.ptr, 8, cudaMemcpyDeviceToHost), "digest D2H");
+  return h;
+}
+
 DeviceBuffer<__nv_bfloat16> random_bf16(size_t count, float scale, uint32_t seed) {
   DeviceBuffer<__nv_bfloat16> b(count);
   fill_uniform_bf16<<<1024, 256>>>(b.ptr, count, scale, seed);
@@ -93,7 +131,7 @@ Requested parse_requested(const std::string& list) {
 
 void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, const Requested& requested,
                  const std::vector<bool>& layouts, const std::vector<bool>& precisions, bool interleaved, int sms,
-                 int iters, int warmup) {
+                 int iters, int warmup, bool digest) {
   const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
   const auto tokens_of = leanmoe::tools::uniform_topk_tokens(T, E, K, 1234);
   const std::vector<int32_t> offsets = leanmoe::tools::expert_offsets_of(tokens_of);
@@ -144,6 +182,7 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
     // FP8: quant = 0 the GEMM alone, 1 with the pass, 2 quantizing in the epilogue (up and dH only).
     std::function<void(const lc::ExpertShape&, const lc::GemmConfig*, int quant)> launch_fp8 = nullptr;
     int quant_modes = 1;
+    std::vector<OutputBuffer> outputs = {};  // --digest
   };
   using S = const lc::ExpertShape&;
   const std::vector<Gemm> gemms = {
@@ -157,12 +196,15 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
                              quant == 2 ? lc::Fp8Output{a_q.ptr, a_s.ptr} : lc::Fp8Output{}, nullptr, k);
          if (quant == 1) lc::fp8_quantize_rows(a.ptr, R, n, a_q.ptr, a_s.ptr, nullptr);
        },
-       3},
+       3,
+       {output("H", h), output("A", a), output("A_codes", a_q), output("A_scales", a_s)}},
       {GemmKind::Down, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, k); },
        [&](S s, const lc::GemmConfig* k, int) {
          lc::down_proj_fp8(rows, s, {a_q.ptr, a_s.ptr}, {w2_q.ptr, w2_s.ptr}, y.ptr, nullptr, nullptr, k);
-       }},
+       },
+       1,
+       {output("Y", y)}},
       {GemmKind::Dh, 2 * mnk,
        [&](S s, const lc::GemmConfig* k) {
          lc::dh_act_bwd(rows, s, fn, d_out.ptr, w2.ptr, h.ptr, dh.ptr, a_prime.ptr, ds_partial.ptr, nullptr, k);
@@ -173,16 +215,22 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
                             nullptr, k);
          if (quant == 1) lc::fp8_quantize_rows(dh.ptr, R, 2 * n, dh_q.ptr, dh_s.ptr, nullptr);
        },
-       3},
+       3,
+       {output("dH", dh), output("A'", a_prime), output("ds_partial", ds_partial), output("dH_codes", dh_q),
+        output("dH_scales", dh_s)}},
       {GemmKind::Dw2, 2 * mnk,
-       [&](S s, const lc::GemmConfig* k) { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr, k); }},
+       [&](S s, const lc::GemmConfig* k) { lc::dw2(rows, s, d_out.ptr, a_prime.ptr, dw2.ptr, nullptr, k); },
+       nullptr, 1, {output("dW2", dw2)}},
       {GemmKind::Dx, 4 * mnk,
        [&](S s, const lc::GemmConfig* k) { lc::dx_expert(rows, s, dh.ptr, w1.ptr, dx.ptr, nullptr, nullptr, k); },
        [&](S s, const lc::GemmConfig* k, int) {
          lc::dx_expert_fp8(rows, s, {dh_q.ptr, dh_s.ptr}, {w1t_q.ptr, w1t_s.ptr}, dx.ptr, nullptr, nullptr, k);
-       }},
+       },
+       1,
+       {output("dX", dx)}},
       {GemmKind::Dw1, 4 * mnk,
-       [&](S s, const lc::GemmConfig* k) { lc::dw1(rows, s, dh.ptr, x.ptr, dw1.ptr, nullptr, k); }},
+       [&](S s, const lc::GemmConfig* k) { lc::dw1(rows, s, dh.ptr, x.ptr, dw1.ptr, nullptr, k); },
+       nullptr, 1, {output("dW1", dw1)}},
   };
   for (const auto& g : gemms) {
     if (!only.empty() && std::find(only.begin(), only.end(), lc::gemm_kind_name(g.kind)) == only.end()) continue;
@@ -194,10 +242,21 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
       for (const lc::GemmConfig* want : requested[g.kind])  // checked in either precision asked (main)
       for (int quant = 0; quant < (use_fp8 ? g.quant_modes : 1); ++quant) {
         const std::string ran = lc::to_string(lc::resolve_gemm_config(g.kind, s, E, sms, want));
-        const double ms = leanmoe::tools::median_launch_ms(
-            iters, warmup, [&](int) { use_fp8 ? g.launch_fp8(s, want, quant) : g.launch(s, want); }, "GEMM launches");
         const std::string layout = std::string(transposed ? "transposed" : "hf") + (interleaved ? "-interleaved" : "") +
                                    (use_fp8 ? "-fp8" : "") + (quant == 1 ? "-pass" : quant == 2 ? "-epi" : "");
+        if (digest) {
+          for (const auto& o : g.outputs) check_cuda(cudaMemset(o.ptr, 0, o.bytes), "cudaMemset");
+          use_fp8 ? g.launch_fp8(s, want, quant) : g.launch(s, want);
+          check_cuda(cudaDeviceSynchronize(), "GEMM launch");
+          std::printf("| %s | %s | %s | %s |", c.name.c_str(), layout.c_str(), lc::gemm_kind_name(g.kind), ran.c_str());
+          for (const auto& o : g.outputs)
+            if (o.bytes) std::printf(" %s %016llx", o.name, digest_of(o));
+          std::printf(" |\n");
+          std::fflush(stdout);
+          continue;
+        }
+        const double ms = leanmoe::tools::median_launch_ms(
+            iters, warmup, [&](int) { use_fp8 ? g.launch_fp8(s, want, quant) : g.launch(s, want); }, "GEMM launches");
         std::printf("| %s | %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", c.name.c_str(),
                     layout.c_str(), (long long)T, (long long)d, (long long)n, (long long)E, (long long)K,
                     lc::gemm_kind_name(g.kind), ran.c_str(), ms, g.flops / (ms * 1e9));
@@ -239,17 +298,21 @@ int main(int argc, char** argv) {
     int iters = 20, warmup = 3;
     std::vector<bool> layouts = {false};  // transposed?
     std::vector<bool> precisions = {false};  // fp8?
-    bool interleaved = false;
+    bool interleaved = false, digest = false;
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
       if (flag == "--interleaved") {
         interleaved = true;
         continue;
       }
+      if (flag == "--digest") {
+        digest = true;
+        continue;
+      }
       if (flag == "--help" || flag == "-h") {
         std::printf("leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]\n"
                     "                    [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]\n"
-                    "                    [--precision bf16|fp8[,...]] [--iters N] [--warmup N]\n"
+                    "                    [--precision bf16|fp8[,...]] [--iters N] [--warmup N] [--digest]\n"
                     "shapes: %s\nCONFIG: family:schedule:MxN:stages:epilogue:cM[xN][:bBAND][:mMAX_CTAS], e.g. "
                     "gather:coop:128x256:s4:warp:c2:b8 (docs/kernels.md; with --layout transposed dw1 and dw2 run "
                     "each other's); compiled:\n",
@@ -298,12 +361,18 @@ int main(int argc, char** argv) {
                 s.fp8 = fp8 && kind != lc::GemmKind::Dw1 && kind != lc::GemmKind::Dw2;  // dW1, dW2 stay bf16
                 lc::resolve_gemm_config(kind, s, shape.E, prop.multiProcessorCount, want);
               }
-    std::printf("GPU: %s (%d SMs); median of %d launches after %d warm-up\n\n", prop.name, prop.multiProcessorCount,
-                iters, warmup);
-    std::printf("| shape | layout | T | d | n | E | K | GEMM | kernel | ms | TFLOP/s |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    if (digest) {
+      std::printf("GPU: %s (%d SMs); one launch per row, outputs zeroed first, hash of each output\n\n", prop.name,
+                  prop.multiProcessorCount);
+      std::printf("| shape | layout | GEMM | kernel | output digests |\n|---|---|---|---|---|\n");
+    } else {
+      std::printf("GPU: %s (%d SMs); median of %d launches after %d warm-up\n\n", prop.name,
+                  prop.multiProcessorCount, iters, warmup);
+      std::printf("| shape | layout | T | d | n | E | K | GEMM | kernel | ms | TFLOP/s |\n"
+                  "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    }
     for (const auto& s : shapes)
-      bench_shape(s, only, requested, layouts, precisions, interleaved, prop.multiProcessorCount, iters, warmup);
+      bench_shape(s, only, requested, layouts, precisions, interleaved, prop.multiProcessorCount, iters, warmup, digest);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_gemms: %s\n", e.what());

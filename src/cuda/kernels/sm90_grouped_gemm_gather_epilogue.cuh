@@ -68,6 +68,24 @@ __device__ __forceinline__ uint32_t warp_tile_offset(int row, int chunk) {
   return uint32_t(row * 64 + ((chunk ^ ((row >> 1) & 3)) << 4));
 }
 
+// A warp tile's 32 columns in the accumulator fragment layout, v[h][bl] = the lane's word of rows
+// 8h + lane/4, columns 8bl + 2·(lane%4): two stmatrix / ldmatrix x4 (rows 8h .. 8h + 7 of the four
+// 8-column blocks each, lane l addressing row l%8 of block l/8) in place of 8 shared stores / loads
+// of 4 bytes. Same bytes, same swizzle, still no bank conflict (a block's 8 rows: 8 distinct chunks
+// of the 128-byte bank line).
+__device__ __forceinline__ uint32_t fragment_rows_offset(int h) {
+  const int lane = threadIdx.x & 31;
+  return warp_tile_offset(8 * h + (lane & 7), lane >> 3);
+}
+__device__ __forceinline__ void store_fragment_tile(uint32_t tile, const uint32_t (&v)[2][4]) {
+  stmatrix_x4(tile + fragment_rows_offset(0), v[0]);
+  stmatrix_x4(tile + fragment_rows_offset(1), v[1]);
+}
+__device__ __forceinline__ void load_fragment_tile(uint32_t tile, uint32_t (&v)[2][4]) {
+  ldmatrix_x4(tile + fragment_rows_offset(0), v[0]);
+  ldmatrix_x4(tile + fragment_rows_offset(1), v[1]);
+}
+
 // Interleaved H (W1 rows g0, u0, g1, u1, ...): the 32 gate columns j0 + 32c .. of a chunk are 64
 // H columns, the first 32 in one tile, the next 32 in a second. The 4-byte word (g_j, u_j) of the
 // fragment column 8·bl + 2q + v sits in tile bl / 2 at this offset.
@@ -159,12 +177,12 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
   uint32_t a_pairs[2][kQuant ? 16 : 1];  // kQuant: A of chunk c, block bl at [h][4c + bl]
 #pragma unroll
   for (int c = 0; c < kHalf / 32; ++c) {
+    uint32_t gate_v[2][4], up_v[2][4], a_v[2][4];  // [gate; up]: the three tiles' fragments
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int bl = 0; bl < 4; ++bl) {  // the default path's order (kernels.md: its SASS as before biases)
         const int g = 4 * (4 * c + bl) + 2 * h, u = g + 4 * (kHalf / 8);
-        const uint32_t at = warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * (lane % 4);
         float g0 = acc[g], g1 = acc[g + 1], u0 = acc[u], u1 = acc[u + 1];
         if constexpr (kBias) {  // b1 of gate columns j, j+1 and of their up columns
           const int64_t j = j0 + 8 * (4 * c + bl) + 2 * (lane % 4);
@@ -187,16 +205,21 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
           st_shared_b32(tile + interleaved_pair_offset(lane / 4 + 8 * h, bl, lane % 4, 0), pack_bf16x2(g0, u0));
           st_shared_b32(tile + interleaved_pair_offset(lane / 4 + 8 * h, bl, lane % 4, 1), pack_bf16x2(g1, u1));
         } else {
-          st_shared_b32(gate_tile + at, pack_bf16x2(g0, g1));
-          st_shared_b32(up_tile + at, pack_bf16x2(u0, u1));
+          gate_v[h][bl] = pack_bf16x2(g0, g1);
+          up_v[h][bl] = pack_bf16x2(u0, u1);
         }
-        const uint32_t a2 = pack_bf16x2(Act::forward(args.act, g0, u0), Act::forward(args.act, g1, u1));
-        st_shared_b32(a_tile + at, a2);
-        if constexpr (kQuant) a_pairs[h][4 * c + bl] = a2;
+        a_v[h][bl] = pack_bf16x2(Act::forward(args.act, g0, u0), Act::forward(args.act, g1, u1));
+        if constexpr (kQuant) a_pairs[h][4 * c + bl] = a_v[h][bl];
       }
+    if constexpr (!kInterleaved) {
+      store_fragment_tile(gate_tile, gate_v);
+      store_fragment_tile(up_tile, up_v);
+    }
+    store_fragment_tile(a_tile, a_v);
     __syncwarp();
     const int chunk = lane % 4;
     const int64_t col = j0 + 32 * c + 8 * chunk;
+    const bool chunk_in = j0 + 32 * c < n;  // n % 64 == 0: the chunk's columns are all in or all past n
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int row = lane / 4 + 8 * j;
@@ -205,7 +228,7 @@ __device__ __forceinline__ void store_up_gated(const GemmArgs& args, const float
 #pragma unroll
       for (int t = 0; t < 3; ++t) v[t] = ld_shared_v4(gate_tile + t * kWarpTileBytes + at);
       const int64_t r = row0 + row;
-      if (r < row_end && col < n) {
+      if (r < row_end && chunk_in) {
         if constexpr (kInterleaved) {  // H columns 2(j0 + 32c) + [0, 32) and + [32, 64)
           bf16* const h_row = args.out + r * 2 * n + 2 * (j0 + 32 * c) + 8 * chunk;
           *reinterpret_cast<uint4*>(h_row) = v[0];
@@ -273,17 +296,18 @@ __device__ __forceinline__ void store_up_plain(const GemmArgs& args, const float
         }
       }
     auto stage = [&](uint32_t tile, int half, bool activated) {
+      uint32_t v[2][4];
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int bl = 0; bl < 4; ++bl) {
           const float x0 = hv[half][h][bl][0], x1 = hv[half][h][bl][1];
-          const uint32_t v = activated ? pack_bf16x2(Act::forward(args.act, x0, 0.f), Act::forward(args.act, x1, 0.f))
-                                       : pack_bf16x2(x0, x1);
-          st_shared_b32(tile + warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * q, v);
+          v[h][bl] = activated ? pack_bf16x2(Act::forward(args.act, x0, 0.f), Act::forward(args.act, x1, 0.f))
+                               : pack_bf16x2(x0, x1);
           if constexpr (kQuant)
-            if (activated) a_pairs[half][h][4 * c + bl] = v;
+            if (activated) a_pairs[half][h][4 * c + bl] = v[h][bl];
         }
+      store_fragment_tile(tile, v);
     };
     const int64_t col0 = j0 + 32 * c, col1 = col0 + kHalf;
     stage(tile0, 0, false);
@@ -408,8 +432,8 @@ __device__ __forceinline__ void store_up_rows_warp_staged(const GemmArgs& args, 
 //      are read into registers in the accumulator layout, and the next chunk's H is requested at
 //      once, so that its latency hides behind this chunk's arithmetic and stores; dg, du and A' then
 //      go out one after another through the third tile. The producer has prefetched the tile's H
-//      rows into L2 (prefetch_h_row_l2). Rows past the expert's and columns past n get no ds term
-//      and no store. kInterleaved: H and dH in W1's interleaved row order (a chunk's 64 H columns
+//      rows into L2 (prefetch_h_row_l2). Rows past the expert's and columns past n are neither
+//      stored nor their ds partials. kInterleaved: H and dH in W1's interleaved row order (a chunk's 64 H columns
 //      through the two tiles, (dg_j, du_j) pairs out in two passes). A plain activation: H and dH
 //      [R, n], one tile in, dg and A' out. kQuant (out_q asked for): dH also quantized in 1x128 tiles
 //      of its rows (W1's row order: [gate; up] and plain, the dg (du) columns of 4 chunks; interleaved,
@@ -427,12 +451,17 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
   const int64_t w = kHalves * n;  // H's and dH's row stride
   const uint32_t g_tile = staging + warp_in_wg * kWarpStagingBytes, u_tile = g_tile + kWarpTileBytes,
                  o_tile = u_tile + kWarpTileBytes;
+  // The lane's rows (lane/4 + 8j) in the expert's rows, once per tile, not per element or store.
+  bool row_in[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) row_in[j] = row0 + lane / 4 + 8 * j < row_end;
   auto load_h = [&](int c) {
     const int64_t col = n0 + 32 * c + 8 * q;
+    if (n0 + 32 * c >= n) return;  // n % 64 == 0: a chunk's columns are all in or all past n
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int row = lane / 4 + 8 * j;
-      if (row0 + row >= row_end || col >= n) continue;  // never read below (no ds term, no store)
+      if (!row_in[j]) continue;  // never stored below (nor its ds)
       if constexpr (kInterleaved) {
         const bf16* src = args.h + (row0 + row) * w + 2 * (n0 + 32 * c) + 8 * q;
         cp_async_16(g_tile + warp_tile_offset(row, q), src, true);
@@ -445,6 +474,7 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
     }
   };
   // The third tile's 16 rows to dst (row stride ld), columns n0 + 32c ..; __syncwarp on both sides.
+  // (The chunk loop below ends at n, so every column of a stored chunk is in.)
   auto store_o_tile = [&](bf16* dst, int64_t ld, int c) {
     __syncwarp();
     const int64_t col = n0 + 32 * c + 8 * q;
@@ -452,16 +482,13 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
     for (int j = 0; j < 2; ++j) {
       const int row = lane / 4 + 8 * j;
       const uint4 v = ld_shared_v4(o_tile + warp_tile_offset(row, q));
-      if (row0 + row < row_end && col < n) *reinterpret_cast<uint4*>(dst + (row0 + row) * ld + col) = v;
+      if (row_in[j]) *reinterpret_cast<uint4*>(dst + (row0 + row) * ld + col) = v;
     }
     __syncwarp();
   };
   float gate[2], ds[2][kParts] = {};
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t r = row0 + lane / 4 + 8 * h;
-    gate[h] = r < row_end ? args.row_gate[r] : 0.f;
-  }
+  for (int h = 0; h < 2; ++h) gate[h] = row_in[h] ? args.row_gate[row0 + lane / 4 + 8 * h] : 0.f;
   // kQuant: the current dH tiles' bf16 pairs (quantize_row_tiles' layout), dg's (interleaved: the
   // (dg, du) pairs) in q_g, du's in q_u; 64 registers at most, where the mainloop's promotion held 64.
   static_assert(!kQuant || kTileN % 128 == 0, "whole 1x128 tiles of dH per column tile");
@@ -472,33 +499,33 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
     if (n0 + 32 * c >= n) break;  // the last column tile of an n that is not a multiple of kTileN
     asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncwarp();
-    uint32_t g2[2][4], u2[2][4];
+    uint32_t g2[2][4], u2[2][4] = {};
+    if constexpr (kInterleaved) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int bl = 0; bl < 4; ++bl) {
-        const int row = lane / 4 + 8 * h;
-        if constexpr (kInterleaved) {
+        for (int bl = 0; bl < 4; ++bl) {
+          const int row = lane / 4 + 8 * h;
           const uint32_t tile = bl < 2 ? g_tile : u_tile;
           const uint32_t w0 = ld_shared_b32(tile + interleaved_pair_offset(row, bl, q, 0));
           const uint32_t w1 = ld_shared_b32(tile + interleaved_pair_offset(row, bl, q, 1));
           g2[h][bl] = low_halves(w0, w1);
           u2[h][bl] = high_halves(w0, w1);
-        } else {
-          const uint32_t at = warp_tile_offset(row, bl) + 4 * q;
-          g2[h][bl] = ld_shared_b32(g_tile + at);
-          u2[h][bl] = kGated ? ld_shared_b32(u_tile + at) : 0u;
         }
-      }
+    } else {
+      load_fragment_tile(g_tile, g2);
+      if constexpr (kGated) load_fragment_tile(u_tile, u2);
+    }
     __syncwarp();
     if (c + 1 < kChunks) load_h(c + 1);
-    uint32_t dg2[2][4] = {}, du2[2][4] = {};
+    // Every element, without a bounds test: the chunk's columns are in, and a row past the expert's
+    // (stale staging values) is neither stored nor its ds partial (store_ds_partials tests the row).
+    uint32_t dg2[2][4], du2[2][4];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int bl = 0; bl < 4; ++bl) {
         const int b = 4 * c + bl;  // 8-column block of the tile
-        if (row0 + lane / 4 + 8 * h >= row_end || n0 + 8 * b >= n) continue;  // no ds term
         activation_backward_pair<Act>(args.act, gate[h], g2[h][bl], u2[h][bl], acc[4 * b + 2 * h],
                                       acc[4 * b + 2 * h + 1], dg2[h][bl], du2[h][bl], ds[h][b / 16]);
       }
@@ -519,7 +546,7 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
         for (int j = 0; j < 2; ++j) {
           const int row = lane / 4 + 8 * j;
           const uint4 v = ld_shared_v4(o_tile + warp_tile_offset(row, q));
-          if (row0 + row < row_end)
+          if (row_in[j])
             *reinterpret_cast<uint4*>(args.out + (row0 + row) * w + 2 * (n0 + 32 * c) + 32 * p + 8 * q) = v;
         }
         __syncwarp();
@@ -530,15 +557,16 @@ __device__ __forceinline__ void store_dh_rows(const GemmArgs& args, float (&acc)
 #pragma unroll
     for (int out = kInterleaved ? 2 : 0; out < 3; ++out) {
       if (!kGated && out == 1) continue;  // no du
+      uint32_t v[2][4];
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int bl = 0; bl < 4; ++bl) {
           const int b = 4 * c + bl;
-          const uint32_t v = out == 0 ? dg2[h][bl] : out == 1 ? du2[h][bl]
-                                                              : pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]);
-          st_shared_b32(o_tile + warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * q, v);
+          v[h][bl] = out == 0 ? dg2[h][bl] : out == 1 ? du2[h][bl]
+                                                      : pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]);
         }
+      store_fragment_tile(o_tile, v);
       if (out < 2) store_o_tile(args.out + out * n, w, c);
       else store_o_tile(args.out2, n, c);
     }

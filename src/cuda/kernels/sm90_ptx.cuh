@@ -176,12 +176,28 @@ __device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
   asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
   return v;
 }
+// Four 8x8 b16 matrices between shared memory and the mma fragment layout (lane l: row l/4, the
+// 4-byte word l%4 of each); lane l gives the 16-byte row (l%8) of matrix l/8. One instruction
+// where the fragment's shared loads / stores were four.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&v)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]), "r"(v[1]),
+               "r"(v[2]), "r"(v[3])
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&v)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+               : "r"(addr)
+               : "memory");
+}
 __device__ __forceinline__ uint32_t pack_bf16x2(float x, float y) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
+// bf16 -> float is exact: the bits move up 16 (one shift or mask per half; __bfloat1622float2 took
+// a PRMT and a shift for the high half).
 __device__ __forceinline__ float2 unpack_bf16x2(uint32_t v) {
-  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  return {__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u)};
 }
 
 }  // namespace leanmoe::cuda::kernels::sm90
