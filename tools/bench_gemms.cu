@@ -50,6 +50,7 @@
 #include "../src/cuda/expert_gemms.h"
 #include "../src/cuda/gemm_config.h"
 #include "../src/cuda/launchers.h"
+#include "../src/splitmix64.h"
 #include "bench_data.cuh"
 #include "configs.h"
 #include "cuda_bench.h"
@@ -67,12 +68,8 @@ using leanmoe::tools::split_commas;
 // Order-independent 64-bit hash of words [0, count): the sum of splitmix64(index << 32 | word).
 __global__ void digest_words(const uint32_t* words, size_t count, unsigned long long* sum) {
   unsigned long long acc = 0;
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x) {
-    uint64_t z = (uint64_t(i) << 32 | words[i]) + 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    acc += z ^ (z >> 31);
-  }
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += size_t(gridDim.x) * blockDim.x)
+    acc += leanmoe::splitmix64(uint64_t(i) << 32 | words[i]);
   atomicAdd(sum, acc);
 }
 

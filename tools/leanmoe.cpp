@@ -21,6 +21,7 @@
 #include "../src/cuda/backward_overlap.h"
 #endif
 
+#include "../src/splitmix64.h"
 #include "balanced_routing.h"
 #include "configs.h"
 #include "leanmoe/leanmoe.h"
@@ -240,12 +241,6 @@ BenchShape chosen_shape(const Options& o, Device dev) {
 // parallel on the host: the grid's largest weights (120B-n2048, 1.6e9 elements) fill in well
 // under a second on 16 cores, where std::normal_distribution would take about a minute.
 // ---------------------------------------------------------------------------------------------
-uint64_t splitmix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 // Uniform in [-1, 1) times sqrt(3) * std: the given standard deviation, never zero-filled.
 void fill_random(const Buffer& buf, DType dtype, int64_t count, float std, uint64_t seed) {
@@ -873,9 +868,9 @@ int main(int argc, char** argv) {
     throw UsageError("unknown subcommand '" + cmd + "' (expected bench, check or version)");
   } catch (const UsageError& e) {
     std::fprintf(stderr, "leanmoe: %s\nrun 'leanmoe --help' for usage\n", e.what());
-    return 2;
+    return tools::kExitUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe: error: %s\n", e.what());
-    return 1;
+    return tools::kExitFailure;
   }
 }

@@ -460,19 +460,27 @@ leanmoe::Activation parse_activation(c10::string_view name) {
   TORCH_CHECK_VALUE(false, "leanmoe: argument 'activation': must be one of ", all, ", got '", std::string(name), "'");
 }
 
+// The experts' function from the ops' arguments (the activation, its constants, W1's row order); the rest
+// of the config at its defaults.
+leanmoe::MoEConfig expert_function_config(c10::string_view activation, double act_alpha, double act_limit,
+                                          double act_up_offset, bool interleaved) {
+  leanmoe::MoEConfig c;
+  c.activation = parse_activation(activation);
+  c.act_alpha = float(act_alpha);
+  c.act_limit = float(act_limit);
+  c.act_up_offset = float(act_up_offset);
+  c.interleaved = interleaved;
+  return c;
+}
+
 // The layer's shape from the weights in their layout: gate_up_proj [E, W, d] ([E, d, W] transposed).
 leanmoe::MoEConfig routed_config(const at::Tensor& gate_up_proj, int64_t top_k, c10::string_view activation,
                                  double act_alpha, double act_limit, double act_up_offset, bool interleaved,
                                  bool transposed, c10::string_view precision, bool fp8_weights_given = false) {
   TORCH_CHECK_VALUE(gate_up_proj.dim() == 3, "leanmoe: argument 'gate_up_proj': must be 3-D [E, W, d] (or [E, d, W] "
                     "transposed), got ", gate_up_proj.sizes());
-  leanmoe::MoEConfig c;
+  leanmoe::MoEConfig c = expert_function_config(activation, act_alpha, act_limit, act_up_offset, interleaved);
   c.routing = leanmoe::Routing::given;
-  c.activation = parse_activation(activation);
-  c.act_alpha = float(act_alpha);
-  c.act_limit = float(act_limit);
-  c.act_up_offset = float(act_up_offset);
-  c.interleaved = interleaved;
   c.transposed = transposed;
   const int64_t W = gate_up_proj.size(transposed ? 2 : 1);
   const bool gated = leanmoe::activation_is_gated(c.activation);
@@ -641,12 +649,7 @@ at::Tensor expert_activation(const at::Tensor& h, c10::string_view activation, d
                              double act_up_offset, bool interleaved) {
   return translate_errors([&] {
     TORCH_CHECK_VALUE(h.dim() == 2, "leanmoe::expert_activation: argument 'h': must be 2-D [R, W], got ", h.sizes());
-    leanmoe::MoEConfig c;
-    c.activation = parse_activation(activation);
-    c.act_alpha = float(act_alpha);
-    c.act_limit = float(act_limit);
-    c.act_up_offset = float(act_up_offset);
-    c.interleaved = interleaved;
+    leanmoe::MoEConfig c = expert_function_config(activation, act_alpha, act_limit, act_up_offset, interleaved);
     const bool gated = leanmoe::activation_is_gated(c.activation);
     c.n = gated ? h.size(1) / 2 : h.size(1);
     const at::Tensor hf = h.to(at::kFloat).contiguous();

@@ -14,6 +14,7 @@
 
 #include "leanmoe/optim.h"
 #include "optim/binary_io.h"
+#include "splitmix64.h"
 #include "validate.h"
 
 namespace leanmoe::optim {
@@ -26,18 +27,10 @@ namespace {
 
 constexpr char kStackMagic[8] = {'L', 'M', 'S', 'T', 'K', 'v', '1', 0};
 
-// splitmix64's finaliser. Used as a counter-based generator: element i of a tensor depends only on
-// the tensor's key and i, so many threads fill a tensor with the same bits as one (a 16-layer
-// OLMoE-shaped stack draws 6.4e9 weights: ~3 minutes on one core, seconds on a 16-core host).
-uint64_t mix64(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // N(0, 1/fan_in) values rounded to dtype: Box-Muller on pairs of counter-based uniforms in (0, 1)
-// (so the values do not depend on the standard library's normal_distribution or the thread count).
+// from splitmix64, so the values depend neither on the standard library's normal_distribution nor
+// on the thread count (a 16-layer OLMoE-shaped stack draws 6.4e9 weights: ~3 minutes on one core,
+// seconds on a 16-core host).
 std::vector<char> random_weights(int64_t numel, int64_t fan_in, DType dtype, uint64_t key) {
   std::vector<char> bytes(size_t(numel) * dtype_size(dtype));
   const double stdev = 1.0 / std::sqrt(double(fan_in));
@@ -51,8 +44,8 @@ std::vector<char> random_weights(int64_t numel, int64_t fan_in, DType dtype, uin
   const int64_t pairs = (numel + 1) / 2;
 #pragma omp parallel for schedule(static) if (pairs >= 4096)
   for (int64_t j = 0; j < pairs; ++j) {
-    const double u1 = (double(mix64(key + 2 * uint64_t(j)) >> 11) + 0.5) * 0x1.0p-53;
-    const double u2 = (double(mix64(key + 2 * uint64_t(j) + 1) >> 11) + 0.5) * 0x1.0p-53;
+    const double u1 = (double(splitmix64(key + 2 * uint64_t(j)) >> 11) + 0.5) * 0x1.0p-53;
+    const double u2 = (double(splitmix64(key + 2 * uint64_t(j) + 1) >> 11) + 0.5) * 0x1.0p-53;
     const double r = std::sqrt(-2.0 * std::log(u1)) * stdev, angle = 6.283185307179586 * u2;
     put(2 * j, r * std::cos(angle));
     if (2 * j + 1 < numel) put(2 * j + 1, r * std::sin(angle));
@@ -226,7 +219,7 @@ MoEStack::MoEStack(std::vector<MoEConfig> cfgs, int64_t T, DType dtype, Device d
   const int64_t d = cfgs[0].d;
   uint64_t tensor_index = 0;
   auto upload = [&](Buffer& buf, int64_t numel, int64_t fan_in) {
-    const uint64_t key = mix64(mix64(seed) + tensor_index++);
+    const uint64_t key = splitmix64(splitmix64(seed) + tensor_index++);
     const std::vector<char> host = random_weights(numel, fan_in, dtype, key);
     buf = Buffer(device, host.size());
     copy_to_device(device, buf.data(), host.data(), host.size());
