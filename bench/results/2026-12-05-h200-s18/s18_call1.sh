@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Session 18, device call 1 (carry .carry/s18; binaries and the python front unpacked in /tmp/s18),
-# alone on the GPU, in this order (most needed first: a cut call keeps what it wrote to $OUT):
-#   1. gather_sum_kernel's time under ncu, base (main 1dfa407: one row at a time) vs new (gsum: four
+# Session 18, device call 1 (carry [".carry/s18", ".carry/blaslibs.tar.xz"]; the binaries and the python
+# front unpacked in /tmp/s18), alone on the GPU, the most needed first (a cut call keeps what it wrote to $OUT):
+#   1. the whole GPU suite of gsum (main + gsum.patch);
+#   2. the python suite on CUDA (the front built here against torch 2.11.0+cu130 and gsum's core;
+#      sessions 15-17's python changes had run on the CPU only);
+#   3. gather_sum_kernel's time under ncu, base (main 1dfa407: one row at a time) vs new (gsum: four
 #      rows loaded before they are summed), forward aggregate and backward dx, 4 rows;
-#   2. `leanmoe check --device cuda` with both binaries: the printed errors must be identical
-#      (the sum's order is unchanged). The layer itself is call 3's (bench/vs_sonic.sh);
-#   2b. the layer, base vs new alternating, 7B-n256 and 120B-n2048 (backward's dx gather-sum runs
+#   4. `leanmoe check --device cuda` with both binaries: the printed errors must be identical
+#      (the sum's order is unchanged);
+#   5. the layer, base vs new alternating, 7B-n256 and 120B-n2048 (backward's dx gather-sum runs
 #      beside dW1 on the SMs dW1 leaves: there the loads in flight per thread may matter);
-#   3. the whole GPU suite of gsum; 4. the python suite on CUDA (the front built here against torch
-#      2.11.0+cu130 and gsum's core; sessions 15-17's python changes had run on the CPU only);
-#   5. compute-sanitizer memcheck and racecheck on the layer tests that run the gather-sum.
+#   6. compute-sanitizer memcheck and racecheck on the layer tests that run the gather-sum.
 # Returns summary.txt (also on stdout), gpu_tests.log, pytest.log and s18c1_logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
@@ -20,19 +21,19 @@ say() { echo "$*" | tee -a $S; }
 budget=560
 cap() { local left=$((budget - SECONDS)); [ $left -lt 5 ] && left=5; [ $1 -lt $left ] && echo $1 || echo $left; }
 for f in leanmoe_new leanmoe_base leanmoe_gpu_tests; do xz -dc $C/$f.xz > $B/$f && chmod +x $B/$f || say "MISSING $f"; done
-tar xJf $C/site.tar.xz -C $B/site && cp $C/blaslibs.tar.xz $C/commit $C/commit_base $B/ || say "staging failed"
+tar xJf $C/site.tar.xz -C $B/site || say "staging failed"
+source scripts/device_env.sh  # OpenBLAS for the python front, NCCL for every binary
 say "new $(cat $C/commit), base $(cat $C/commit_base); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-say "== 3. GPU suite (gsum) (t=$SECONDS)"
-export LD_LIBRARY_PATH=/tmp/blas:${LD_LIBRARY_PATH:-}; mkdir -p /tmp/blas && tar xJf $B/blaslibs.tar.xz -C /tmp/blas
+say "== 1. GPU suite (gsum) (t=$SECONDS)"
 timeout $(cap 240) $B/leanmoe_gpu_tests --gtest_brief=1 > $FINAL/gpu_tests.log 2>&1
 say "gpu tests rc=$? (t=$SECONDS)"; grep -E "^\[  FAILED|PASSED|FAILED TEST|Failure" $FINAL/gpu_tests.log | head -20 | tee -a $S
-say "== 4. python suite on CUDA: front $(cat $B/commit); $(python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)' 2>&1 | tail -1) (t=$SECONDS)"
+say "== 2. python suite on CUDA: front $(cat $C/commit); $(python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)' 2>&1 | tail -1) (t=$SECONDS)"
 R="$PWD"
 (cd /tmp && PYTHONPATH=$B/site timeout $(cap 300) python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider --maxfail=30 \
    "$R/python/tests") > $FINAL/pytest.log 2>&1
 say "pytest rc=$? (t=$SECONDS)"; grep -E "passed|failed|error" $FINAL/pytest.log | tail -3 | tee -a $S
 grep -E "^(FAILED|ERROR)" $FINAL/pytest.log | head -30 | tee -a $S
-say "== 1. ncu gather_sum_kernel (t=$SECONDS)"
+say "== 3. ncu gather_sum_kernel (t=$SECONDS)"
 for c in 7B-n256 30B-n512 120B-n2048 olmoe-1b-7b; do
   for v in base new; do
     timeout $(cap 40) ncu -k regex:gather_sum --metrics gpu__time_duration.sum --csv --print-units base \
@@ -42,11 +43,11 @@ for c in 7B-n256 30B-n512 120B-n2048 olmoe-1b-7b; do
     say "$c $v rc=$rc gather_sum us (fwd, bwd alternating): $us"
   done
 done
-say "== 2. check, base vs new (t=$SECONDS)"
+say "== 4. check, base vs new (t=$SECONDS)"
 for v in base new; do timeout $(cap 60) $B/leanmoe_$v check --device cuda --seeds 1 > $L/check_$v.txt 2>&1; echo "check $v rc=$?" >> $S; done
 if cmp -s $L/check_base.txt $L/check_new.txt; then say "check: IDENTICAL ($(wc -l < $L/check_new.txt) lines)";
 else say "check: DIFFER"; diff $L/check_base.txt $L/check_new.txt | head -20 | tee -a $S; fi
-say "== 2b. layer base vs new, graph replays, two rounds alternating (t=$SECONDS)"
+say "== 5. layer base vs new, graph replays, two rounds alternating (t=$SECONDS)"
 for r in 1 2; do for c in 7B-n256 120B-n2048; do
   read -r warm iters < <(python3 bench/steady_iters.py "$c")
   order="base new"; [ $r = 2 ] && order="new base"
@@ -56,7 +57,7 @@ for r in 1 2; do for c in 7B-n256 120B-n2048; do
     say "r$r $c $v rc=$? $(python3 -c "import json,sys; r=json.load(open(sys.argv[1]))['results'][0]; print({k: v for k, v in r.items() if 'ms' in k and not k.endswith('_all')})" $L/layer_r${r}_${c}_$v.json 2>&1 | tail -1)"
   done
 done; done
-say "== 5. sanitizers on the layer tests that run the gather-sum (t=$SECONDS)"
+say "== 6. sanitizers on the layer tests that run the gather-sum (t=$SECONDS)"
 F='CudaBackend.TopKRaggedBothConventions:CudaBackend.EmptyExpertAndHotExpert:CudaBackend.TokensNotAMultipleOfTheTile:CudaBackend.SingleToken'
 for tool in memcheck racecheck; do
   timeout $(cap 60) compute-sanitizer --tool $tool --error-exitcode 9 $B/leanmoe_gpu_tests --gtest_brief=1 --gtest_filter="$F" \
