@@ -11,6 +11,7 @@
 #   5. the layer, base vs new alternating, 7B-n256 and 120B-n2048 (backward's dx gather-sum runs
 #      beside dW1 on the SMs dW1 leaves: there the loads in flight per thread may matter);
 #   6. compute-sanitizer memcheck and racecheck on the layer tests that run the gather-sum.
+# BUDGET (default 560) seconds in all; NCU=0 skips step 3.
 # Returns summary.txt (also on stdout), gpu_tests.log, pytest.log and s18c1_logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../.."
@@ -18,7 +19,7 @@ FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"
 C=.carry/s18; B=/tmp/s18; L=/tmp/s18c1-logs; rm -rf $B $L; mkdir -p $B/site $L
 S=$FINAL/summary.txt; : > $S
 say() { echo "$*" | tee -a $S; }
-budget=560
+budget="${BUDGET:-560}"  # seconds for the whole call; steps are cut to what is left
 cap() { local left=$((budget - SECONDS)); [ $left -lt 5 ] && left=5; [ $1 -lt $left ] && echo $1 || echo $left; }
 for f in leanmoe_new leanmoe_base leanmoe_gpu_tests; do xz -dc $C/$f.xz > $B/$f && chmod +x $B/$f || say "MISSING $f"; done
 tar xJf $C/site.tar.xz -C $B/site || say "staging failed"
@@ -34,7 +35,8 @@ R="$PWD"
 say "pytest rc=$? (t=$SECONDS)"; grep -E "passed|failed|error" $FINAL/pytest.log | tail -3 | tee -a $S
 grep -E "^(FAILED|ERROR)" $FINAL/pytest.log | head -30 | tee -a $S
 say "== 3. ncu gather_sum_kernel (t=$SECONDS)"
-for c in 7B-n256 30B-n512 120B-n2048 olmoe-1b-7b; do
+[ "${NCU:-1}" = 1 ] || say "skipped (NCU=0)"
+[ "${NCU:-1}" = 1 ] && for c in 7B-n256 30B-n512 120B-n2048 olmoe-1b-7b; do
   for v in base new; do
     timeout $(cap 40) ncu -k regex:gather_sum --metrics gpu__time_duration.sum --csv --print-units base \
       $B/leanmoe_$v bench --config $c --router topk_then_softmax --iters 2 --warmup 1 > $L/ncu_${c}_$v.csv 2>&1
