@@ -35,8 +35,7 @@ R="$PWD"
 say "pytest rc=$? (t=$SECONDS)"; grep -E "passed|failed|error" $FINAL/pytest.log | tail -3 | tee -a $S
 grep -E "^(FAILED|ERROR)" $FINAL/pytest.log | head -30 | tee -a $S
 say "== 3. ncu gather_sum_kernel (t=$SECONDS)"
-[ "${NCU:-1}" = 1 ] || say "skipped (NCU=0)"
-[ "${NCU:-1}" = 1 ] && for c in 7B-n256 30B-n512 120B-n2048 olmoe-1b-7b; do
+if [ "${NCU:-1}" != 1 ]; then say "skipped (NCU=0)"; else for c in 7B-n256 30B-n512 120B-n2048 olmoe-1b-7b; do
   for v in base new; do
     timeout $(cap 40) ncu -k regex:gather_sum --metrics gpu__time_duration.sum --csv --print-units base \
       $B/leanmoe_$v bench --config $c --router topk_then_softmax --iters 2 --warmup 1 > $L/ncu_${c}_$v.csv 2>&1
@@ -44,7 +43,7 @@ say "== 3. ncu gather_sum_kernel (t=$SECONDS)"
     us=$(grep gpu__time_duration $L/ncu_${c}_$v.csv | awk -F'","' '{gsub(/[",]/,"",$NF); printf "%.1f ", $NF/1000}')
     say "$c $v rc=$rc gather_sum us (fwd, bwd alternating): $us"
   done
-done
+done; fi
 say "== 4. check, base vs new (t=$SECONDS)"
 for v in base new; do timeout $(cap 60) $B/leanmoe_$v check --device cuda --seeds 1 > $L/check_$v.txt 2>&1; echo "check $v rc=$?" >> $S; done
 if cmp -s $L/check_base.txt $L/check_new.txt; then say "check: IDENTICAL ($(wc -l < $L/check_new.txt) lines)";
