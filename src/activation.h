@@ -15,6 +15,12 @@
 
 namespace leanmoe::act {
 
+// Every Activation, in enum order (the GPU's launch tables are indexed by it; tests sweep it).
+inline constexpr Activation kAll[] = {Activation::swiglu,    Activation::geglu,          Activation::geglu_tanh,
+                                      Activation::reglu,     Activation::swiglu_clamped, Activation::swiglu_softcapped,
+                                      Activation::gelu,      Activation::gelu_tanh,      Activation::silu,
+                                      Activation::relu,      Activation::relu2};
+
 // What an activation needs beyond its kind (the clamped SwiGLU's constants).
 struct Params {
   Activation kind = Activation::swiglu;
@@ -99,6 +105,17 @@ LEANMOE_HOST_DEVICE inline Real silu_grad(Real x) {
   return silu_grad_of_sigmoid(x, sigmoid(x));
 }
 
+// tanh(x / c) (the soft cap c·tanh(x / c) over c). On the GPU the quotient by __fdividef: IEEE '/'
+// brings a slow path per element (see sigmoid); c is a cap of order 1-100, far from __fdividef's
+// limits, so the quotient is within 2 ulp.
+template <class Real>
+LEANMOE_HOST_DEVICE inline Real tanh_over(Real x, Real c) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (std::is_same_v<Real, float>) return tanhf(__fdividef(x, c));
+#endif
+  return std::tanh(x / c);
+}
+
 // f of the gate (gated) or of h (plain), and f'.
 template <class Real>
 LEANMOE_HOST_DEVICE inline Real gate_fn(Activation k, Real x) {
@@ -112,7 +129,8 @@ LEANMOE_HOST_DEVICE inline Real gate_fn(Activation k, Real x) {
     case Activation::reglu:
     case Activation::relu: return x > Real(0) ? x : Real(0);
     case Activation::relu2: return x > Real(0) ? x * x : Real(0);
-    case Activation::swiglu_clamped: break;  // not of this form (forward() handles it)
+    case Activation::swiglu_clamped:
+    case Activation::swiglu_softcapped: break;  // not of this form (forward() handles them)
   }
   return Real(0);
 }
@@ -128,7 +146,8 @@ LEANMOE_HOST_DEVICE inline Real gate_fn_grad(Activation k, Real x) {
     case Activation::reglu:
     case Activation::relu: return x > Real(0) ? Real(1) : Real(0);
     case Activation::relu2: return x > Real(0) ? Real(2) * x : Real(0);
-    case Activation::swiglu_clamped: break;
+    case Activation::swiglu_clamped:
+    case Activation::swiglu_softcapped: break;
   }
   return Real(0);
 }
@@ -141,6 +160,10 @@ LEANMOE_HOST_DEVICE inline Real forward(const Params& p, Real g, Real u) {
     const Real gc = g < l ? g : l;
     const Real uc = u < -l ? -l : (u > l ? l : u);
     return (uc + Real(p.up_offset)) * gc * sigmoid(Real(p.alpha) * gc);
+  }
+  if (p.kind == Activation::swiglu_softcapped) {  // in Inkling2's order: (sc(g) * sigmoid(g)) * sc(u)
+    const Real cg = Real(p.alpha), cu = Real(p.limit);
+    return cg * tanh_over(g, cg) * sigmoid(g) * (cu * tanh_over(u, cu));
   }
   const Real f = gate_fn(p.kind, g);
   return activation_is_gated(p.kind) ? f * u : f;
@@ -158,6 +181,14 @@ LEANMOE_HOST_DEVICE inline void backward(const Params& p, Real g, Real u, Real& 
     const Real dglu = s + alpha * gc * s * (Real(1) - s);
     da_dg = g <= l ? (uc + Real(p.up_offset)) * dglu : Real(0);
     da_du = (u >= -l && u <= l) ? glu : Real(0);
+    return;
+  }
+  if (p.kind == Activation::swiglu_softcapped) {  // d(c·tanh(x/c))/dx = 1 - tanh(x/c)^2
+    const Real cg = Real(p.alpha), cu = Real(p.limit);
+    const Real tg = tanh_over(g, cg), tu = tanh_over(u, cu), s = sigmoid(g);
+    const Real gate = cg * tg * s, up = cu * tu;
+    da_dg = ((Real(1) - tg * tg) * s + cg * tg * s * (Real(1) - s)) * up;
+    da_du = gate * (Real(1) - tu * tu);
     return;
   }
   if (activation_is_gated(p.kind)) {

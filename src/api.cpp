@@ -34,6 +34,7 @@ const char* activation_name(Activation a) {
     case Activation::geglu_tanh: return "geglu_tanh";
     case Activation::reglu: return "reglu";
     case Activation::swiglu_clamped: return "swiglu_clamped";
+    case Activation::swiglu_softcapped: return "swiglu_softcapped";
     case Activation::gelu: return "gelu";
     case Activation::gelu_tanh: return "gelu_tanh";
     case Activation::silu: return "silu";
@@ -152,6 +153,8 @@ std::string MoEConfig::describe() const {
   if (activation == Activation::swiglu_clamped)
     s += "(alpha " + std::to_string(act_alpha) + ", limit " + std::to_string(act_limit) + ", up offset " +
          std::to_string(act_up_offset) + ")";
+  if (activation == Activation::swiglu_softcapped)
+    s += "(gate cap " + std::to_string(act_alpha) + ", up cap " + std::to_string(act_limit) + ")";
   if (interleaved) s += " interleaved";
   if (transposed) s += " transposed";
   if (precision != Precision::storage) s += std::string(" precision=") + precision_name(precision);

@@ -394,6 +394,10 @@ void validate_config(const MoEConfig& cfg, const char* fn) {
   if (cfg.activation == Activation::swiglu_clamped && cfg.act_up_offset != 0.f && cfg.act_up_offset != 1.f)
     fail(fn, "cfg", "swiglu_clamped needs cfg.act_up_offset 0 (DeepSeek-V4) or 1 (gpt-oss)",
          std::to_string(cfg.act_up_offset));
+  if (cfg.activation == Activation::swiglu_softcapped &&
+      !(cfg.act_alpha > 0 && std::isfinite(cfg.act_alpha) && cfg.act_limit > 0 && std::isfinite(cfg.act_limit)))
+    fail(fn, "cfg", "swiglu_softcapped needs finite caps cfg.act_alpha (gate) > 0 and cfg.act_limit (up) > 0",
+         "alpha " + std::to_string(cfg.act_alpha) + ", limit " + std::to_string(cfg.act_limit));
   if (cfg.precision != Precision::storage && cfg.precision != Precision::fp8)
     fail(fn, "cfg", "cfg.precision must be one of the Precision values", std::to_string(int(cfg.precision)));
   if (cfg.fp8_weights_given && cfg.precision != Precision::fp8)

@@ -4,6 +4,7 @@
 // activation's derivatives, and the activation functions at known values.
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "../src/activation.h"
 #include "reference_checks.h"
@@ -14,12 +15,10 @@ using reference::HostLayerInputs;
 
 namespace {
 
-constexpr Activation kAll[] = {Activation::swiglu, Activation::geglu,     Activation::geglu_tanh,
-                               Activation::reglu,  Activation::swiglu_clamped, Activation::gelu,
-                               Activation::gelu_tanh, Activation::silu,   Activation::relu,
-                               Activation::relu2};
+using act::kAll;
 
-// The clamp limit is small enough that many of the N(0, 1) pre-activations hit it (gpt-oss uses 7).
+// The clamp limit is small enough that many of the N(0, 1) pre-activations hit it (gpt-oss uses 7); as
+// swiglu_softcapped's caps (gate 1.702, up 0.6) both soft caps bend them well away from linear.
 MoEConfig act_config(Activation a, bool interleaved, bool transposed, Routing routing) {
   MoEConfig c = small_config(/*d=*/32, /*n=*/16, /*E=*/8, /*K=*/2);
   c.activation = a;
@@ -184,6 +183,18 @@ TEST(Activations, KnownValues) {
       EXPECT_NEAR(dg, (v4_ref(g + h, u) - v4_ref(g - h, u)) / (2 * h), 1e-6) << g << ", " << u;
       EXPECT_NEAR(du, (v4_ref(g, u + h) - v4_ref(g, u - h)) / (2 * h), 1e-6) << g << ", " << u;
     }
+  // Inkling2's (transformers' Inkling2SoftcappedSwiGLU): 4 tanh(g / 4) sigmoid(g) 25 tanh(u / 25), and
+  // its partial derivatives against central differences (smooth everywhere).
+  const act::Params ink{Activation::swiglu_softcapped, 4.f, 25.f};
+  auto ink_ref = [](double g, double u) { return 4 * std::tanh(g / 4) / (1 + std::exp(-g)) * 25 * std::tanh(u / 25); };
+  for (double g : {-30.0, -5.0, -1.0, 0.0, 0.3, 4.0, 12.0, 40.0})
+    for (double u : {-90.0, -25.0, -0.5, 0.0, 2.0, 30.0}) {
+      EXPECT_NEAR(act::forward<double>(ink, g, u), ink_ref(g, u), 1e-12) << g << ", " << u;
+      act::backward<double>(ink, g, u, dg, du);
+      const double h = 1e-6;
+      EXPECT_NEAR(dg, (ink_ref(g + h, u) - ink_ref(g - h, u)) / (2 * h), 1e-6) << g << ", " << u;
+      EXPECT_NEAR(du, (ink_ref(g, u + h) - ink_ref(g, u - h)) / (2 * h), 1e-6) << g << ", " << u;
+    }
   // Offset 0 makes no other change: a(g, u) = a_gpt-oss(g, u) - glu(g').
   const act::Params oss_alpha1{Activation::swiglu_clamped, 1.f, 10.f, 1.f};
   EXPECT_NEAR(act::forward<double>(oss_alpha1, 2.0, 3.0) - act::forward<double>(v4, 2.0, 3.0),
@@ -220,6 +231,24 @@ TEST(Activations, ConfigRules) {
   c.act_up_offset = 0.f;
   EXPECT_NO_THROW(plan_layer(c, 4, DType::f32, Device::cpu));
   c.act_up_offset = 1.f;
+  // The soft caps: finite and > 0, both named.
+  c.activation = Activation::swiglu_softcapped;
+  for (auto [gate_cap, up_cap] : {std::pair{0.f, 25.f}, {4.f, -1.f}, {std::nanf(""), 25.f}, {4.f, INFINITY}}) {
+    c.act_alpha = gate_cap;
+    c.act_limit = up_cap;
+    try {
+      plan_layer(c, 4, DType::f32, Device::cpu);
+      ADD_FAILURE() << "caps " << gate_cap << ", " << up_cap << " were accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("swiglu_softcapped needs finite caps cfg.act_alpha (gate) > 0 and "
+                                           "cfg.act_limit (up) > 0"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  c.act_alpha = 4.f;
+  c.act_limit = 25.f;
+  EXPECT_NO_THROW(plan_layer(c, 4, DType::f32, Device::cpu));
   // A plain activation's up-projection has n rows, so its saved H is [R, n].
   c.activation = Activation::gelu;
   LayerMemory mem(c, 4, DType::f32, Device::cpu);

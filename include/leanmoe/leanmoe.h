@@ -85,6 +85,9 @@ enum class Activation {
   geglu_tanh,      // gelu_tanh(g) * u
   reglu,           // relu(g) * u
   swiglu_clamped,  // gpt-oss: (clamp(u, -limit, limit) + up_offset) * g' * sigmoid(alpha * g'), g' = min(g, limit)
+  // Inkling2: sc(g, alpha) * sigmoid(g) * sc(u, limit), sc(x, c) = c * tanh(x / c): the soft caps bound the
+  // gate's linear factor and up, the sigmoid sees the raw gate (act_alpha, act_limit: the two caps).
+  swiglu_softcapped,
   gelu,            // plain: gelu(h), exact
   gelu_tanh,       // plain: gelu_tanh(h)
   silu,            // plain: silu(h)
@@ -105,7 +108,7 @@ const char* activation_name(Activation);
 const char* precision_name(Precision);
 constexpr bool activation_is_gated(Activation a) {
   return a == Activation::swiglu || a == Activation::geglu || a == Activation::geglu_tanh || a == Activation::reglu ||
-         a == Activation::swiglu_clamped;
+         a == Activation::swiglu_clamped || a == Activation::swiglu_softcapped;
 }
 
 struct MoEConfig {
@@ -123,8 +126,8 @@ struct MoEConfig {
   bool check_finite = false;  // reject NaN/Inf in x and the weights (costs one pass over each)
   // The experts (DESIGN.md "Activations" and "Weight layouts"):
   Activation activation = Activation::swiglu;
-  float act_alpha = 1.702f;  // swiglu_clamped only
-  float act_limit = 7.f;     // swiglu_clamped only
+  float act_alpha = 1.702f;  // swiglu_clamped; swiglu_softcapped: the gate's cap (Inkling2: 4)
+  float act_limit = 7.f;     // swiglu_clamped; swiglu_softcapped: up's cap (Inkling2: 25)
   // swiglu_clamped only: added to the clamped up value, 1 (gpt-oss) or 0 (DeepSeek-V4 and its kin,
   // whose a = silu(min(g, l)) clamp(u, -l, l) is this with act_alpha 1).
   float act_up_offset = 1.f;

@@ -128,8 +128,9 @@ torch.library.register_autograd("leanmoe::moe_forward", _backward, setup_context
 
 # ---- routing given by the caller ----
 # leanmoe.h Activation, by name; the gated ones split the up-projection into gate and up halves.
-ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh", "reglu", "swiglu_clamped", "gelu", "gelu_tanh", "silu", "relu", "relu2")
-GATED_ACTIVATIONS = ACTIVATIONS[:5]
+ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh", "reglu", "swiglu_clamped", "swiglu_softcapped", "gelu", "gelu_tanh",
+               "silu", "relu", "relu2")
+GATED_ACTIVATIONS = ACTIVATIONS[:6]
 # leanmoe.h Precision: the expert GEMMs' operands in the parameters' dtype, or e4m3 with block scales
 # (bfloat16 parameters, d and n multiples of 128; docs/DESIGN.md "FP8").
 PRECISIONS = ("storage", "fp8")

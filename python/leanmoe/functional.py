@@ -324,7 +324,9 @@ def moe_routed(x, topk_experts, topk_weights, gate_up_proj, down_proj, gate_up_b
       gate_up_bias [E, W], down_bias [E, d]: optional
     activation: one of leanmoe.functional.ACTIVATIONS (swiglu_clamped is gpt-oss's, with act_alpha
     and act_limit: (clamp(u, -l, l) + act_up_offset) g' sigmoid(act_alpha g'), g' = min(g, l);
-    act_up_offset 0 with act_alpha 1 is DeepSeek-V4's, GLM-5-Next's and HY-V4's; 0 and 1 only).
+    act_up_offset 0 with act_alpha 1 is DeepSeek-V4's, GLM-5-Next's and HY-V4's; 0 and 1 only;
+    swiglu_softcapped is Inkling2's, cg tanh(g / cg) sigmoid(g) cu tanh(u / cu) with the gate's cap
+    cg = act_alpha and up's cu = act_limit, both finite and > 0)
     Expert weights and x share one dtype (bfloat16 or float32) and device; under
     torch.autocast x, the weights and biases are cast as in ``moe``. x may have no tokens.
     precision: as in ``moe``. _fp8_weights (transformers experts under "leanmoe_fp8", leanmoe.hf):

@@ -14,8 +14,9 @@
    the gradient of the routing weights flows back into it. The experts' flags are honoured:
    ``has_gate`` (gated, or a plain up-projection ``up_proj``), ``has_bias``, ``is_transposed``,
    ``is_concatenated`` (else interleaved gate/up), and the activation (the module's ``act_fn``, or
-   an overridden ``_apply_gate`` such as gpt-oss's or DeepSeek-V4's clamped SwiGLU), recognised by evaluating the
-   module's own function against leanmoe's once per module. What leanmoe cannot run (a post-expert
+   an overridden ``_apply_gate`` such as gpt-oss's or DeepSeek-V4's clamped SwiGLU, or Inkling2's
+   soft-capped one), recognised by evaluating the module's own function against leanmoe's once per
+   module. What leanmoe cannot run (a post-expert
    norm, an unknown activation, or a feature the device's backend lacks) raises an error naming
    the model and the feature. ``leanmoe.optim.ExpertAdamW`` updates these experts in backward.
    ``experts_implementation="leanmoe_fp8"`` runs the same with the up, down, dH and dX expert GEMMs
@@ -114,6 +115,14 @@ def _clamped_swiglu_constant(module, names, default):
     return default
 
 
+def _softcaps(module):
+    """The (gate, up) caps of a soft-capped SwiGLU, c·tanh(x / c) on each: Inkling2 keeps them on
+    ``act_fn.gate_softcap.softcap`` and ``act_fn.up_softcap.softcap``. None when the module has none."""
+    act_fn = getattr(module, "act_fn", None)
+    caps = [getattr(getattr(act_fn, f"{part}_softcap", None), "softcap", None) for part in ("gate", "up")]
+    return None if None in caps else tuple(float(c) for c in caps)
+
+
 def _recognise_activation(module, gated, interleaved, name):
     """leanmoe's activation that equals the module's own (its _apply_gate or act_fn) on a probe."""
     if gated:
@@ -122,10 +131,14 @@ def _recognise_activation(module, gated, interleaved, name):
             want = module._apply_gate(probe.clone()).float()
         alpha = _clamped_swiglu_constant(module, ("alpha", "swiglu_alpha"), 1.702)  # gpt-oss's defaults
         limit = _clamped_swiglu_constant(module, ("limit", "swiglu_limit"), 7.0)
-        candidates = [(a, 1.702, 7.0, 1.0) for a in GATED_ACTIVATIONS if a != "swiglu_clamped"]
+        candidates = [(a, 1.702, 7.0, 1.0) for a in GATED_ACTIVATIONS
+                      if a not in ("swiglu_clamped", "swiglu_softcapped")]
         candidates.append(("swiglu_clamped", alpha, limit, 1.0))
         # DeepSeek-V4's silu(min(g, limit)) * clamp(up, -limit, limit): alpha 1, no +1 on up.
         candidates.append(("swiglu_clamped", 1.0, limit, 0.0))
+        caps = _softcaps(module)
+        if caps is not None:  # the gate's cap rides in act_alpha, up's in act_limit
+            candidates.append(("swiglu_softcapped", *caps, 1.0))
         layout = "interleaved" if interleaved else "[gate; up]"
         own_gate = type(module)._apply_gate is not _default_apply_gate()
         what = (f"its own {type(module).__qualname__}._apply_gate" if own_gate else

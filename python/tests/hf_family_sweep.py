@@ -355,6 +355,8 @@ def leanmoe_spec(module):
     flags = [f for f in ("interleaved", "transposed", "bias") if getattr(s, f)] + ([] if s.gated else ["no gate"])
     if s.activation == "swiglu_clamped":  # gpt-oss's (alpha 1.702, up offset 1) or DeepSeek-V4's (1, 0)
         flags.insert(0, f"alpha {s.act_alpha:g}, limit {s.act_limit:g}, up offset {s.act_up_offset:g}")
+    if s.activation == "swiglu_softcapped":  # Inkling2's
+        flags.insert(0, f"gate cap {s.act_alpha:g}, up cap {s.act_limit:g}")
     return s.activation + (f" ({', '.join(flags)})" if flags else "")
 
 

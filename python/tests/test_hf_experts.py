@@ -554,7 +554,7 @@ def test_apply_fp8_rules_name_the_block():
 
 # ---- DeepSeek-V4's clamped SwiGLU: silu(min(g, l)) * clamp(up, -l, l), leanmoe's swiglu_clamped with
 # alpha 1 and up offset 0. The families (transformers 5.25) and the attribute their experts keep the
-# limit in (from the config's swiglu_limit). Inkling2's soft-capped SwiGLU is another function (refused).
+# limit in (from the config's swiglu_limit).
 CLAMPED_SWIGLU_FAMILIES = {"deepseek_v4": "limit", "glm5_next": "swiglu_limit", "hy_v4": "swiglu_limit",
                            "hy_v4_vl": "swiglu_limit"}
 
@@ -587,11 +587,11 @@ def test_clamped_swiglu_family_matches_eager(family):
     assert (spec.interleaved, spec.transposed, spec.gated, spec.bias) == (False, False, True, False)
 
 
-@pytest.mark.parametrize("family", list(CLAMPED_SWIGLU_FAMILIES))
-def test_clamped_swiglu_experts_with_the_clamps_acting(family):
-    """The family's experts module alone, its weights scaled so that both clamps act (limit 1.5 set on
-    the module, pre-activations ~N(0, 4)): output and the gradients of x, the routing weights and both
-    expert weights as the eager experts' (fp32, CPU)."""
+def _experts_alone_match_eager(family, set_constants, bound):
+    """The family's experts module alone, fp32 on the CPU, with `set_constants(module)` applied to the
+    eager and the leanmoe copy and its weights scaled so that pre-activations are ~N(0, 4) (more than
+    a fifth of them beyond `bound`, where a clamp or soft cap acts): output and the gradients of x,
+    the routing weights and both expert weights as the eager experts'. Returns leanmoe's module."""
     sweep, f = _sweep_family(family)
     try:
         eager_model = sweep.build(f)
@@ -600,11 +600,10 @@ def test_clamped_swiglu_experts_with_the_clamps_acting(family):
     ours_model = copy.deepcopy(eager_model)
     ours_model.set_experts_implementation("leanmoe")
     eager, ours = experts_modules(eager_model)[0], experts_modules(ours_model)[0]
-    attr = CLAMPED_SWIGLU_FAMILIES[family]
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for m in (eager, ours):
-            setattr(m, attr, 1.5)
+            set_constants(m)
         d = eager.gate_up_proj.shape[-1]
         eager.gate_up_proj.copy_(torch.randn(eager.gate_up_proj.shape, generator=g) * 2 / d ** 0.5)
         eager.down_proj.copy_(torch.randn(eager.down_proj.shape, generator=g) / eager.down_proj.shape[-1] ** 0.5)
@@ -614,8 +613,8 @@ def test_clamped_swiglu_experts_with_the_clamps_acting(family):
     x = torch.randn(40, d, generator=g)
     idx = torch.randint(0, E, (40, 2), generator=g)
     w = torch.rand(40, 2, generator=g)
-    h = x @ eager.gate_up_proj[0].T  # the clamps act: some |gate| and |up| pre-activations pass 1.5
-    assert (h.abs() > 1.5).float().mean() > 0.2
+    h = x @ eager.gate_up_proj[0].T
+    assert (h.abs() > bound).float().mean() > 0.2
     results = []
     for m in (eager, ours):
         xi, wi = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -623,6 +622,48 @@ def test_clamped_swiglu_experts_with_the_clamps_acting(family):
         out = m(xi, idx, wi)
         out.backward(torch.randn(out.shape, generator=torch.Generator().manual_seed(5)))
         results.append((out, xi.grad, wi.grad, m.gate_up_proj.grad, m.down_proj.grad))
-    assert "_leanmoe_experts_spec" in ours.__dict__ and ours.__dict__["_leanmoe_experts_spec"].act_limit == 1.5
+    assert "_leanmoe_experts_spec" in ours.__dict__
     for name, a, b in zip(("out", "dx", "d_topk_weights", "d_gate_up_proj", "d_down_proj"), *results):
         assert rel(b, a) < 1e-5, f"{family}: {name}: relative error {rel(b, a):.2e}"
+    return ours
+
+
+@pytest.mark.parametrize("family", list(CLAMPED_SWIGLU_FAMILIES))
+def test_clamped_swiglu_experts_with_the_clamps_acting(family):
+    """Both clamps acting (limit 1.5 set on the module): the experts alone as eager's."""
+    ours = _experts_alone_match_eager(family, lambda m: setattr(m, CLAMPED_SWIGLU_FAMILIES[family], 1.5), 1.5)
+    assert ours.__dict__["_leanmoe_experts_spec"].act_limit == 1.5
+
+
+# ---- Inkling2's soft-capped SwiGLU, c_g tanh(g / c_g) sigmoid(g) c_u tanh(u / c_u) (transformers
+# 5.25), leanmoe's swiglu_softcapped with the caps of act_fn.gate_softcap and act_fn.up_softcap.
+SOFTCAPPED_SWIGLU_FAMILIES = ["inkling2", "inkling2_loop"]
+
+
+@pytest.mark.parametrize("family", SOFTCAPPED_SWIGLU_FAMILIES)
+def test_softcapped_swiglu_family_matches_eager(family):
+    """The family's tiny model: logits, loss, every gradient as eager's, and the spec: swiglu_softcapped
+    with the config's mlp_gate_softcap and mlp_up_softcap."""
+    sweep, f = _sweep_family(family)
+    outcome, detail = sweep.check(f)
+    if outcome in ("not constructible", "not located"):
+        pytest.skip(f"{family}: {outcome}: {detail}")
+    assert outcome == "match", detail
+    model = sweep.build(f)
+    model.set_experts_implementation("leanmoe")
+    spec = leanmoe.hf.experts_spec(experts_modules(model)[0])
+    config = model.config.get_text_config()
+    assert (spec.activation, spec.act_alpha, spec.act_limit) == \
+        ("swiglu_softcapped", float(config.mlp_gate_softcap), float(config.mlp_up_softcap))
+    assert (spec.interleaved, spec.transposed, spec.gated, spec.bias) == (False, False, True, False)
+
+
+@pytest.mark.parametrize("family", SOFTCAPPED_SWIGLU_FAMILIES)
+def test_softcapped_swiglu_experts_with_the_caps_acting(family):
+    """Caps 1 (gate) and 1.5 (up) set on the module, far from linear on pre-activations ~N(0, 4):
+    the experts alone as eager's, and leanmoe took the caps set."""
+    def set_caps(m):
+        m.act_fn.gate_softcap.softcap, m.act_fn.up_softcap.softcap = 1.0, 1.5
+    ours = _experts_alone_match_eager(family, set_caps, 1.5)
+    spec = ours.__dict__["_leanmoe_experts_spec"]
+    assert (spec.activation, spec.act_alpha, spec.act_limit) == ("swiglu_softcapped", 1.0, 1.5)

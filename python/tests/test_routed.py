@@ -22,6 +22,8 @@ def torch_activation(name, h, interleaved, alpha=1.702, limit=7.0, up_offset=1.0
         if name == "swiglu_clamped":
             g = g.clamp(max=limit)
             return (u.clamp(-limit, limit) + 1) * g * torch.sigmoid(alpha * g)
+        if name == "swiglu_softcapped":  # Inkling2's: the gate's cap in alpha, up's in limit
+            return torch.tanh(g / alpha) * alpha * torch.sigmoid(g) * (torch.tanh(u / limit) * limit)
         f = {"swiglu": F.silu, "geglu": F.gelu, "geglu_tanh": lambda v: F.gelu(v, approximate="tanh"),
              "reglu": F.relu}[name]
         return f(g) * u
@@ -174,6 +176,9 @@ def test_errors_name_the_argument():
     for bad in (0.5, float("nan")):  # swiglu_clamped's up offset is 0 (DeepSeek-V4) or 1 (gpt-oss)
         with pytest.raises(ValueError, match=r"act_up_offset 0 \(DeepSeek-V4\) or 1 \(gpt-oss\)"):
             leanmoe.moe_routed(x, ids, wts, w1, w2, activation="swiglu_clamped", act_up_offset=bad)
+    for alpha, limit in ((0.0, 25.0), (4.0, -1.0), (float("inf"), 25.0), (4.0, float("nan"))):
+        with pytest.raises(ValueError, match=r"swiglu_softcapped needs finite caps cfg.act_alpha \(gate\) > 0"):
+            leanmoe.moe_routed(x, ids, wts, w1, w2, activation="swiglu_softcapped", act_alpha=alpha, act_limit=limit)
 
 
 def test_expert_activation_op_matches_torch():

@@ -234,17 +234,13 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
 // (launch only: with transposed weights they exchange roles, gemm_kernel_kind).
 using GatherLaunch = void (*)(const RoutedRows&, const ExpertShape&, GemmArgs, const Fp8Scales&, const GemmConfig&,
                               cudaStream_t, const char*);
-constexpr Activation kActivations[] = {Activation::swiglu, Activation::geglu, Activation::geglu_tanh,
-                                       Activation::reglu,  Activation::swiglu_clamped, Activation::gelu,
-                                       Activation::gelu_tanh, Activation::silu, Activation::relu,
-                                       Activation::relu2};
-constexpr size_t kNumActivations = std::size(kActivations);
+constexpr size_t kNumActivations = std::size(act::kAll);
 constexpr bool in_enum_order() {
   for (size_t i = 0; i < kNumActivations; ++i)
-    if (static_cast<size_t>(kActivations[i]) != i) return false;
+    if (static_cast<size_t>(act::kAll[i]) != i) return false;
   return static_cast<size_t>(Activation::relu2) + 1 == kNumActivations;
 }
-static_assert(in_enum_order(), "kActivations lists every Activation in enum order (launch[] is indexed by it)");
+static_assert(in_enum_order(), "act::kAll lists every Activation in enum order (launch[] is indexed by it)");
 // no_bias_gate_up (up and dH): SwiGLU without b1 in [gate; up] order, the default path, with both
 // fixed at compile time (kernels::NoBiasGateUp); launch[swiglu] then runs only with b1 or interleaved.
 struct GatherKernel {
@@ -258,7 +254,7 @@ std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I.
   if constexpr (kernels::is_varlen_k(kKind)) {
     if constexpr (!kTransposed) launches.fill(&launch_gather<kKind, Tile, kCluster, void, false>);
   } else {
-    launches = {&launch_gather<kKind, Tile, kCluster, kernels::DeviceActivation<kActivations[I]>, kTransposed>...};
+    launches = {&launch_gather<kKind, Tile, kCluster, kernels::DeviceActivation<act::kAll[I]>, kTransposed>...};
   }
   return launches;
 }

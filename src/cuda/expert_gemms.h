@@ -48,7 +48,7 @@ struct ExpertShape {
 // interleaved [g0, u0, g1, u1, ...]. Its kind must agree with ExpertShape::gated.
 struct ExpertFunction {
   Activation activation = Activation::swiglu;
-  float alpha = 1.702f, limit = 7.f;  // swiglu_clamped only
+  float alpha = 1.702f, limit = 7.f;  // swiglu_clamped; swiglu_softcapped's gate and up caps
   bool interleaved = false;
   float up_offset = 1.f;  // swiglu_clamped only (after interleaved: older initialisers stop before it)
 };

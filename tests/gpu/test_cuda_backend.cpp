@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "../../src/activation.h"
 #include "leanmoe/leanmoe.h"
 #include "graph_launcher.h"
 #include "naive_moe.h"
@@ -154,9 +155,7 @@ TEST(CudaBackend, EmptyExpertAndHotExpert) {
 TEST(CudaBackend, EveryActivationBiasAndLayout) {
   REQUIRE_GPU();
   uint64_t seed = 1000;
-  for (Activation a : {Activation::swiglu, Activation::geglu, Activation::geglu_tanh, Activation::reglu,
-                       Activation::swiglu_clamped, Activation::gelu, Activation::gelu_tanh, Activation::silu,
-                       Activation::relu, Activation::relu2})
+  for (Activation a : leanmoe::act::kAll)
     for (bool interleaved : {false, true})
       for (bool biased : {false, true})
         for (bool transposed : {false, true}) {
@@ -165,7 +164,8 @@ TEST(CudaBackend, EveryActivationBiasAndLayout) {
           c.activation = a;
           c.interleaved = interleaved;
           c.transposed = transposed;
-          if (a == Activation::swiglu_clamped) c.act_limit = 1.5f;  // both clamps act on these pre-activations
+          // both clamps (or up's soft cap) act on these pre-activations
+          if (a == Activation::swiglu_clamped || a == Activation::swiglu_softcapped) c.act_limit = 1.5f;
           c.aux_loss_coef = 0.01f;
           c.z_loss_coef = 0.001f;
           const std::string what = std::string(biased ? "biased" : "no bias");

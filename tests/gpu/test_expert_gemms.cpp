@@ -430,9 +430,7 @@ void run_expert_function_case(leanmoe::Activation activation, bool interleaved, 
 
 TEST(ExpertGemms, EveryActivationLayoutAndBias) {
   using leanmoe::Activation;
-  for (Activation a : {Activation::swiglu, Activation::geglu, Activation::geglu_tanh, Activation::reglu,
-                       Activation::swiglu_clamped, Activation::gelu, Activation::gelu_tanh, Activation::silu,
-                       Activation::relu, Activation::relu2})
+  for (Activation a : leanmoe::act::kAll)
     for (bool interleaved : {false, true})
       for (bool biased : {false, true})
         for (bool transposed : {false, true})

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "../../src/activation.h"
 #include "leanmoe/leanmoe.h"
 #include "graph_launcher.h"
 #include "naive_moe.h"
@@ -145,9 +146,7 @@ TEST(CudaRoutingGiven, CaptureIntoOneGraph) {
 // all come through the outputs compared (out, dx, both weight and bias gradients, d_topk_weights).
 std::vector<MoEConfig> every_expert_function(int64_t E = 8, int64_t K = 2) {
   std::vector<MoEConfig> configs;
-  for (Activation a : {Activation::swiglu, Activation::geglu, Activation::geglu_tanh, Activation::reglu,
-                       Activation::swiglu_clamped, Activation::gelu, Activation::gelu_tanh, Activation::silu,
-                       Activation::relu, Activation::relu2})
+  for (Activation a : leanmoe::act::kAll)
     for (bool interleaved : {false, true})
       for (bool transposed : {false, true}) {
         if (interleaved && !activation_is_gated(a)) continue;
@@ -155,7 +154,8 @@ std::vector<MoEConfig> every_expert_function(int64_t E = 8, int64_t K = 2) {
         c.activation = a;
         c.interleaved = interleaved;
         c.transposed = transposed;
-        if (a == Activation::swiglu_clamped) c.act_limit = 1.5f;  // inside the pre-activations' range: both clamps act
+        // inside the pre-activations' range: both clamps (or up's soft cap) act
+        if (a == Activation::swiglu_clamped || a == Activation::swiglu_softcapped) c.act_limit = 1.5f;
         configs.push_back(c);
       }
   return configs;

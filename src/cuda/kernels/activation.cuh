@@ -12,9 +12,10 @@
 
 namespace leanmoe::cuda::kernels {
 
-// The constants of the clamped SwiGLU (act_alpha, act_limit, act_up_offset), from the launch
-// arguments. 8 bytes: GemmArgs has no 4 bytes left (its 128 keep the default kernels' SASS), so the
-// up offset, 0 or 1 (validate.cpp), rides in the limit's sign bit (the limit is > 0).
+// The constants of the clamped SwiGLU (act_alpha, act_limit, act_up_offset) or the soft-capped one's
+// caps (act_alpha, act_limit), from the launch arguments. 8 bytes: GemmArgs has no 4 bytes left (its
+// 128 keep the default kernels' SASS), so the up offset, 0 or 1 (validate.cpp), rides in the limit's
+// sign bit (the limit is > 0).
 struct ActConstants {
   float alpha, limit_signed;  // limit_signed: +limit for up offset 1, -limit for 0
 
