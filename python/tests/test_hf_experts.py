@@ -567,10 +567,9 @@ def _sweep_family(name):
     return hf_family_sweep, family
 
 
-@pytest.mark.parametrize("family", list(CLAMPED_SWIGLU_FAMILIES))
-def test_clamped_swiglu_family_matches_eager(family):
-    """The family's tiny model (hf_family_sweep's): logits, loss, every gradient as eager's, and the
-    spec leanmoe recognised: swiglu_clamped, alpha 1, the config's swiglu_limit, up offset 0."""
+def _family_model_matching_eager(family):
+    """The family's tiny model (hf_family_sweep's) after its check: logits, loss, every gradient as
+    eager's; returned with the "leanmoe" experts implementation set."""
     sweep, f = _sweep_family(family)
     outcome, detail = sweep.check(f)
     if outcome in ("not constructible", "not located"):
@@ -578,6 +577,14 @@ def test_clamped_swiglu_family_matches_eager(family):
     assert outcome == "match", detail
     model = sweep.build(f)
     model.set_experts_implementation("leanmoe")
+    return model
+
+
+@pytest.mark.parametrize("family", list(CLAMPED_SWIGLU_FAMILIES))
+def test_clamped_swiglu_family_matches_eager(family):
+    """The family matches eager, and the spec leanmoe recognised: swiglu_clamped, alpha 1, the
+    config's swiglu_limit, up offset 0."""
+    model = _family_model_matching_eager(family)
     experts = experts_modules(model)[0]
     spec = leanmoe.hf.experts_spec(experts)
     limit = float(getattr(experts, CLAMPED_SWIGLU_FAMILIES[family]))
@@ -642,15 +649,9 @@ SOFTCAPPED_SWIGLU_FAMILIES = ["inkling2", "inkling2_loop"]
 
 @pytest.mark.parametrize("family", SOFTCAPPED_SWIGLU_FAMILIES)
 def test_softcapped_swiglu_family_matches_eager(family):
-    """The family's tiny model: logits, loss, every gradient as eager's, and the spec: swiglu_softcapped
-    with the config's mlp_gate_softcap and mlp_up_softcap."""
-    sweep, f = _sweep_family(family)
-    outcome, detail = sweep.check(f)
-    if outcome in ("not constructible", "not located"):
-        pytest.skip(f"{family}: {outcome}: {detail}")
-    assert outcome == "match", detail
-    model = sweep.build(f)
-    model.set_experts_implementation("leanmoe")
+    """The family matches eager, and the spec: swiglu_softcapped with the config's mlp_gate_softcap
+    and mlp_up_softcap."""
+    model = _family_model_matching_eager(family)
     spec = leanmoe.hf.experts_spec(experts_modules(model)[0])
     config = model.config.get_text_config()
     assert (spec.activation, spec.act_alpha, spec.act_limit) == \
