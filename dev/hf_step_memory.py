@@ -1,6 +1,6 @@
 """CPU memory timeline of one bench/hf_step_bench.py training step, at reduced widths.
 
-Why: on the H200 (bench/results/2026-12-03-h200-s6) mode (i) (in-backward ExpertAdamW) had the same
+Why: on the H200 (bench/results/archive/2026-12-03-h200-s6) mode (i) (in-backward ExpertAdamW) had the same
 peak as (l) (standard AdamW). This tool shows where a step's peak lies and whether any expert-sized
 gradient outlives its update, from the CPU allocator's events under torch.profiler(profile_memory=True)
 (every allocation, including those inside leanmoe's C++ ops: their workspaces come from torch's

@@ -2,7 +2,7 @@
 
 Both CSVs come from `ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base`
 over `leanmoe bench ... --iters 1 --warmup 1` and over SonicMoE's sonic_bench.py with ITERS=1 WARM=1
-(bench/results/2026-12-04-h200-s10/call2.sh). The last forward + backward of each is split into the
+(bench/results/archive/2026-12-04-h200-s10/call2.sh). The last forward + backward of each is split into the
 layer's steps by kernel name, in launch order; a kernel matching no step is listed under "other".
 
     python3 dev/ncu_vs_sonic.py ncu_leanmoe_7B-n256.csv ncu_sonic_7B-n256.csv

@@ -127,7 +127,7 @@ bool Tensor::is_contiguous() const {
 
 // The messages below are built with std::string and std::to_string, not iostreams: on the H200
 // image (g++ 13 extension linked against this archive built by g++ 12) formatting an int64 through
-// std::ostringstream crashed inside libstdc++'s locale code (session 3, MoEConfig::describe).
+// std::ostringstream crashed inside libstdc++'s locale code (in MoEConfig::describe).
 std::string Tensor::shape_str() const {
   std::string s = "[";
   for (int i = 0; i < ndim && i < kMaxDims; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);

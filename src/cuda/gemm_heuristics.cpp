@@ -59,9 +59,9 @@ GemmConfig cutlass_pingpong(GemmKind kind, const ExpertShape& s) {
 }
 
 // FP8 blockwise (tiles at most 128 wide): cooperative 128x128 in 1x2 clusters (pairs of n-tiles
-// sharing the A tile) was the fastest compiled config for down and dx on all 7 shapes measured in the
-// library (bench/results/2026-12-04-h200-s12 call 9): 120B-n2048 down 2.057 ms vs 2.349 in 2x1 and
-// 3.203 for ping-pong 64x128, dx 4.717 vs 4.770 / 5.551; 30B-n1024 down 1.205 vs 1.294 / 1.505. 2x1
+// sharing the A tile) was the fastest compiled config for down and dx on all 7 shapes measured
+// (docs/kernels.md, the heuristics table): 120B-n2048 down 2.057 ms vs 2.349 in 2x1 and 3.203 for
+// ping-pong 64x128, dx 4.717 vs 4.770 / 5.551; 30B-n1024 down 1.205 vs 1.294 / 1.505. 2x1
 // only where d / 128 is odd (1x2 would pad a half-empty cluster per column, as for bf16 above).
 GemmConfig cutlass_fp8(GemmKind kind, const ExpertShape& s) {
   return cutlass_paired(kind, s, GemmSchedule::Cooperative, 128, 128);
