@@ -21,7 +21,7 @@ inline constexpr Activation kAll[] = {Activation::swiglu,    Activation::geglu, 
                                       Activation::gelu,      Activation::gelu_tanh,      Activation::silu,
                                       Activation::relu,      Activation::relu2};
 
-// What an activation needs beyond its kind (the clamped SwiGLU's constants).
+// What an activation needs beyond its kind (the clamped SwiGLU's constants, the soft-capped one's caps).
 struct Params {
   Activation kind = Activation::swiglu;
   float alpha = 1.702f;
