@@ -1,6 +1,7 @@
 // Host launchers of the gather-sum and small element-wise kernels (kernels/aggregate.cuh).
 #include <algorithm>
 
+#include "cuda/chained_launch.h"
 #include "cuda/check.h"
 #include "cuda/kernels/aggregate.cuh"
 #include "cuda/launchers.h"
@@ -16,17 +17,18 @@ int grid_stride_blocks(int64_t count) { return int(std::clamp<int64_t>((count + 
 void aggregate_rows(const void* y, const float* row_gate, const int32_t* token_offsets, const int32_t* token_rows,
                     int64_t T, int64_t d, void* out, cudaStream_t stream, const void* down_bias,
                     const int32_t* expert_offsets, int64_t E) {
-  kernels::gather_sum_kernel<<<int(T), gather_threads(d), 0, stream>>>(
-      static_cast<const kernels::Bf16x8*>(y), row_gate, nullptr, token_offsets, token_rows, int(d),
-      static_cast<kernels::Bf16x8*>(out), static_cast<const kernels::Bf16x8*>(down_bias), expert_offsets, int(E));
+  launch_chained(kernels::gather_sum_kernel, int(T), gather_threads(d), 0, stream,
+                 static_cast<const kernels::Bf16x8*>(y), row_gate, nullptr, token_offsets, token_rows, int(d),
+                 static_cast<kernels::Bf16x8*>(out), static_cast<const kernels::Bf16x8*>(down_bias), expert_offsets,
+                 int(E));
   LEANMOE_CUDA_CHECK_LAUNCH("gather_sum_kernel (aggregate)");
 }
 
 void gather_dx(const void* dx_exp, const float* dx_router, const int32_t* token_offsets, const int32_t* token_rows,
                int64_t T, int64_t d, void* dx, cudaStream_t stream) {
-  kernels::gather_sum_kernel<<<int(T), gather_threads(d), 0, stream>>>(
-      static_cast<const kernels::Bf16x8*>(dx_exp), nullptr, dx_router, token_offsets, token_rows, int(d),
-      static_cast<kernels::Bf16x8*>(dx));
+  launch_chained(kernels::gather_sum_kernel, int(T), gather_threads(d), 0, stream,
+                 static_cast<const kernels::Bf16x8*>(dx_exp), nullptr, dx_router, token_offsets, token_rows, int(d),
+                 static_cast<kernels::Bf16x8*>(dx), nullptr, nullptr, 0);
   LEANMOE_CUDA_CHECK_LAUNCH("gather_sum_kernel (dx)");
 }
 

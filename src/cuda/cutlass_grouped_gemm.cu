@@ -14,6 +14,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "cuda/chained_launch.h"
 #include "cutlass/util/packed_stride.hpp"
 #include "kernels/sm90_cutlass_grouped_gemm.cuh"
 #include "leanmoe/leanmoe.h"
@@ -211,9 +212,9 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
   const auto stride_b = cutlass::make_cute_packed_stride(typename G::StrideB{}, {int(N), int(K), 1});
   const auto stride_d = cutlass::make_cute_packed_stride(typename G::StrideD{}, {1, int(N), 1});
   constexpr int kThreads = 128;
-  k::fill_group_args<G><<<(E + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
-      rows.expert_offsets, E, int(N), int(K), static_cast<const Element*>(a), static_cast<const Element*>(b),
-      static_cast<typename G::Out*>(d), K, N, b_expert_stride, scales, stride_a, stride_b, stride_d, arrays);
+  launch_chained(k::fill_group_args<G>, (E + kThreads - 1) / kThreads, kThreads, 0, stream, rows.expert_offsets, E,
+                 int(N), int(K), static_cast<const Element*>(a), static_cast<const Element*>(b),
+                 static_cast<typename G::Out*>(d), K, N, b_expert_stride, scales, stride_a, stride_b, stride_d, arrays);
   check_cuda(cudaGetLastError(), what);
 
   // The persistent grid: one CTA per SM, or config.max_ctas (backward's overlapped GEMMs leave SMs to

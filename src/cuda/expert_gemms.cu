@@ -13,6 +13,7 @@
 #include <utility>
 #include <type_traits>
 
+#include "cuda/chained_launch.h"
 #include "cutlass_grouped_gemm.h"
 #include "gemm_heuristics.h"
 #include "kernels/sm90_grouped_gemm_gather.cuh"
@@ -169,6 +170,12 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels:
   }
   const int64_t clusters = std::clamp<int64_t>(config.max_ctas / 2, 1, std::min<int64_t>(cluster_tiles, max_clusters));
   launch.gridDim = dim3(static_cast<unsigned>(2 * clusters));
+  // Chained to the kernel ahead (cuda/chained_launch.h), as the kernel expects.
+  cudaLaunchAttribute attrs[2] = {cluster, {}};
+  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  launch.attrs = attrs;
+  launch.numAttrs = 2;
   if (const cudaError_t err = cudaLaunchKernelEx(&launch, kernel, args, map); err != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: clear it so that it is not reported by a later launch
     throw leanmoe::Error(std::string(what) + ": 2x1 cluster launch: " + cudaGetErrorString(err));
@@ -224,8 +231,8 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   } else {
     const int64_t ctas = std::min<int64_t>({int64_t(tiles.x) * tiles.y * tiles.z, multiprocessor_count(),
                                             int64_t(config.max_ctas)});
-    sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>
-        <<<static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream>>>(kernel_args, map);
+    launch_chained(sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>,
+                   static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream, kernel_args, map);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/chained_launch.h"
 #include "cuda/check.h"
 #include "cuda/kernels/routing.cuh"
 #include "cuda/launchers.h"
@@ -25,8 +26,9 @@ void launch_router_topk(float* zp, int64_t T, int64_t E, int64_t K, bool renorma
   const bool vec = E % kV == 0 && reinterpret_cast<uintptr_t>(zp) % (4 * kV) == 0;
   const int blocks = int((T + kGroups - 1) / kGroups);
   const size_t smem = size_t(kGroups) * (32 * kChunks + K) * sizeof(float);  // p rows, picks
-  kernels::router_topk_softmax_kernel<kWidth, kChunks><<<blocks, kernels::kRouterThreads, smem, stream>>>(
-      zp, int(T), int(E), int(K), renormalised, vec, topk_experts, lse, sum_chosen, code, pair_experts, pair_gates);
+  launch_chained(kernels::router_topk_softmax_kernel<kWidth, kChunks>, blocks, kernels::kRouterThreads, smem, stream,
+                 zp, int(T), int(E), int(K), renormalised, vec, topk_experts, lse, sum_chosen, code, pair_experts,
+                 pair_gates);
   LEANMOE_CUDA_CHECK_LAUNCH("router_topk_softmax_kernel");
 }
 }  // namespace
@@ -68,11 +70,11 @@ void router_losses(const float* p, const float* lse, const int32_t* topk_counts,
   const int chunks = loss_chunks(T);
   double* partial_P = partial;
   double* partial_Z = partial + int64_t(chunks) * E;
-  kernels::loss_partials_kernel<<<chunks, kernels::kLossChunk, 0, stream>>>(p, lse, int(T), int(E), partial_P,
-                                                                           partial_Z);
+  launch_chained(kernels::loss_partials_kernel, chunks, kernels::kLossChunk, 0, stream, p, lse, int(T), int(E),
+                 partial_P, partial_Z);
   LEANMOE_CUDA_CHECK_LAUNCH("loss_partials_kernel");
-  kernels::loss_final_kernel<<<1, kernels::kLossChunk, 0, stream>>>(partial_P, partial_Z, chunks, topk_counts,
-                                                                   int(T), int(E), int(K), losses);
+  launch_chained(kernels::loss_final_kernel, 1, kernels::kLossChunk, 0, stream, partial_P, partial_Z, chunks,
+                 topk_counts, int(T), int(E), int(K), losses);
   LEANMOE_CUDA_CHECK_LAUNCH("loss_final_kernel");
 }
 
@@ -135,15 +137,15 @@ void build_pair_metadata(const int32_t* pair_experts, const void* weights, bool 
   int32_t* tile_counts = scratch;
   int32_t* tile_base = tile_counts + int64_t(tiles) * E;
   int32_t* expert_counts = tile_base + int64_t(tiles) * E;
-  kernels::count_pairs_kernel<<<tiles, kernels::kTilePairs, size_t(E) * sizeof(int), stream>>>(pair_experts, pairs,
-                                                                                              int(E), tile_counts);
+  launch_chained(kernels::count_pairs_kernel, tiles, kernels::kTilePairs, size_t(E) * sizeof(int), stream,
+                 pair_experts, pairs, int(E), tile_counts);
   LEANMOE_CUDA_CHECK_LAUNCH("count_pairs_kernel");
-  kernels::scan_tiles_kernel<<<int(E), kernels::kScanThreads, 0, stream>>>(tile_counts, tiles, int(E), tile_base,
-                                                                           expert_counts);
+  launch_chained(kernels::scan_tiles_kernel, int(E), kernels::kScanThreads, 0, stream, tile_counts, tiles, int(E),
+                 tile_base, expert_counts);
   LEANMOE_CUDA_CHECK_LAUNCH("scan_tiles_kernel");
   const size_t smem = size_t(kernels::kTileWarps) * E * sizeof(int);
-  kernels::scatter_pairs_kernel<<<tiles, kernels::kTilePairs, smem, stream>>>(
-      pair_experts, weights, weights_bf16, int(T), int(E), int(K), tile_base, expert_counts, x_rows, out);
+  launch_chained(kernels::scatter_pairs_kernel, tiles, kernels::kTilePairs, smem, stream, pair_experts, weights,
+                 weights_bf16, int(T), int(E), int(K), tile_base, expert_counts, x_rows, out);
   LEANMOE_CUDA_CHECK_LAUNCH("scatter_pairs_kernel");
 }
 

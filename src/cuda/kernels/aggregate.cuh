@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "cuda/kernels/chained_grid.cuh"
 #include "cuda/kernels/offsets.cuh"
 
 namespace leanmoe::cuda::kernels {
@@ -40,6 +41,7 @@ __global__ void gather_sum_kernel(const Bf16x8* __restrict__ rows_data, const fl
                                   const int32_t* __restrict__ token_rows, int d, Bf16x8* __restrict__ out,
                                   const Bf16x8* __restrict__ bias = nullptr,
                                   const int32_t* __restrict__ expert_offsets = nullptr, int E = 0) {
+  chain_after_prior_grid();
   const int t = blockIdx.x;
   const int vecs = d / kVec;
   const int begin = token_offsets[t], end = token_offsets[t + 1];

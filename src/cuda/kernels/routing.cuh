@@ -9,6 +9,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cstdint>
 
+#include "cuda/kernels/chained_grid.cuh"
 #include "cuda/kernels/warp.cuh"
 #include "cuda/launchers.h"
 #include "token_rounding.h"
@@ -96,6 +97,7 @@ __global__ void __launch_bounds__(kRouterThreads, kWidth == 8 ? 6 : 4)
                                int32_t* __restrict__ topk_experts, float* __restrict__ lse,
                                float* __restrict__ sum_chosen, uint8_t* __restrict__ code,
                                int32_t* __restrict__ pair_experts, float* __restrict__ pair_gates) {
+  chain_after_prior_grid();
   constexpr int kGroup = 32 / kWidth, kSlots = kWidth * kChunks, kV = kWidth < 4 ? kWidth : 4;
   constexpr int kGroups = kRouterThreads / kGroup, kPad = 32 * kChunks;
   constexpr uint32_t kIdx = kPad - 1;  // the packed key's index bits
@@ -241,6 +243,7 @@ __global__ void count_topk_kernel(const int32_t* __restrict__ topk_experts, int6
 // Partial sums over chunks of kLossChunk tokens, in double: P[chunk][e] = sum p, Z[chunk] = sum lse^2.
 __global__ void loss_partials_kernel(const float* __restrict__ p, const float* __restrict__ lse, int T, int E,
                                      double* __restrict__ partial_P, double* __restrict__ partial_Z) {
+  chain_after_prior_grid();
   using Reduce = cub::BlockReduce<double, kLossChunk>;
   __shared__ typename Reduce::TempStorage tmp;
   const int t0 = blockIdx.x * kLossChunk, t1 = min(T, t0 + kLossChunk);
@@ -258,6 +261,7 @@ __global__ void loss_partials_kernel(const float* __restrict__ p, const float* _
 __global__ void loss_final_kernel(const double* __restrict__ partial_P, const double* __restrict__ partial_Z,
                                   int chunks, const int32_t* __restrict__ counts, int T, int E, int K,
                                   float* __restrict__ losses) {
+  chain_after_prior_grid();
   using Reduce = cub::BlockReduce<double, kLossChunk>;
   __shared__ typename Reduce::TempStorage tmp;
   double aux = 0.0;
@@ -401,6 +405,7 @@ constexpr int kScanItems = 4;
 __global__ void __launch_bounds__(kScanThreads)
     scan_tiles_kernel(const int32_t* __restrict__ tile_counts, int tiles, int E,
                       int32_t* __restrict__ tile_base, int32_t* __restrict__ expert_counts) {
+  chain_after_prior_grid();
   using Scan = cub::BlockScan<int, kScanThreads>;
   __shared__ typename Scan::TempStorage tmp;
   const int e = blockIdx.x;
@@ -509,6 +514,7 @@ constexpr int kTileWarps = kTilePairs / 32;
 __global__ void __launch_bounds__(kTilePairs)
     count_pairs_kernel(const int32_t* __restrict__ pair_experts, int64_t pairs, int E,
                        int32_t* __restrict__ tile_counts) {
+  chain_after_prior_grid();
   extern __shared__ int hist_pairs[];
   for (int e = threadIdx.x; e < E; e += kTilePairs) hist_pairs[e] = 0;
   __syncthreads();
@@ -534,6 +540,7 @@ __global__ void __launch_bounds__(kTilePairs)
                          bool weights_bf16, int T, int E, int K, const int32_t* __restrict__ tile_base,
                          const int32_t* __restrict__ expert_counts, const int32_t* __restrict__ x_rows,
                          MetadataOut out) {
+  chain_after_prior_grid();
   using Scan = cub::BlockScan<int, kTilePairs>;
   using Reduce = cub::BlockReduce<int, kTilePairs>;
   __shared__ union {

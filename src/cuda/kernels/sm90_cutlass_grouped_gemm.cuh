@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/kernels/chained_grid.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
@@ -139,6 +140,7 @@ __global__ void fill_group_args(const int32_t* __restrict__ expert_offsets, int 
                                 typename G::Out* d, int64_t lda, int64_t ldd, int64_t b_expert_stride,
                                 GroupScales scales, typename G::StrideA stride_a, typename G::StrideB stride_b,
                                 typename G::StrideD stride_d, typename G::GroupArrays out) {
+  chain_after_prior_grid();
   const int e = blockIdx.x * blockDim.x + threadIdx.x;
   if (e >= E) return;
   const int32_t begin = expert_offsets[e];

@@ -54,6 +54,7 @@
 
 #include <type_traits>
 
+#include "chained_grid.cuh"
 #include "grouped_gemm_problem.cuh"
 #include "sm90_grouped_gemm_gather_epilogue.cuh"
 #include "sm90_ptx.cuh"
@@ -253,8 +254,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   auto cta_rank = [] { return kCluster ? int(cute::block_rank_in_cluster()) : 0; };
   auto first_tile = [] { return kCluster ? cute::cluster_id_in_grid().x : blockIdx.x; };  // unsigned, as blockIdx.x
   auto tile_stride = [] { return kCluster ? cute::cluster_grid_dims().x : gridDim.x; };
-  if (!kVarlenK && warp == 0) build_m_tile_prefix(args.expert_offsets, E, kTileM * (kCluster ? 2 : 1), s_tile_prefix);
-  if (tid == 32) {
+  if (tid == 32) {  // before the wait: neither touches what the kernel ahead writes
     for (int s = 0; s < kStages; ++s) {
       Barrier::init(&full_bar[s], kProducerThreads + 1);  // + thread 0's arrive with the TMA bytes
       Barrier::init(&empty_bar[s], kReleases);
@@ -262,6 +262,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     cutlass::arch::fence_barrier_init();
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tma_operand)) : "memory");
   }
+  chain_after_prior_grid();  // launched chained (expert_gemms.cu): every global access after this
+  if (!kVarlenK && warp == 0) build_m_tile_prefix(args.expert_offsets, E, kTileM * (kCluster ? 2 : 1), s_tile_prefix);
   __syncthreads();
   // The peer's barriers must be initialised before our first remote arrive or multicast into it.
   if constexpr (kCluster) cluster_sync_all();
