@@ -129,6 +129,13 @@ CUtensorMap up_weight_tensor_map(const void* w1, const ExpertShape& s, bool inte
   return operand_tensor_map(w1, 4, dims, strides, box, fp8, what);
 }
 
+// Whether the gather kernel of a kind is enqueued chained to the kernel ahead (cuda/chained_launch.h;
+// it waits in chain_after_prior_grid() either way). Every kind but up: chained, the backward took
+// 5.3% less time at 120B-n2048 (26.78 -> 25.35 ms on an H100) and 1.9% less at 30B-n1024; up chained
+// made that forward 2.8% slower (12.59 -> 12.95 ms) although the kernel's own time moved 0.4%
+// (docs/kernels.md "Kernel boundaries").
+constexpr bool chained_gather_launch(GemmKind kind) { return kind != GemmKind::Up; }
+
 // Cluster launch of the gather kernel: a cluster per pair of SMs that can hold one
 // (cudaOccupancyMaxActiveClusters: GPCs with an odd number of free SMs leave one idle), never more
 // clusters than cluster tiles (varlen-M: 256-row pair slots x n-tiles; varlen-K: experts x tile
@@ -170,12 +177,12 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels:
   }
   const int64_t clusters = std::clamp<int64_t>(config.max_ctas / 2, 1, std::min<int64_t>(cluster_tiles, max_clusters));
   launch.gridDim = dim3(static_cast<unsigned>(2 * clusters));
-  // Chained to the kernel ahead (cuda/chained_launch.h), as the kernel expects.
+  // Chained to the kernel ahead (cuda/chained_launch.h) as launch_gather says.
   cudaLaunchAttribute attrs[2] = {cluster, {}};
   attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[1].val.programmaticStreamSerializationAllowed = 1;
   launch.attrs = attrs;
-  launch.numAttrs = 2;
+  launch.numAttrs = chained_gather_launch(kKind) ? 2 : 1;
   if (const cudaError_t err = cudaLaunchKernelEx(&launch, kernel, args, map); err != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: clear it so that it is not reported by a later launch
     throw leanmoe::Error(std::string(what) + ": 2x1 cluster launch: " + cudaGetErrorString(err));
@@ -231,8 +238,12 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   } else {
     const int64_t ctas = std::min<int64_t>({int64_t(tiles.x) * tiles.y * tiles.z, multiprocessor_count(),
                                             int64_t(config.max_ctas)});
-    launch_chained(sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>,
-                   static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream, kernel_args, map);
+    if constexpr (chained_gather_launch(kKind))
+      launch_chained(sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>,
+                     static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream, kernel_args, map);
+    else
+      sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>
+          <<<static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream>>>(kernel_args, map);
   }
 }
 

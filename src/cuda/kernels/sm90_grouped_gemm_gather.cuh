@@ -262,7 +262,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     cutlass::arch::fence_barrier_init();
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tma_operand)) : "memory");
   }
-  chain_after_prior_grid();  // launched chained (expert_gemms.cu): every global access after this
+  chain_after_prior_grid();  // launched chained but for up (expert_gemms.cu): every global access after this
   if (!kVarlenK && warp == 0) build_m_tile_prefix(args.expert_offsets, E, kTileM * (kCluster ? 2 : 1), s_tile_prefix);
   __syncthreads();
   // The peer's barriers must be initialised before our first remote arrive or multicast into it.
