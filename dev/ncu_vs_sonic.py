@@ -5,7 +5,10 @@ over `leanmoe bench ... --iters 1 --warmup 1` and over SonicMoE's sonic_bench.py
 (bench/results/archive/2026-12-04-h200-s10/call2.sh). The last forward + backward of each is split into the
 layer's steps by kernel name, in launch order; a kernel matching no step is listed under "other".
 
-    python3 dev/ncu_vs_sonic.py ncu_leanmoe_7B-n256.csv ncu_sonic_7B-n256.csv
+    python3 dev/ncu_vs_sonic.py ncu_leanmoe_7B-n256.csv ncu_sonic_7B-n256.csv [METRIC]
+
+With more metrics in the CSVs (`--metrics gpu__time_duration.sum,dram__bytes_read.sum,...`), METRIC
+picks the one to tabulate (default gpu__time_duration.sum, in us; a dram__bytes metric in GB).
 """
 import csv
 import sys
@@ -14,10 +17,14 @@ STEPS = ["router GEMM", "top-K + softmax", "routing metadata", "up", "down", "ga
          "dW2", "dx", "dW1", "router backward", "dx gather-sum"]
 
 
-def kernels(path):
+TIME = "gpu__time_duration.sum"
+
+
+def kernels(path, metric=TIME):
     rows = list(csv.reader(line for line in open(path) if line.startswith('"')))
-    name, value = rows[0].index("Kernel Name"), rows[0].index("Metric Value")
-    return [(r[name], float(r[value].replace(",", "")) / 1e3) for r in rows[1:]]
+    name, mname, value = (rows[0].index(h) for h in ("Kernel Name", "Metric Name", "Metric Value"))
+    scale = 1e-3 if metric == TIME else 1e-9  # ns -> us, bytes -> GB
+    return [(r[name], float(r[value].replace(",", "")) * scale) for r in rows[1:] if r[mname] == metric]
 
 
 def split_leanmoe(ks):
@@ -67,12 +74,14 @@ def split_sonic(ks):
 
 
 if __name__ == "__main__":
-    ours, theirs = split_leanmoe(kernels(sys.argv[1])), split_sonic(kernels(sys.argv[2]))
-    print("| step | leanmoe us | SonicMoE us | leanmoe - SonicMoE |\n|---|---:|---:|---:|")
+    metric = sys.argv[3] if len(sys.argv) > 3 else TIME
+    ours, theirs = split_leanmoe(kernels(sys.argv[1], metric)), split_sonic(kernels(sys.argv[2], metric))
+    unit = "us" if metric == TIME else "GB"
+    print(f"| step ({metric}) | leanmoe {unit} | SonicMoE {unit} | leanmoe - SonicMoE |\n|---|---:|---:|---:|")
     tot = [0.0, 0.0]
     for s in STEPS + ["other"]:
         a, b = ours.get(s, 0.0), theirs.get(s, 0.0)
         if a or b:
-            print(f"| {s} | {a:.1f} | {b:.1f} | {a - b:+.1f} |")
+            print(f"| {s} | {a:.2f} | {b:.2f} | {a - b:+.2f} |")
         tot[0] += a; tot[1] += b
-    print(f"| total | {tot[0]:.1f} | {tot[1]:.1f} | {tot[0] - tot[1]:+.1f} |")
+    print(f"| total | {tot[0]:.2f} | {tot[1]:.2f} | {tot[0] - tot[1]:+.2f} |")
