@@ -169,9 +169,13 @@ LEANMOE_HOST_DEVICE inline Real forward(const Params& p, Real g, Real u) {
   return activation_is_gated(p.kind) ? f * u : f;
 }
 
-// da/dg and da/du (the latter 0 for a plain activation).
+// da/dg and da/du (the latter 0 for a plain activation); returns a = f(g, u) from the same terms,
+// bitwise forward()'s (the same operations in the same order; tests/test_activations.cpp), so that
+// dH's epilogue, which needs both, evaluates the sigmoid of the clamped and soft-capped SwiGLU once
+// (with forward() called beside it nvcc kept a second one: 2 ex2 + 2 divisions against 1 + 1 for the
+// clamp, 4 + 4 against 3 + 3 for the soft cap, in the PTX of DeviceActivation::backward).
 template <class Real>
-LEANMOE_HOST_DEVICE inline void backward(const Params& p, Real g, Real u, Real& da_dg, Real& da_du) {
+LEANMOE_HOST_DEVICE inline Real backward(const Params& p, Real g, Real u, Real& da_dg, Real& da_du) {
   if (p.kind == Activation::swiglu_clamped) {
     const Real l = Real(p.limit), alpha = Real(p.alpha);
     const Real gc = g < l ? g : l;
@@ -181,7 +185,7 @@ LEANMOE_HOST_DEVICE inline void backward(const Params& p, Real g, Real u, Real& 
     const Real dglu = s + alpha * gc * s * (Real(1) - s);
     da_dg = g <= l ? (uc + Real(p.up_offset)) * dglu : Real(0);
     da_du = (u >= -l && u <= l) ? glu : Real(0);
-    return;
+    return (uc + Real(p.up_offset)) * gc * s;
   }
   if (p.kind == Activation::swiglu_softcapped) {  // d(c·tanh(x/c))/dx = 1 - tanh(x/c)^2
     const Real cg = Real(p.alpha), cu = Real(p.limit);
@@ -189,15 +193,17 @@ LEANMOE_HOST_DEVICE inline void backward(const Params& p, Real g, Real u, Real& 
     const Real gate = cg * tg * s, up = cu * tu;
     da_dg = ((Real(1) - tg * tg) * s + cg * tg * s * (Real(1) - s)) * up;
     da_du = gate * (Real(1) - tu * tu);
-    return;
+    return gate * up;
   }
+  const Real f = gate_fn(p.kind, g);
   if (activation_is_gated(p.kind)) {
     da_dg = gate_fn_grad(p.kind, g) * u;
-    da_du = gate_fn(p.kind, g);
-  } else {
-    da_dg = gate_fn_grad(p.kind, g);
-    da_du = Real(0);
+    da_du = f;
+    return f * u;
   }
+  da_dg = gate_fn_grad(p.kind, g);
+  da_du = Real(0);
+  return f;
 }
 
 }  // namespace leanmoe::act

@@ -4,6 +4,8 @@
 // activation's derivatives, and the activation functions at known values.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <utility>
 
 #include "../src/activation.h"
@@ -202,6 +204,32 @@ TEST(Activations, KnownValues) {
 }
 
 // The argument rules of the expert function.
+// backward() returns a = f(g, u) from its own terms, which dH's epilogue takes instead of calling
+// forward(): it must be forward()'s value bit for bit, for every activation, in float and double,
+// across the clamps' and caps' ranges (both up offsets; caps below and above 1).
+template <class Real>
+void expect_backward_a_is_forward(const act::Params& p, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> wide(-40.0, 40.0), near(-3.0, 3.0);
+  for (int i = 0; i < 2000; ++i) {
+    const Real g = Real(i % 2 ? wide(rng) : near(rng)), u = Real(i % 3 ? near(rng) : wide(rng));
+    Real dg, du;
+    const Real a = act::backward<Real>(p, g, u, dg, du);
+    const Real f = act::forward<Real>(p, g, u);
+    ASSERT_EQ(std::memcmp(&a, &f, sizeof(Real)), 0) << activation_name(p.kind) << " g=" << g << " u=" << u
+                                                    << ": backward's a " << a << ", forward " << f;
+  }
+}
+TEST(Activations, BackwardReturnsForwardsValueBitwise) {
+  uint64_t seed = 31;
+  for (Activation k : act::kAll)
+    for (const act::Params& p : {act::Params{k, 1.702f, 7.f, 1.f}, act::Params{k, 1.f, 10.f, 0.f},
+                                 act::Params{k, 0.5f, 1.5f, 1.f}, act::Params{k, 4.f, 25.f, 0.f}}) {
+      expect_backward_a_is_forward<float>(p, seed++);
+      expect_backward_a_is_forward<double>(p, seed++);
+    }
+}
+
 TEST(Activations, ConfigRules) {
   MoEConfig c = small_config(16, 8, 4, 2);
   c.activation = Activation::relu;

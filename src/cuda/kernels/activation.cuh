@@ -50,9 +50,9 @@ struct DeviceActivation {
 
   __device__ __forceinline__ static ActBackward backward(ActConstants c, float g, float u, float da, float s) {
     float da_dg, da_du;
-    act::backward(params(c), g, u, da_dg, da_du);
+    const float a = act::backward(params(c), g, u, da_dg, da_du);
     const float sda = s * da;
-    return {sda * da_dg, sda * da_du, act::forward(params(c), g, u)};
+    return {sda * da_dg, sda * da_du, a};
   }
 };
 
