@@ -251,9 +251,8 @@ void experts_backward_down(const ExpertsProblem& P, const void* d_out, const voi
         float ds = 0.f;
         for (int64_t j = 0; j < n; ++j) {
           const float g = load(h_row, P.dtype, P.gate_col(j)), u = gated ? load(h_row, P.dtype, P.up_col(j)) : 0.f;
-          const float a = act::forward(P.act, g, u);
           float da_dg, da_du;
-          act::backward(P.act, g, u, da_dg, da_du);
+          const float a = act::backward(P.act, g, u, da_dg, da_du);  // forward()'s value
           ds += da[j] * a;
           dh[P.gate_col(j)] = round_to(P.dtype, gate * da[j] * da_dg);
           if (gated) dh[P.up_col(j)] = round_to(P.dtype, gate * da[j] * da_du);
