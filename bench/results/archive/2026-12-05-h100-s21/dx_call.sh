@@ -6,7 +6,8 @@
 # Carry [".carry/dx"] holding leanmoe_bench_gemms.xz and leanmoe_gpu_tests.xz built from branch
 # raster (sm_90a), and commit. Most needed first (a cut call keeps what it wrote):
 #   1. the GPU tests of the new field (CutlassTilesAlongN: down and dx with rN against the CPU loops,
-#      every compiled config, both layouts), memcheck on it;
+#      every compiled config, both layouts) and of every activation (main's act::backward returning a,
+#      c68ba98, first run on a GPU here), memcheck on CutlassTilesAlongN;
 #   2. digests: rN must give bit for bit the default's outputs (a tile's math does not depend on when
 #      it runs), for down and dx on five shapes;
 #   3. down and dx: default, rN, the other compiled cluster shape (1x2 <-> 2x1) and that with rN,
@@ -30,8 +31,8 @@ say "raster $(cat $C/commit); $(nvidia-smi --query-gpu=name,driver_version,clock
 SHAPES="120B-n2048 30B-n1024 olmoe-1b-7b gpt-oss-20b 7B-n256"
 
 say "== 1. tests (t=$SECONDS)"
-F='ExpertGemms.CutlassTilesAlongN:GemmConfig.*:GemmHeuristics.*'
-timeout $(cap 120) $B/leanmoe_gpu_tests --gtest_brief=1 --gtest_filter="$F" > $L/tests.log 2>&1
+F='ExpertGemms.CutlassTilesAlongN:ExpertGemms.EveryActivationLayoutAndBias:ExpertGemms.GptOssExpertFunction:ExpertGemms.DeepSeekV4ExpertFunction:CudaBackend.EveryActivationBiasAndLayout:GemmConfig.*:GemmHeuristics.*'
+timeout $(cap 150) $B/leanmoe_gpu_tests --gtest_brief=1 --gtest_filter="$F" > $L/tests.log 2>&1
 say "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' $L/tests.log | tr '\n' ' ')"
 timeout $(cap 120) compute-sanitizer --tool memcheck --error-exitcode 9 $B/leanmoe_gpu_tests --gtest_brief=1 \
   --gtest_filter=ExpertGemms.CutlassTilesAlongN > $L/memcheck.log 2>&1
