@@ -65,14 +65,14 @@ for s in $SHAPES; do
   [ -n "$a" ] && [ "$a" = "$b" ] && say "$s digests IDENTICAL ($rn)" || { say "$s digests DIFFER or missing ($rn)"; echo "$a" | tee -a $S; echo "$b" | tee -a $S; }
 done
 
-say "== 3. down and dx: default, rN, the other cluster shape, both; alternating, 3 rounds (t=$SECONDS)"
+say "== 3. down and dx (ms, TFLOP/s): default, rN, the other cluster shape, both (configs: rn_/other_/other_rn_SHAPE.txt in the logs); alternating, 3 rounds (t=$SECONDS)"
 orders=("default rn other other_rn" "other_rn other rn default" "rn default other_rn other")
 for r in 1 2 3; do for s in $SHAPES; do
   for v in ${orders[$((r-1))]}; do
     [ $((budget - SECONDS)) -lt 90 ] && break 3
     extra=(); [ $v != default ] && extra=(--config "$(cat $L/${v}_$s.txt)")
     timeout $(cap 60) $B/leanmoe_bench_gemms --shape $s --gemms down,dx --iters 20 --warmup 5 "${extra[@]}" > $L/bench_r${r}_${s}_$v.txt 2>&1
-    say "r$r $s $v $(awk -F'|' '$9 ~ /down|dx/ {gsub(/ /, "", $9); gsub(/ /, "", $10); gsub(/ /, "", $11); gsub(/ /, "", $12); printf "%s %s %s ms %s TFLOP/s; ", $9, $10, $11, $12}' $L/bench_r${r}_${s}_$v.txt)"
+    say "r$r $s $v $(awk -F'|' '$9 ~ /down|dx/ {gsub(/ /, "", $9); gsub(/ /, "", $11); gsub(/ /, "", $12); printf "%s %s ms %s; ", $9, $11, $12}' $L/bench_r${r}_${s}_$v.txt)"
   done
 done; done
 
@@ -91,7 +91,7 @@ if not rows: sys.exit(print("  no ncu rows"))
 h = rows[0]; k, m, v, i = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value"), h.index("ID")
 per = {}
 for r in rows[1:]: per.setdefault((r[i], r[k][:60]), {})[r[m]] = r[v]
-for (_, name), ms in per.items(): print(f"  {name}: " + ", ".join(f"{a.split('.')[0].split('__')[1]}={b}" for a, b in sorted(ms.items())))
+for (kid, name), ms in per.items(): print(f"  {kid} {name}: " + ", ".join(f"{a.split('.')[0].split('__')[1]}={b}" for a, b in sorted(ms.items())))
 PY
 done
 say "== done (t=$SECONDS)"
