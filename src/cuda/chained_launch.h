@@ -13,12 +13,19 @@
 
 namespace leanmoe::cuda {
 
-template <class... Params, class... Args>
-void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                    Args&&... args) {
+// The attribute that chains a launch to the kernel ahead on its stream (for launches that carry
+// other attributes beside it, such as the gather kernel's cluster launch).
+inline cudaLaunchAttribute chained_launch_attribute() {
   cudaLaunchAttribute chained{};
   chained.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   chained.val.programmaticStreamSerializationAllowed = 1;
+  return chained;
+}
+
+template <class... Params, class... Args>
+void launch_chained(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                    Args&&... args) {
+  cudaLaunchAttribute chained = chained_launch_attribute();
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;

@@ -178,9 +178,7 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels:
   const int64_t clusters = std::clamp<int64_t>(config.max_ctas / 2, 1, std::min<int64_t>(cluster_tiles, max_clusters));
   launch.gridDim = dim3(static_cast<unsigned>(2 * clusters));
   // Chained to the kernel ahead (cuda/chained_launch.h) as launch_gather says.
-  cudaLaunchAttribute attrs[2] = {cluster, {}};
-  attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attrs[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attrs[2] = {cluster, chained_launch_attribute()};
   launch.attrs = attrs;
   launch.numAttrs = chained_gather_launch(kKind) ? 2 : 1;
   if (const cudaError_t err = cudaLaunchKernelEx(&launch, kernel, args, map); err != cudaSuccess) {

@@ -386,11 +386,11 @@ void backward(const Layer<Real>& L, const Forward<Real>& F, HostLayerOutputs& o)
       for (int64_t i = 0; i < d; ++i) da += w2[i * n + j] * dq[i];
       const Real g = row.h[j], u = gated ? row.h[n + j] : Real(0);
       Real da_dg, da_du;
-      act::backward(ap, g, u, da_dg, da_du);
+      const Real a = act::backward(ap, g, u, da_dg, da_du);  // forward()'s value
       dH[r * W + j] = L.store(row.gate * da * da_dg);
       if (gated) dH[r * W + n + j] = L.store(row.gate * da * da_du);
-      a_prime[r * n + j] = L.store(row.gate * act::forward(ap, g, u));
-      if (L.fp8) s += da * act::forward(ap, g, u);
+      a_prime[r * n + j] = L.store(row.gate * a);
+      if (L.fp8) s += da * a;
     }
     dS[r] = s;
     std::vector<Real> dh(W);  // in W1's stored row order, where dH's scale tiles lie
