@@ -112,8 +112,11 @@ char* carve(char* base, int64_t E, typename G::GroupArrays& out) {
 }
 
 template <class G>
-typename G::Gemm::Arguments make_arguments(int E, const typename G::GroupArrays& g, cutlass::KernelHardwareInfo hw) {
+typename G::Gemm::Arguments make_arguments(int E, const typename G::GroupArrays& g, cutlass::KernelHardwareInfo hw,
+                                           bool raster_n = false) {
   typename G::Gemm::Arguments args{};
+  using Raster = decltype(args.scheduler.raster_order);
+  args.scheduler.raster_order = raster_n ? Raster::AlongN : Raster::AlongM;  // GemmConfig::raster_n
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   // host_problem_shapes = nullptr: the scheduler reads the shapes on the device, launches one CTA
   // per SM (hw.sm_count) and walks the groups' tiles from a prefix sum over the device array.
@@ -226,7 +229,7 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
   hw.sm_count = std::clamp(config.max_ctas, kClusterCtas, sms);
   hw.max_active_clusters = std::min(max_active_clusters<G>(device), hw.sm_count / kClusterCtas);
 
-  const auto args = make_arguments<G>(E, arrays, hw);
+  const auto args = make_arguments<G>(E, arrays, hw, config.raster_n);
   typename G::Gemm gemm;
   check_cutlass(gemm.can_implement(args), what, "can_implement");
   check_cutlass(gemm.initialize(args, cutlass_workspace, stream), what, "initialize");

@@ -446,6 +446,7 @@ GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, 
          std::to_string(kMaxGemmExperts));
   if (c.band < 0 || c.max_ctas < 0) fail("band and max_ctas must be >= 0 (0: the heuristic's)");
   if (!banded && c.band != 0) fail("band (bK) applies to up and dh only");
+  if (c.raster_n && c.family != GemmFamily::Cutlass) fail("rN (CUTLASS's tile order) applies to the cutlass kinds only");
   if (c.max_ctas != 0 && c.max_ctas < c.cluster_ctas())
     fail("max_ctas must be at least the cluster size " + std::to_string(c.cluster_ctas()));
   if (c.band == 0) c.band = chosen.band;

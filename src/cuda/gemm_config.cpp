@@ -12,9 +12,9 @@ namespace leanmoe::cuda {
 namespace {
 
 constexpr const char* kGrammar =
-    "family:schedule:MxN:stages:epilogue:cluster[:band][:max_ctas], e.g. gather:coop:128x256:s4:warp:c2:b8:m132 "
+    "family:schedule:MxN:stages:epilogue:cluster[:band][:rN][:max_ctas], e.g. gather:coop:128x256:s4:warp:c2:b8:m132 "
     "(family gather|cutlass, schedule coop|pingpong, stages sK|auto, epilogue warp|tma|tmaN (N: subtile width), "
-    "cluster cM (Mx1) or cMxN, band bK, max_ctas mK)";
+    "cluster cM (Mx1) or cMxN, band bK, rN: CUTLASS's tiles along N, max_ctas mK)";
 
 [[noreturn]] void bad(std::string_view text, const std::string& rule) {
   throw Error("GemmConfig '" + std::string(text) + "': " + rule + "; expected " + kGrammar);
@@ -87,6 +87,7 @@ std::string to_string(const GemmConfig& c) {
   field(":c", c.cluster);
   if (c.cluster_n != 1) field("x", c.cluster_n);
   if (c.band > 0) field(":b", c.band);
+  if (c.raster_n) s += ":rN";
   if (c.max_ctas > 0) field(":m", c.max_ctas);
   return s;
 }
@@ -98,7 +99,7 @@ GemmConfig parse_gemm_config(std::string_view text) {
     f.push_back(text.substr(b, e - b));
     b = e + 1;
   }
-  if (f.size() < 6 || f.size() > 8) bad(text, std::to_string(f.size()) + " fields");
+  if (f.size() < 6 || f.size() > 9) bad(text, std::to_string(f.size()) + " fields");
   GemmConfig c;
   if (f[0] == "gather") c.family = GemmFamily::Gather;
   else if (f[0] == "cutlass") c.family = GemmFamily::Cutlass;
@@ -117,12 +118,22 @@ GemmConfig parse_gemm_config(std::string_view text) {
   const bool one_dim = cl.find('x') == std::string_view::npos;
   if (one_dim ? (c.cluster = positive(cl)) < 0 : !pair(cl, c.cluster, c.cluster_n))
     bad(text, "cluster '" + std::string(f[5]) + "'");
+  // The optional fields, each at most once and in this order.
+  constexpr std::string_view kOptional = "brm";
+  size_t next = 0;
   for (size_t i = 6; i < f.size(); ++i) {
-    const char key = f[i].empty() ? '?' : f[i][0];
-    int& field = key == 'b' ? c.band : c.max_ctas;
-    const bool in_order = (key == 'b' && i == 6) || (key == 'm' && c.max_ctas == 0);
-    if (!in_order || (field = prefixed(f[i], key)) < 0)
-      bad(text, "field '" + std::string(f[i]) + "' (band bK, then max_ctas mK, K >= 1)");
+    const size_t at = f[i].empty() ? std::string_view::npos : kOptional.find(f[i][0], next);
+    bool ok = at != std::string_view::npos;
+    if (ok && f[i][0] == 'r') {
+      ok = f[i] == "rN";
+      c.raster_n = ok;
+    } else if (ok) {
+      int& value = f[i][0] == 'b' ? c.band : c.max_ctas;
+      value = prefixed(f[i], f[i][0]);
+      ok = value > 0;
+    }
+    if (!ok) bad(text, "field '" + std::string(f[i]) + "' (band bK, then rN, then max_ctas mK, K >= 1)");
+    next = at + 1;
   }
   return c;
 }

@@ -50,17 +50,21 @@ struct GemmConfig {
   int cluster_n = 1;
   // ---- run-time parameters of that kernel (0 = not given: resolve_gemm_config takes the heuristic's) ----
   int band = 0;      // gather up/dh: column tiles per band of the tile order (>= 1); other kinds: 0
+  // cutlass: CUTLASS's group scheduler hands out each expert's tiles along N (consecutive tiles share
+  // an m-row, text rN) instead of its default down M. Its swizzle is no knob: with the problem shapes
+  // on the device it is sized from one row of SM-count blocks, i.e. always 1.
+  bool raster_n = false;
   int max_ctas = 0;  // at most this many CTAs, rounded down to whole clusters (>= cluster_ctas())
 
   bool operator==(const GemmConfig&) const = default;
-  // Same compiled kernel (every field but band and max_ctas).
+  // Same compiled kernel (every field but band, raster_n and max_ctas).
   bool same_kernel(const GemmConfig& other) const;
   int cluster_ctas() const { return cluster * cluster_n; }
 };
 
 // "gather:coop:128x256:s4:warp:c2:b8:m132" (family : schedule : tile : stages : epilogue : cluster
-// [: band] [: max_ctas]; stages "auto" for 0; epilogue warp, tma or tmaN (N = epilogue_n); cluster cM
-// for Mx1, cMxN otherwise; band and max_ctas left out when 0).
+// [: band] [: rN] [: max_ctas]; stages "auto" for 0; epilogue warp, tma or tmaN (N = epilogue_n);
+// cluster cM for Mx1, cMxN otherwise; band and max_ctas left out when 0, rN when raster_n is false).
 std::string to_string(const GemmConfig& config);
 // The inverse of to_string; throws leanmoe::Error quoting the text and the rule it broke.
 GemmConfig parse_gemm_config(std::string_view text);

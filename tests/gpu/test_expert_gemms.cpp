@@ -570,6 +570,20 @@ TEST(ExpertGemms, TileBands) {
     }
 }
 
+// CUTLASS's tile order along N (rN) for down and dx in every compiled configuration: each expert's
+// tiles handed out n-tile first, on the ragged cases, partial tiles and 5 CTAs walking many experts.
+TEST(ExpertGemms, CutlassTilesAlongN) {
+  for (bool transposed : {false, true})
+    for (size_t i = 0; i < max_compiled_configs(); ++i) {
+      Kernels k = compiled_configs(i, transposed);
+      for (lc::GemmKind kind : {lc::GemmKind::Down, lc::GemmKind::Dx}) k.config[static_cast<size_t>(kind)]->raster_n = true;
+      run_case({100, 8, 2, 192, 192, 3, false}, k, transposed);
+      run_case({300, 4, 1, 64, 128, -1, true}, k, transposed);
+      run_case({64, 4, 2, 320, 576, -1, false}, k, transposed);
+      run_case({512, 16, 4, 256, 320, 5, false}, with_max_ctas(k, 5), transposed);
+    }
+}
+
 // A configuration that is not compiled, or not valid for the kind, is refused by name before any
 // launch, listing the compiled ones (resolve_gemm_config's rules are tested without a GPU in
 // test_gemm_config.cpp; here through each launcher).

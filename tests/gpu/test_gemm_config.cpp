@@ -81,6 +81,15 @@ TEST(GemmConfig, TextRoundTrip) {
   EXPECT_EQ(lc::to_string(e64), "cutlass:pingpong:128x192:auto:tma64:c1x2");
   EXPECT_FALSE(e64.same_kernel(n2));
   EXPECT_EQ(n2.epilogue_n, 0);
+  // CUTLASS's tile order along N: a run-time parameter of the same kernel, written between band and max_ctas.
+  const lc::GemmConfig rn = lc::parse_gemm_config("cutlass:pingpong:128x192:auto:tma:c1x2:rN:m128");
+  EXPECT_TRUE(rn.raster_n);
+  EXPECT_FALSE(n2.raster_n);
+  EXPECT_TRUE(rn.same_kernel(n2));
+  EXPECT_EQ(rn.max_ctas, 128);
+  EXPECT_EQ(lc::to_string(rn), "cutlass:pingpong:128x192:auto:tma:c1x2:rN:m128");
+  EXPECT_EQ(lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:b8:rN:m5"),
+            lc::parse_gemm_config(lc::to_string(lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:b8:rN:m5"))));
 }
 
 TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
@@ -106,7 +115,13 @@ TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
       {"gather:coop:128x256:s4:warp:c1:m4:b8", "field 'b8'"},
       {"gather:coop:128x256:s4:warp:c1:b8:b8", "field 'b8'"},
       {"gather:coop:128x256:s4:warp:c1:x3", "field 'x3'"},
-      {"gather:coop:128x256:s4:warp:c1:b8:m5:m5", "9 fields"},
+      {"cutlass:pingpong:128x192:auto:tma:c1x2:rM", "field 'rM'"},
+      {"cutlass:pingpong:128x192:auto:tma:c1x2:r", "field 'r'"},
+      {"cutlass:pingpong:128x192:auto:tma:c1x2:rN:rN", "field 'rN'"},
+      {"cutlass:pingpong:128x192:auto:tma:c1x2:m4:rN", "field 'rN'"},
+      {"gather:coop:128x256:s4:warp:c1:rN:b8", "field 'b8'"},
+      {"gather:coop:128x256:s4:warp:c1:b8:m5:m5", "field 'm5'"},
+      {"gather:coop:128x256:s4:warp:c1:b8:rN:m5:m5", "10 fields"},
   };
   for (const auto& [text, rule] : bad) {
     SCOPED_TRACE(text);
@@ -243,6 +258,8 @@ TEST(GemmHeuristics, ResolveRefusesByName) {
   // Not valid for the kind or the shape.
   expect_error(resolve(GemmKind::Dw2, "gather:coop:128x256:s4:warp:c2:b4"), {"band (bK) applies to up and dh only"});
   expect_error(resolve(GemmKind::Down, "cutlass:pingpong:128x192:auto:tma:c1x2:b4"), {"band"});
+  expect_error(resolve(GemmKind::Dw1, "gather:coop:256x128:s4:warp:c2:rN"), {"rN", "cutlass kinds only"});
+  EXPECT_NO_THROW(resolve(GemmKind::Dx, "cutlass:pingpong:128x192:auto:tma:c2:rN")());
   expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2:m1"),
                {"max_ctas must be at least the cluster size 2"});
   expect_error(resolve(GemmKind::Dx, "cutlass:pingpong:128x192:auto:tma:c2:m1"), {"cluster size 2"});
