@@ -127,7 +127,7 @@ Requested parse_requested(const std::string& list) {
 }
 
 void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, const Requested& requested,
-                 const std::vector<bool>& layouts, const std::vector<bool>& precisions, bool interleaved, int sms,
+                 const std::vector<bool>& layouts, const std::vector<bool>& precisions, bool interleaved, const lc::GpuTraits& gpu,
                  int iters, int warmup, bool digest) {
   const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
   const auto tokens_of = leanmoe::tools::uniform_topk_tokens(T, E, K, 1234);
@@ -238,7 +238,7 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
       s.fp8 = use_fp8;
       for (const lc::GemmConfig* want : requested[g.kind])  // checked in either precision asked (main)
       for (int quant = 0; quant < (use_fp8 ? g.quant_modes : 1); ++quant) {
-        const std::string ran = lc::to_string(lc::resolve_gemm_config(g.kind, s, E, sms, want));
+        const std::string ran = lc::to_string(lc::resolve_gemm_config(g.kind, s, E, gpu, want));
         const std::string layout = std::string(transposed ? "transposed" : "hf") + (interleaved ? "-interleaved" : "") +
                                    (use_fp8 ? "-fp8" : "") + (quant == 1 ? "-pass" : quant == 2 ? "-epi" : "");
         if (digest) {
@@ -347,6 +347,7 @@ int main(int argc, char** argv) {
     usage = false;
     cudaDeviceProp prop{};
     check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    const lc::GpuTraits& gpu = lc::current_gpu();
     // Every requested configuration checked on every shape before anything is timed.
     for (const auto& shape : shapes)
       for (lc::GemmKind kind : lc::kGemmKinds)
@@ -356,20 +357,20 @@ int main(int argc, char** argv) {
               if (want) {
                 lc::ExpertShape s{shape.T, shape.d, shape.n, true, transposed};
                 s.fp8 = fp8 && kind != lc::GemmKind::Dw1 && kind != lc::GemmKind::Dw2;  // dW1, dW2 stay bf16
-                lc::resolve_gemm_config(kind, s, shape.E, prop.multiProcessorCount, want);
+                lc::resolve_gemm_config(kind, s, shape.E, gpu, want);
               }
     if (digest) {
-      std::printf("GPU: %s (%d SMs); one launch per row, outputs zeroed first, hash of each output\n\n", prop.name,
-                  prop.multiProcessorCount);
+      std::printf("GPU: %s (%d SMs, %d GB/s DRAM); one launch per row, outputs zeroed first, hash of each output\n\n",
+                  prop.name, gpu.sm_count, gpu.dram_gb_s);
       std::printf("| shape | layout | GEMM | kernel | output digests |\n|---|---|---|---|---|\n");
     } else {
-      std::printf("GPU: %s (%d SMs); median of %d launches after %d warm-up\n\n", prop.name,
-                  prop.multiProcessorCount, iters, warmup);
+      std::printf("GPU: %s (%d SMs, %d GB/s DRAM); median of %d launches after %d warm-up\n\n", prop.name,
+                  gpu.sm_count, gpu.dram_gb_s, iters, warmup);
       std::printf("| shape | layout | T | d | n | E | K | GEMM | kernel | ms | TFLOP/s |\n"
                   "|---|---|---|---|---|---|---|---|---|---|---|\n");
     }
     for (const auto& s : shapes)
-      bench_shape(s, only, requested, layouts, precisions, interleaved, prop.multiProcessorCount, iters, warmup, digest);
+      bench_shape(s, only, requested, layouts, precisions, interleaved, gpu, iters, warmup, digest);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_gemms: %s\n", e.what());

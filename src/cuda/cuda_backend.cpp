@@ -617,7 +617,7 @@ class CudaBackend final : public Backend {
       const cuda::GemmKind kinds[3] = {cuda::GemmKind::Dw2, cuda::GemmKind::Dx, cuda::GemmKind::Dw1};
       for (size_t i = 0; i < 3 && side_sms > 0; ++i) {
         // resolve, not choose: with transposed weights dW1 and dW2 run each other's kernel.
-        lean[i] = cuda::resolve_gemm_config(kinds[i], shape, cfg.E, gemm->sms, nullptr);
+        lean[i] = cuda::resolve_gemm_config(kinds[i], shape, cfg.E, cuda::current_gpu(), nullptr);
         lean[i].max_ctas = std::max(gemm->sms - side_sms, lean[i].cluster_ctas());
         config[i] = &lean[i];
       }

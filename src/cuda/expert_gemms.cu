@@ -32,15 +32,22 @@ void check_launch(const char* what) {
   if (err != cudaSuccess) throw leanmoe::Error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-int multiprocessor_count() {
-  static const int count = [] {
-    int device = 0, sms = 0;
+}  // namespace
+
+const GpuTraits& current_gpu() {
+  static const GpuTraits gpu = [] {
+    int device = 0, sms = 0, mem_khz = 0, bus_bits = 0;
     cudaGetDevice(&device);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    return sms > 0 ? sms : 132;
+    cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device);
+    cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
+    // Double data rate: two transfers per memory clock.
+    return GpuTraits{sms, int(2.0 * mem_khz * 1e3 * (bus_bits / 8) / 1e9)};
   }();
-  return count;
+  return gpu;
 }
+
+namespace {
 
 // Each kernel needs more than the default 48 KB of dynamic shared memory: raised once per kernel.
 template <class Kernel>
@@ -234,7 +241,7 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   if constexpr (kCluster) {
     launch_cluster<kKind, Tile, Act, kTransposed>(rows, s, kernel_args, map, config, stream, what);
   } else {
-    const int64_t ctas = std::min<int64_t>({int64_t(tiles.x) * tiles.y * tiles.z, multiprocessor_count(),
+    const int64_t ctas = std::min<int64_t>({int64_t(tiles.x) * tiles.y * tiles.z, current_gpu().sm_count,
                                             int64_t(config.max_ctas)});
     if constexpr (chained_gather_launch(kKind))
       launch_chained(sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>,
@@ -351,7 +358,7 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
     throw leanmoe::Error(std::string(what) + ": interleaved applies to a gated activation only");
   if (kernels::is_varlen_k(kKind) && s.transposed)  // dw1() and dw2() pass the kernel's own shape
     throw leanmoe::Error(std::string(what) + ": internal: a varlen-K launch with the transposed layout");
-  const GemmConfig config = resolve_gemm_config(kKind, s, rows.E, multiprocessor_count(), requested);
+  const GemmConfig config = resolve_gemm_config(kKind, s, rows.E, current_gpu(), requested);
   if (rows.E <= 0) return;
   if (!kernels::is_varlen_k(kKind) && rows.rows_capacity <= 0) return;
   args.expert_offsets = rows.expert_offsets;
@@ -423,10 +430,10 @@ bool runs_fp8(GemmKind kind, const ExpertShape& s) {
   return s.fp8 && kind != GemmKind::Dw1 && kind != GemmKind::Dw2;
 }
 
-GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, int sm_count,
+GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, const GpuTraits& gpu,
                                const GemmConfig* requested) {
   const GemmKind kind = gemm_kernel_kind(asked, s);
-  const GemmConfig chosen = choose_gemm_config(kind, s, sm_count);
+  const GemmConfig chosen = choose_gemm_config(kind, s, gpu);
   GemmConfig c = requested ? *requested : chosen;
   auto fail = [&](const std::string& rule) {
     const std::string runs =
@@ -470,7 +477,7 @@ void up_proj_act(const RoutedRows& rows, const ExpertShape& s, const ExpertFunct
 void down_proj(const RoutedRows& rows, const ExpertShape& s, const void* a, const void* w2, void* y,
                cudaStream_t stream, void* workspace, const GemmConfig* config) {
   require_precision(s, false, "down_proj");
-  const GemmConfig c = resolve_gemm_config(GemmKind::Down, s, rows.E, multiprocessor_count(), config);
+  const GemmConfig c = resolve_gemm_config(GemmKind::Down, s, rows.E, current_gpu(), config);
   cutlass_down_proj(rows, s, a, w2, y, workspace, c, stream);
 }
 
@@ -533,7 +540,7 @@ void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const 
          cudaStream_t stream, const GemmConfig* config) {
   if (s.transposed) {  // dW2ᵀ [n, d] = A'ᵀ·dO[tok]: dW1's GEMM with dH -> A' (width n), X -> dO
     // Resolved under its own name (a refusal names dw2), then launched with the kernel's shape.
-    const GemmConfig c = resolve_gemm_config(GemmKind::Dw2, s, rows.E, multiprocessor_count(), config);
+    const GemmConfig c = resolve_gemm_config(GemmKind::Dw2, s, rows.E, current_gpu(), config);
     GemmArgs args = make_args(a_prime, d_out);
     args.out = static_cast<kernels::bf16*>(dw2);
     launch<GemmKind::Dw1>(rows, {s.T, s.d, s.n, /*gated=*/false}, args, &c, stream, "dw2");
@@ -547,14 +554,14 @@ void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const 
 void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
                cudaStream_t stream, void* workspace, const GemmConfig* config) {
   require_precision(s, false, "dx_expert");
-  const GemmConfig c = resolve_gemm_config(GemmKind::Dx, s, rows.E, multiprocessor_count(), config);
+  const GemmConfig c = resolve_gemm_config(GemmKind::Dx, s, rows.E, current_gpu(), config);
   cutlass_dx_expert(rows, s, dh, w1, dx_exp, workspace, c, stream);
 }
 
 void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* x, void* dw1,
          cudaStream_t stream, const GemmConfig* config) {
   if (s.transposed) {  // dW1ᵀ [d, W] = X[tok]ᵀ·dH: dW2's GEMM with dO -> X, A' -> dH (n -> W)
-    const GemmConfig c = resolve_gemm_config(GemmKind::Dw1, s, rows.E, multiprocessor_count(), config);
+    const GemmConfig c = resolve_gemm_config(GemmKind::Dw1, s, rows.E, current_gpu(), config);
     GemmArgs args = make_args(x, dh);
     args.out = static_cast<kernels::bf16*>(dw1);
     launch<GemmKind::Dw2>(rows, {s.T, s.d, s.width(), /*gated=*/false}, args, &c, stream, "dw1");
@@ -570,14 +577,14 @@ void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const voi
 void down_proj_fp8(const RoutedRows& rows, const ExpertShape& s, Fp8Operand a, Fp8Operand w2, void* y,
                    cudaStream_t stream, void* workspace, const GemmConfig* config) {
   require_precision(s, true, "down_proj_fp8");
-  const GemmConfig c = resolve_gemm_config(GemmKind::Down, s, rows.E, multiprocessor_count(), config);
+  const GemmConfig c = resolve_gemm_config(GemmKind::Down, s, rows.E, current_gpu(), config);
   cutlass_fp8(rows, s.d, s.n, a, w2, y, workspace, c, stream, "down_proj_fp8");
 }
 
 void dx_expert_fp8(const RoutedRows& rows, const ExpertShape& s, Fp8Operand dh, Fp8Operand w1t, void* dx_exp,
                    cudaStream_t stream, void* workspace, const GemmConfig* config) {
   require_precision(s, true, "dx_expert_fp8");
-  const GemmConfig c = resolve_gemm_config(GemmKind::Dx, s, rows.E, multiprocessor_count(), config);
+  const GemmConfig c = resolve_gemm_config(GemmKind::Dx, s, rows.E, current_gpu(), config);
   cutlass_fp8(rows, s.d, s.width(), dh, w1t, dx_exp, workspace, c, stream, "dx_expert_fp8");
 }
 

@@ -70,14 +70,24 @@ bool runs_fp8(GemmKind kind, const ExpertShape& s);
 // tiles with the TMA operand on the long side, as dW1's 256x128 in the HF layout), and dW2 as
 // [n, d] = A'ᵀ·dO[tok], which is dW1's. A configuration for dw1 or dw2 is then one of the other's.
 GemmKind gemm_kernel_kind(GemmKind kind, const ExpertShape& s);
+// What the heuristics read of the GPU (gemm_heuristics.h): its SM count, and its DRAM bandwidth,
+// which decides whether down and dx may re-read their weight tiles (docs/kernels.md "Clusters for
+// down and dx by DRAM bandwidth").
+struct GpuTraits {
+  int sm_count = 0;
+  int dram_gb_s = 0;  // peak: 2 x memory clock x bus width (H100 SXM 3352, H200 about 4900)
+  int dram_gb_s_per_sm() const { return sm_count > 0 ? dram_gb_s / sm_count : 0; }
+};
+// The current device's, read once per process (the first device asked).
+const GpuTraits& current_gpu();
 // What a launch of `kind` on this shape runs: `requested`'s kernel with its band and max_ctas, those
-// it leaves at 0 taken from choose_gemm_config(gemm_kernel_kind(kind, s), s, sm_count), band clamped
+// it leaves at 0 taken from choose_gemm_config(gemm_kernel_kind(kind, s), s, gpu), band clamped
 // to the column tiles;
 // or that heuristic config itself when `requested` is null. Throws leanmoe::Error naming the config
 // when it is not compiled for `kind` (listing those that are) or not valid for the shape (E above
 // kMaxGemmExperts for the gather kernel, a band for a kind without one, max_ctas below the cluster).
 // Host only: needs no device.
-GemmConfig resolve_gemm_config(GemmKind kind, const ExpertShape& s, int64_t E, int sm_count,
+GemmConfig resolve_gemm_config(GemmKind kind, const ExpertShape& s, int64_t E, const GpuTraits& gpu,
                                const GemmConfig* requested);
 // Column tiles of `config`'s tile over kind's N (up: n / (tile_n/2) gated, its tile pairing tile_n/2
 // gate with tile_n/2 up columns, n / tile_n plain; dh: n; dw2: n; dw1: d; down, dx: d).

@@ -46,11 +46,34 @@ GemmConfig cutlass_paired(GemmKind kind, const ExpertShape& s, GemmSchedule sche
   return c;
 }
 
-// bf16: ping-pong 128x192 in 1x2 clusters unless d makes an odd number of 192-wide n-tiles.
+// Parts with less DRAM bandwidth per SM than this (H100 SXM: 3352 GB/s over 132 SMs, 25; the H200
+// 37) run bf16 down and dx in 2x1 clusters along N where the 1x2 rule above re-reads the weight
+// tiles from DRAM and waits on it: H100, 120B-n2048 dx reads 28.4 GB in 1x2 along M, 12.9 in 2x1
+// along N (10.27 -> 7.54 ms). On the H200 the 1x2 rule stays (2x1 along N there: 120B-n2048
+// dx 7.19 -> 7.32 ms, 30B-n1024 3.54 -> 3.72).
+constexpr int kDramBoundBelowGbPerSm = 30;
+
+// dx (K = 2n, N = d): 2x1 along N wherever d >= 2048 (11 or more n-tiles): 120B-n512 / n1024 / n2048
+// 9.57 / 9.57 / 10.27 -> 7.59 / 7.76 / 7.54 ms, 30B-n1024 3.83 -> 3.52, gpt-oss-20b 8.85 (2x1 along
+// M) -> 7.37, sparse-T8k-d4096 3.60 -> 2.66; at most +3% against 2x1 along M (30B-n1024 3.42,
+// sparse-T32k 5.03 vs 5.18). At d <= 1536 1x2 stays ahead by 2-8% (1.4B, 7B, granite rows).
+// down (K = n): only where n >= 2048 as well: 120B-n2048 3.79 -> 3.51 ms; at n <= 1024 1x2 leads
+// by up to 20% (sparse-T32k-d4096-n512 2.07 vs 2.56) or ties.
+bool weight_tiles_from_dram(GemmKind kind, const ExpertShape& s, const GpuTraits& gpu) {
+  if (gpu.dram_gb_s_per_sm() >= kDramBoundBelowGbPerSm || s.d < 2048) return false;
+  return kind == GemmKind::Dx || s.n >= 2048;
+}
+
+// bf16: ping-pong 128x192 in 1x2 clusters unless d makes an odd number of 192-wide n-tiles, or the
+// part's DRAM cannot feed 1x2's weight re-reads (above).
 // CUTLASS pads the n-tiles to whole clusters, so there 1x2 runs an empty half-cluster per column
 // (d = 2048: 11 n-tiles run as 12) and 2x1 wins: olmoe (d = 2048) down 598 vs 577 TFLOP/s, dx 627 vs 564.
-GemmConfig cutlass_pingpong(GemmKind kind, const ExpertShape& s) {
+GemmConfig cutlass_pingpong(GemmKind kind, const ExpertShape& s, const GpuTraits& gpu) {
   GemmConfig c = cutlass_paired(kind, s, GemmSchedule::Pingpong, 128, 192);
+  if (weight_tiles_from_dram(kind, s, gpu)) {
+    c = cutlass(GemmSchedule::Pingpong, 128, 192, false);
+    c.raster_n = true;
+  }
   // Down at n <= 256 (K = 4 k-steps, too short to hide twelve 64x32 subtile stores): 64x64 subtiles,
   // 7B-n256 426 -> 470, 30B-n256 414 -> 490 TFLOP/s; at n = 512 -10% to +6%, so only there. Compiled
   // for 1x2 clusters alone.
@@ -75,7 +98,7 @@ int band_of(GemmKind kind, const ExpertShape& s, const GemmConfig& c) {
 
 }  // namespace
 
-GemmConfig choose_gemm_config(GemmKind kind, const ExpertShape& s, int sm_count) {
+GemmConfig choose_gemm_config(GemmKind kind, const ExpertShape& s, const GpuTraits& gpu) {
   GemmConfig c;
   switch (kind) {
     // FP8 (s.fp8) up and dH: the same tile, schedule and band on the FP8 kernel (128x256 with 128-deep
@@ -109,11 +132,11 @@ GemmConfig choose_gemm_config(GemmKind kind, const ExpertShape& s, int sm_count)
       // Summed over the 20 grid shapes: down 35.02 -> 33.20 ms, dx 66.65 -> 62.43 ms against the former
       // cooperative 128x256 / ping-pong 128x128 (per-shape best of 9 resp. 6 candidates: 32.28, 62.00;
       // 1x2 everywhere: 33.49, 63.44). Worst row: down at 30B-n256, 362 vs 403 for cooperative 128x256.
-      c = runs_fp8(kind, s) ? cutlass_fp8(kind, s) : cutlass_pingpong(kind, s);
+      c = runs_fp8(kind, s) ? cutlass_fp8(kind, s) : cutlass_pingpong(kind, s, gpu);
       break;
   }
   // Persistent kernels: at most one CTA per SM (fewer when there are fewer tiles or clusters fit).
-  c.max_ctas = sm_count;
+  c.max_ctas = gpu.sm_count;
   return c;
 }
 

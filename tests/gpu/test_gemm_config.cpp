@@ -9,6 +9,7 @@
 #include "../../src/cuda/expert_gemms.h"
 #include "../../src/cuda/gemm_config.h"
 #include "../../src/cuda/gemm_heuristics.h"
+#include "gpu_parts.h"
 #include "leanmoe/leanmoe.h"
 
 namespace {
@@ -16,7 +17,8 @@ namespace {
 namespace lc = leanmoe::cuda;
 using lc::GemmKind;
 
-constexpr int kH200Sms = 132;
+using leanmoe::testing::kH100;
+using leanmoe::testing::kH200;
 
 // Runs `f`, which must throw leanmoe::Error with every piece of `needles` in its message.
 template <class F>
@@ -160,10 +162,10 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
     const lc::ExpertShape s{32768, r.d, r.n};
     const char* want[] = {r.up, r.down, r.dh, r.dw2, r.dx, r.dw1};  // kGemmKinds order
     for (GemmKind kind : lc::kGemmKinds) {
-      const lc::GemmConfig chosen = lc::choose_gemm_config(kind, s, kH200Sms);
+      const lc::GemmConfig chosen = lc::choose_gemm_config(kind, s, kH200);
       EXPECT_EQ(lc::to_string(chosen), want[static_cast<size_t>(kind)]) << lc::gemm_kind_name(kind);
       // The heuristic's choice is compiled and resolves to itself.
-      EXPECT_EQ(lc::resolve_gemm_config(kind, s, 64, kH200Sms, nullptr), chosen);
+      EXPECT_EQ(lc::resolve_gemm_config(kind, s, 64, kH200, nullptr), chosen);
     }
   }
   // down and dx cluster by the parity of ceil(d / 192), whatever n.
@@ -173,10 +175,40 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
       const lc::ExpertShape s{4096, d, n};
       for (GemmKind kind : {GemmKind::Down, GemmKind::Dx}) {
         const bool e64 = kind == GemmKind::Down && n <= 256 && std::string(cluster) == "c1x2";
-        EXPECT_EQ(lc::to_string(lc::choose_gemm_config(kind, s, kH200Sms)),
+        EXPECT_EQ(lc::to_string(lc::choose_gemm_config(kind, s, kH200)),
                   std::string("cutlass:pingpong:128x192:auto:") + (e64 ? "tma64:" : "tma:") + cluster + ":m132")
             << lc::gemm_kind_name(kind) << " d " << d << " n " << n;
       }
+    }
+  }
+}
+
+// Parts with less DRAM bandwidth per SM (the H100 SXM) run bf16 dx in 2x1 clusters along N where
+// d >= 2048, down too where n >= 2048 as well; the rest, FP8 and the other kinds as on the H200.
+TEST(GemmHeuristics, DownAndDxAlongNOnLessDramBandwidth) {
+  EXPECT_EQ(kH100.dram_gb_s_per_sm(), 25);
+  EXPECT_EQ(kH200.dram_gb_s_per_sm(), 37);
+  const std::string along_n = "cutlass:pingpong:128x192:auto:tma:c2:rN:m132";
+  struct Row {
+    int64_t d, n;
+    bool down, dx;  // along N on the H100
+  };
+  for (const Row& r : {Row{4096, 2048, true, true}, Row{4096, 1024, false, true}, Row{4096, 256, false, true},
+                       Row{2048, 1024, false, true}, Row{2880, 2880, true, true}, Row{1536, 2048, false, false},
+                       Row{768, 1024, false, false}}) {
+    const lc::ExpertShape s{32768, r.d, r.n};
+    for (GemmKind kind : lc::kGemmKinds) {
+      SCOPED_TRACE(std::string(lc::gemm_kind_name(kind)) + " d " + std::to_string(r.d) + " n " + std::to_string(r.n));
+      const lc::GemmConfig h100 = lc::choose_gemm_config(kind, s, kH100);
+      const bool along = kind == GemmKind::Down ? r.down : kind == GemmKind::Dx && r.dx;
+      if (along)
+        EXPECT_EQ(lc::to_string(h100), along_n);
+      else
+        EXPECT_EQ(h100, lc::choose_gemm_config(kind, s, kH200));
+      EXPECT_EQ(lc::resolve_gemm_config(kind, s, 64, kH100, nullptr), h100);  // compiled, resolves to itself
+      lc::ExpertShape fp8 = s;
+      fp8.fp8 = r.d % 128 == 0 && r.n % 128 == 0;
+      if (fp8.fp8) EXPECT_EQ(lc::choose_gemm_config(kind, fp8, kH100), lc::choose_gemm_config(kind, fp8, kH200));
     }
   }
 }
@@ -189,13 +221,13 @@ TEST(GemmHeuristics, Fp8UpAndDhRunIn2x1Clusters) {
     s.fp8 = true;
     for (GemmKind kind : {GemmKind::Up, GemmKind::Dh}) {
       SCOPED_TRACE(std::string(lc::gemm_kind_name(kind)) + (transposed ? " transposed" : ""));
-      const lc::GemmConfig chosen = lc::choose_gemm_config(kind, s, kH200Sms);
+      const lc::GemmConfig chosen = lc::choose_gemm_config(kind, s, kH200);
       EXPECT_EQ(lc::to_string(chosen), kind == GemmKind::Up ? "gather:coop:128x256:s4:warp:c2:b8:m132"
                                                             : "gather:coop:128x256:s4:warp:c2:b4:m132");
-      EXPECT_EQ(lc::resolve_gemm_config(kind, s, 64, kH200Sms, nullptr), chosen);
+      EXPECT_EQ(lc::resolve_gemm_config(kind, s, 64, kH200, nullptr), chosen);
     }
     const lc::GemmConfig bf16_up = lc::compiled_gemm_configs(GemmKind::Up).front();
-    expect_error([&] { lc::resolve_gemm_config(GemmKind::Up, s, 64, kH200Sms, &bf16_up); },
+    expect_error([&] { lc::resolve_gemm_config(GemmKind::Up, s, 64, kH200, &bf16_up); },
                  {"not compiled", "compiled for up: gather:coop:128x256:s4:warp:c2"});
   }
 }
@@ -209,8 +241,8 @@ TEST(GemmHeuristics, TransposedWeightsExchangeTheDwKernels) {
     EXPECT_EQ(lc::gemm_kernel_kind(kind, hf), kind);
     const GemmKind other = kind == GemmKind::Dw1 ? GemmKind::Dw2 : kind == GemmKind::Dw2 ? GemmKind::Dw1 : kind;
     EXPECT_EQ(lc::gemm_kernel_kind(kind, t), other);
-    EXPECT_EQ(lc::resolve_gemm_config(kind, t, 32, kH200Sms, nullptr),
-              lc::resolve_gemm_config(other, hf, 32, kH200Sms, nullptr));
+    EXPECT_EQ(lc::resolve_gemm_config(kind, t, 32, kH200, nullptr),
+              lc::resolve_gemm_config(other, hf, 32, kH200, nullptr));
   }
 }
 
@@ -219,24 +251,24 @@ TEST(GemmHeuristics, TransposedWeightsExchangeTheDwKernels) {
 TEST(GemmHeuristics, ResolveFillsAndClampsRunTimeFields) {
   const lc::ExpertShape s{4096, 2048, 1024};  // up: 8 column tiles, dh: 4
   lc::GemmConfig up = lc::compiled_gemm_configs(GemmKind::Up).front();
-  EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Up, s, 64, kH200Sms, &up),
-            lc::choose_gemm_config(GemmKind::Up, s, kH200Sms));
+  EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Up, s, 64, kH200, &up),
+            lc::choose_gemm_config(GemmKind::Up, s, kH200));
   up.band = 3;
   up.max_ctas = 5;
-  const lc::GemmConfig got = lc::resolve_gemm_config(GemmKind::Up, s, 64, kH200Sms, &up);
+  const lc::GemmConfig got = lc::resolve_gemm_config(GemmKind::Up, s, 64, kH200, &up);
   EXPECT_EQ(got.band, 3);
   EXPECT_EQ(got.max_ctas, 5);
   lc::GemmConfig dh = lc::compiled_gemm_configs(GemmKind::Dh).front();
   dh.band = 100;
-  EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dh, s, 64, kH200Sms, &dh).band, 4);
-  EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dh, s, 64, 100, &dh).max_ctas, 100);  // the SM count it was given
+  EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dh, s, 64, kH200, &dh).band, 4);
+  EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dh, s, 64, lc::GpuTraits{100, 3352}, &dh).max_ctas, 100);  // the SM count it was given
 }
 
 TEST(GemmHeuristics, ResolveRefusesByName) {
   const lc::ExpertShape s{64, 128, 128};
   auto resolve = [&](GemmKind kind, const std::string& text, int64_t E = 8) {
     const lc::GemmConfig c = lc::parse_gemm_config(text);
-    return [=] { lc::resolve_gemm_config(kind, s, E, kH200Sms, &c); };
+    return [=] { lc::resolve_gemm_config(kind, s, E, kH200, &c); };
   };
   // Not compiled: named, and the compiled ones listed.
   expect_error(resolve(GemmKind::Up, "gather:pingpong:128x128:s6:warp:c1"),
@@ -247,7 +279,7 @@ TEST(GemmHeuristics, ResolveRefusesByName) {
                {"compiled for dw1: gather:coop:256x128:s4:warp:c2"});
   const lc::ExpertShape transposed{64, 128, 128, true, true};
   const lc::GemmConfig dw1_hf = lc::parse_gemm_config("gather:coop:256x128:s4:warp:c2");
-  expect_error([&] { lc::resolve_gemm_config(GemmKind::Dw1, transposed, 8, kH200Sms, &dw1_hf); },
+  expect_error([&] { lc::resolve_gemm_config(GemmKind::Dw1, transposed, 8, kH200, &dw1_hf); },
                {"dw1 GEMM config 'gather:coop:256x128:s4:warp:c2' (transposed weights: dw2's kernel): not compiled",
                 "compiled for dw2: gather:coop:128x256:s4:warp:c2"});
   expect_error(resolve(GemmKind::Down, "gather:coop:128x256:s4:warp:c1"),
@@ -273,7 +305,7 @@ TEST(GemmHeuristics, ResolveRefusesByName) {
   // Fields set directly rather than parsed.
   lc::GemmConfig c = lc::compiled_gemm_configs(GemmKind::Up).front();
   c.band = -1;
-  expect_error([&] { lc::resolve_gemm_config(GemmKind::Up, s, 8, kH200Sms, &c); }, {">= 0"});
+  expect_error([&] { lc::resolve_gemm_config(GemmKind::Up, s, 8, kH200, &c); }, {">= 0"});
 }
 
 }  // namespace
