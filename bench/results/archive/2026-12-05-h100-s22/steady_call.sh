@@ -3,7 +3,8 @@
 # clusters along N on parts under 30 GB/s of DRAM per SM) on the GPU:
 #   1. GPU tests of the kernels it picks and of the heuristic (CutlassTilesAlongN: down and dx along N
 #      against the CPU loops), memcheck on CutlassTilesAlongN;
-#   2. SonicMoE beside leanmoe (new), graph replays, one steady round (bench/vs_sonic.sh STEADY=1);
+#   2. SonicMoE beside leanmoe (new), graph replays, one steady round (bench/vs_sonic.sh STEADY=1),
+#      where a SETUP call left SonicMoE on this machine;
 #   3. old (4e0f7fb) vs new leanmoe layer, graph replays, alternating rounds, with what is left.
 # Carry [".carry/vs", ".carry/s22"] (.carry/vs by scripts/prepare_carry.sh vs-sonic at the new commit;
 # .carry/s22: leanmoe_old.xz, leanmoe_gpu_tests.xz, commit). BUDGET seconds (default 560).
@@ -29,15 +30,25 @@ say "tests rc=$? $(grep -E '^\[  (PASSED|FAILED)' $L/tests.log | tr '\n' ' ')"
 timeout $(cap 60) compute-sanitizer --tool memcheck --error-exitcode 9 $B/gpu_tests --gtest_brief=1 \
   --gtest_filter=ExpertGemms.CutlassTilesAlongN > $L/memcheck.log 2>&1
 say "memcheck rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' $L/memcheck.log | tr '\n' ' ')"
-$B/leanmoe_new bench --config 120B-n2048 --router topk_then_softmax --iters 1 --warmup 0 > /dev/null 2>&1  # lazy init
-say "== 2. beside SonicMoE (t=$SECONDS)"
-mkdir -p $FINAL/vs
-OUT=$FINAL/vs SONIC_CARRY=/tmp/sonic_carry STEADY=1 ROUNDS=1 CONFIGS=${ROWS} timeout $(cap 330) bash bench/vs_sonic.sh > $L/vs_sonic.log 2>&1
-say "vs_sonic rc=$?"; tail -40 $L/vs_sonic.log | grep -E '^\|' | tee -a $S
+if [ -d /tmp/site/sonicmoe ]; then
+  say "== 2. beside SonicMoE (t=$SECONDS)"
+  mkdir -p $FINAL/vs
+  OUT=$FINAL/vs SONIC_CARRY=/tmp/sonic_carry STEADY=1 ROUNDS=1 CONFIGS=${ROWS} timeout $(cap 330) bash bench/vs_sonic.sh > $L/vs_sonic.log 2>&1
+  say "vs_sonic rc=$?"; tail -40 $L/vs_sonic.log | grep -E '^\|' | tee -a $S
+else
+  say "== 2. SonicMoE not set up on this machine: skipped"
+fi
 
+if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && [ -f .carry/dx/leanmoe_bench_gemms.xz ]; then
+  # On an H200 the heuristic is unchanged (37 GB/s per SM): re-measure the cluster grid there instead.
+  say "== 3. H200: cluster_call.sh instead of the layer A/B (t=$SECONDS)"
+  OUT=$FINAL/cluster BUDGET=$((budget - SECONDS - 10)) bash bench/results/archive/2026-12-05-h100-s22/cluster_call.sh > $L/cluster.log 2>&1
+  grep -E '^(bf16|fp8) .*(120B|30B-n1024|gpt-oss|olmoe|sparse-T8k)' $FINAL/cluster/summary.txt | tee -a $S
+  say "== done (t=$SECONDS)"; exit 0
+fi
 say "== 3. old vs new layer (t=$SECONDS)"
 orders=("old new" "new old" "old new")
-for r in 1 2 3; do for c in 120B-n2048 30B-n1024 gpt-oss-20b olmoe-1b-7b; do
+for r in 1 2 3; do for c in ${AB_ROWS:-120B-n2048 30B-n1024 gpt-oss-20b olmoe-1b-7b}; do
   read -r warm iters < <(python3 bench/steady_iters.py "$c")
   for v in ${orders[$((r-1))]}; do
     [ $((budget - SECONDS)) -lt 30 ] && break 3
