@@ -216,7 +216,7 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   const dim3 tiles = grid_for<kKind>(rows, s, Tile::kTileM, Tile::kTileN);
   args.n_tiles = static_cast<int>(tiles.y);
   args.m_tiles = static_cast<int>(tiles.x);  // varlen-K: row tiles of dW (unused for varlen-M)
-  args.n_band = config.band;                 // varlen-M only
+  args.band = config.band;
   CUtensorMap map{};
   if constexpr (kKind == GemmKind::Up) {
     if constexpr (kTransposed)  // W1 as [E·d rows, W cols], 64-wide MN blocks
@@ -447,18 +447,18 @@ GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, 
     for (const GemmConfig& k : compiled) list += (list.empty() ? "" : ", ") + to_string(k);
     fail(std::string("not compiled; compiled for ") + gemm_kind_name(kind) + ": " + list);
   }
-  const bool banded = kind == GemmKind::Up || kind == GemmKind::Dh;
-  if (banded && E > kMaxGemmExperts)
+  const bool varlen_m = kind == GemmKind::Up || kind == GemmKind::Dh;
+  if (varlen_m && E > kMaxGemmExperts)
     fail("E = " + std::to_string(E) + " experts; the gather kernel's tile table holds at most " +
          std::to_string(kMaxGemmExperts));
   if (c.band < 0 || c.max_ctas < 0) fail("band and max_ctas must be >= 0 (0: the heuristic's)");
-  if (!banded && c.band != 0) fail("band (bK) applies to up and dh only");
+  if (c.family != GemmFamily::Gather && c.band != 0) fail("band (bK) applies to the gather kinds only (up, dh, dw1, dw2)");
   if (c.raster_n && c.family != GemmFamily::Cutlass) fail("rN (CUTLASS's tile order) applies to the cutlass kinds only");
   if (c.max_ctas != 0 && c.max_ctas < c.cluster_ctas())
     fail("max_ctas must be at least the cluster size " + std::to_string(c.cluster_ctas()));
   if (c.band == 0) c.band = chosen.band;
   if (c.max_ctas == 0) c.max_ctas = chosen.max_ctas;
-  if (banded) c.band = int(std::min<int64_t>(c.band, gemm_column_tiles(kind, s, c)));
+  if (varlen_m) c.band = int(std::min<int64_t>(c.band, gemm_column_tiles(kind, s, c)));
   return c;
 }
 

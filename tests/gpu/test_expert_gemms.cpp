@@ -557,12 +557,15 @@ TEST(ExpertGemms, EveryCompiledConfig) {
 // makes every band whole in the cases above). 1 walks one column tile at a time; 2 leaves a narrower
 // last band where the column tile count is odd (ManyExperts, n = 320: up 3 tiles, dH 2; WideExperts,
 // n = 576: up 5, dH 3), with dH's cluster pairs (both CTAs must map one tile index to the same band
-// and column tile) and with 5 CTAs.
+// and column tile) and with 5 CTAs. The varlen-K order (dW1, dW2) walks bands of `band` row units:
+// 2 and 3 leave a narrower last band (dW1's 256-row tiles over 2n = 640: 3, over 1152: 5; dW2's
+// pairs of 128-row tiles over d = 256: 1 pair, which a band of 2 or 3 overshoots).
 TEST(ExpertGemms, TileBands) {
   for (bool transposed : {false, true})
-    for (int band : {1, 2}) {
+    for (int band : {1, 2, 3}) {
       Kernels k = compiled_configs(0, transposed);
-      for (lc::GemmKind kind : {lc::GemmKind::Up, lc::GemmKind::Dh}) k.config[static_cast<size_t>(kind)]->band = band;
+      for (lc::GemmKind kind : {lc::GemmKind::Up, lc::GemmKind::Dh, lc::GemmKind::Dw1, lc::GemmKind::Dw2})
+        k.config[static_cast<size_t>(kind)]->band = band;
       run_case({100, 8, 2, 192, 192, 3, false}, k, transposed);
       run_case({512, 16, 4, 256, 320, -1, false}, k, transposed);
       run_case({64, 4, 2, 320, 576, -1, false}, k, transposed);

@@ -288,8 +288,10 @@ TEST(GemmHeuristics, ResolveRefusesByName) {
                {"compiled for dx: cutlass:pingpong:128x192:auto:tma:c1x2, cutlass:pingpong:128x192:auto:tma:c2"});
   expect_error(resolve(GemmKind::Dx, "cutlass:pingpong:128x192:auto:tma:c2x2"), {"not compiled"});
   // Not valid for the kind or the shape.
-  expect_error(resolve(GemmKind::Dw2, "gather:coop:128x256:s4:warp:c2:b4"), {"band (bK) applies to up and dh only"});
-  expect_error(resolve(GemmKind::Down, "cutlass:pingpong:128x192:auto:tma:c1x2:b4"), {"band"});
+  const lc::GemmConfig dw2_b4 = lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:b4");
+  EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dw2, s, 8, kH200, &dw2_b4).band, 4);  // row units: the kernel clamps
+  expect_error(resolve(GemmKind::Down, "cutlass:pingpong:128x192:auto:tma:c1x2:b4"),
+               {"band (bK) applies to the gather kinds only"});
   expect_error(resolve(GemmKind::Dw1, "gather:coop:256x128:s4:warp:c2:rN"), {"rN", "cutlass kinds only"});
   EXPECT_NO_THROW(resolve(GemmKind::Dx, "cutlass:pingpong:128x192:auto:tma:c2:rN")());
   expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2:m1"),

@@ -47,7 +47,7 @@ struct GemmArgs {
   float* ds_partial;   // [R, ds_tiles] (dH)
   int ds_tiles;
   int n_tiles, m_tiles;  // column tiles; row tiles of dW (varlen-K)
-  int n_band;            // varlen-M: column tiles walked together (tile order, >= 1)
+  int band;              // tile order: varlen-M column tiles, varlen-K row units walked together
   ActConstants act;  // the clamped SwiGLU's constants
   const bf16* b1;    // up: [E, W] in W1's row order, or null
 };

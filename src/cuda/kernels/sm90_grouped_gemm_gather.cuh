@@ -267,13 +267,16 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   __syncthreads();
   // The peer's barriers must be initialised before our first remote arrive or multicast into it.
   if constexpr (kCluster) cluster_sync_all();
-  // Varlen-M tiles: bands of args.n_band column tiles; within a band (m-tile slot, n-tile), n
-  // fastest. With n_band = 1 the slots run fastest, one column tile at a time: the 132
+  // Varlen-M tiles: bands of args.band column tiles; within a band (m-tile slot, n-tile), n
+  // fastest. With band = 1 the slots run fastest, one column tile at a time: the 132
   // CTAs running together then share a weight column slice but read 132 different A row tiles, and
   // every A row is read again for each column tile (120B-n2048 up: 16 x 1.07 GB of gathered X from
-  // DRAM). With n_band = B, ~132 / B m-tiles x B column tiles run together: each A tile is read
+  // DRAM). With band = B, ~132 / B m-tiles x B column tiles run together: each A tile is read
   // once per band, and an expert's weight columns of the band are shared by its m-tiles.
-  // Varlen-K tiles: (expert, m-tile, n-tile), n fastest. In cluster mode the units of the
+  // Varlen-K tiles: per expert, bands of args.band row units (m-tiles, or pairs of them); within a
+  // band (n-unit, row unit), the row units fastest. band <= 1: one row unit at a time, n fastest
+  // (the default: ~132 n-tiles run together, each reading all of the expert's X or dO columns once
+  // per row unit). A band of B runs ~B row units x 132/B n-units together. In cluster mode the units of the
   // side that is not multicast are pairs: dW1 (dH by TMA, the M side) pairs n-tiles, dW2 (A', the N
   // side) pairs m-tiles; CTA rank r takes tile 2p + r of pair p (past the last tile: loads the
   // shared half and zeros, stores nothing).
@@ -297,16 +300,18 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     int m_tile;
     if constexpr (kVarlenK) {
       c.expert = t / (m_units * n_units);
-      m_tile = (t / n_units) % m_units;
-      c.n_tile = t % n_units;
+      const int r = t - c.expert * (m_units * n_units), band = max(args.band, 1);
+      const int first = r / (band * n_units) * band, width = min(band, m_units - first);
+      m_tile = first + (r - first * n_units) % width;
+      c.n_tile = (r - first * n_units) / width;
       if constexpr (kPairM) m_tile = 2 * m_tile + cta_rank();
       if constexpr (kPairN) c.n_tile = 2 * c.n_tile + cta_rank();
     } else {
-      const int band = t / (total_slots * args.n_band);
-      const int width = min(args.n_band, args.n_tiles - band * args.n_band);  // the last band may be narrower
-      const int r = t - band * total_slots * args.n_band;
+      const int band = t / (total_slots * args.band);
+      const int width = min(args.band, args.n_tiles - band * args.band);  // the last band may be narrower
+      const int r = t - band * total_slots * args.band;
       const int slot = r / width;
-      c.n_tile = band * args.n_band + r % width;
+      c.n_tile = band * args.band + r % width;
       c.expert = segment_of(s_tile_prefix, E, slot);  // the expert owning m-tile slot `slot`
       m_tile = (slot - s_tile_prefix[c.expert]) * (kCluster ? 2 : 1) + cta_rank();
     }

@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"
-C=.carry/dx; B=/tmp/cl; L=/tmp/cl-logs; rm -rf $B $L; mkdir -p $B $L
+C=${CARRY_DIR:-.carry/dx}; B=/tmp/cl; L=/tmp/cl-logs; rm -rf $B $L; mkdir -p $B $L
 S=$FINAL/summary.txt; : > $S
 say() { echo "$*" | tee -a $S; }
 budget="${BUDGET:-300}"
