@@ -75,7 +75,9 @@ def split_sonic(ks):
 
 if __name__ == "__main__":
     metric = sys.argv[3] if len(sys.argv) > 3 else TIME
-    ours, theirs = split_leanmoe(kernels(sys.argv[1], metric)), split_sonic(kernels(sys.argv[2], metric))
+    # A 4th argument "leanmoe": B is another leanmoe build (an A/B of two builds, B in the SonicMoE column).
+    split_b = split_leanmoe if sys.argv[4:5] == ["leanmoe"] else split_sonic
+    ours, theirs = split_leanmoe(kernels(sys.argv[1], metric)), split_b(kernels(sys.argv[2], metric))
     unit = "us" if metric == TIME else "GB"
     print(f"| step ({metric}) | leanmoe {unit} | SonicMoE {unit} | leanmoe - SonicMoE |\n|---|---:|---:|---:|")
     tot = [0.0, 0.0]
