@@ -115,14 +115,8 @@ struct Requested {
 // "up=gather:coop:...,dh=...,up=..." -> the configurations of each named kind, in order.
 Requested parse_requested(const std::string& list) {
   Requested r;
-  for (const auto& item : split_commas(list)) {
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos)
-      throw std::runtime_error("--config: '" + item + "' is not KIND=CONFIG (e.g. up=gather:coop:128x256:s4:warp:c1); "
-                               "shapes are chosen with --shape");
-    const lc::GemmKind kind = lc::parse_gemm_kind(item.substr(0, eq));
-    r.configs[static_cast<size_t>(kind)].push_back(lc::parse_gemm_config(item.substr(eq + 1)));
-  }
+  for (const lc::KindConfig& kc : lc::parse_gemm_config_list(list))
+    r.configs[static_cast<size_t>(kc.kind)].push_back(kc.config);
   return r;
 }
 

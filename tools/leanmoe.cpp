@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include "../src/cuda/backward_overlap.h"
+#include "../src/cuda/gemm_config.h"
 #endif
 
 #include "../src/splitmix64.h"
@@ -78,6 +79,10 @@ bench options:
   --bwd-overlap off|auto|N   cuda backward: off runs every step on one stream; otherwise the expert
                              GEMMs run beside the router chain and the dx gather-sum, leaving N SMs
                              to them (auto: the library's default, the heuristic's N)
+  --gemm-config KIND=CONFIG[,KIND=CONFIG...]
+                             cuda: the layer runs these expert GEMM configurations instead of the
+                             heuristic's (e.g. dx=cutlass:pingpong:128x192:auto:tma:c2:rN; kinds up,
+                             down, dh, dw2, dx, dw1; `leanmoe_bench_gemms --help` lists the compiled ones)
   --json FILE                write every number as JSON
 check options:
   --device, --dtype          as above
@@ -107,6 +112,7 @@ struct Options {
   std::optional<int> iters, warmup;
   bool graph = false;  // bench: CUDA-graph replay timing beside the eager one
   std::string bwd_overlap = "auto";  // bench: off, auto or the SMs left to the side work
+  std::string gemm_config;            // bench: KIND=CONFIG list for the layer (empty: the heuristic's)
   int seeds = 2;
   std::string json;
 };
@@ -141,7 +147,7 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
   const std::vector<std::string> bench_flags = {"config", "T", "d", "n", "E", "K", "grid", "device", "dtype",
                                                 "router", "norm-topk-prob", "routing", "tile", "rounding",
                                                 "layout", "precision", "fp8-weights", "iters", "warmup", "graph",
-                                                "json", "bwd-overlap"};
+                                                "json", "bwd-overlap", "gemm-config"};
   const std::vector<std::string> check_flags = {"T", "d", "n", "E", "K", "device", "dtype", "seeds", "tile",
                                                 "precision"};
   const auto& allowed = cmd == "bench" ? bench_flags : check_flags;
@@ -202,6 +208,7 @@ Options parse_options(const std::string& cmd, const std::vector<std::string>& ar
     else if (name == "seeds") o.seeds = parse_count(name, take(), 1);
     else if (name == "graph") o.graph = flag_only();
     else if (name == "json") o.json = take();
+    else if (name == "gemm-config") o.gemm_config = take();
     else if (name == "bwd-overlap") {
       o.bwd_overlap = take();
       if (o.bwd_overlap != "off" && o.bwd_overlap != "auto") parse_count(name, o.bwd_overlap, 0);
@@ -658,7 +665,14 @@ int run_bench(const Options& o, const std::string& command) {
   overlap.overlapped = o.bwd_overlap != "off";
   if (overlap.overlapped && o.bwd_overlap != "auto") overlap.side_sms = parse_count("bwd-overlap", o.bwd_overlap, 0);
   cuda::set_backward_overlap(overlap);
+  try {
+    cuda::set_layer_gemm_configs(cuda::layer_gemm_configs_from(o.gemm_config));
+  } catch (const Error& e) {
+    throw UsageError(std::string("--gemm-config: ") + e.what());
+  }
 #endif
+  if (!o.gemm_config.empty() && dev != Device::cuda)
+    std::fprintf(stderr, "leanmoe bench: --gemm-config ignored on %s (the CUDA backend's kernels)\n", device_name(dev));
   if (o.bwd_overlap != "auto" && dev != Device::cuda)
     std::fprintf(stderr, "leanmoe bench: --bwd-overlap ignored on %s (a cuda backward schedule)\n", device_name(dev));
   std::ofstream json;  // opened now: a path that cannot be written fails before the benchmark, not after it
@@ -676,6 +690,7 @@ int run_bench(const Options& o, const std::string& command) {
   if (o.layer.precision == Precision::fp8)
     std::printf(", fp8 (weights' codes %s)", o.fp8_per_call.value_or(false) ? "quantized per call" : "given, quantized once");
   if (dev == Device::cuda) std::printf("; bwd overlap %s", o.bwd_overlap.c_str());
+  if (dev == Device::cuda && !o.gemm_config.empty()) std::printf("; gemm configs %s", o.gemm_config.c_str());
   std::printf("; median of %d after %d warm-up%s\n", iters, warmup,
               graph ? "; graph = CUDA-graph replays, timed with events" : "");
   std::printf("# flops: fwd 6*T*K*d*n, bwd 12*T*K*d*n; saved = SavedState bytes without x; naive = a textbook "

@@ -574,6 +574,7 @@ class CudaBackend final : public Backend {
                        const ForwardWorkspace& w, const Tensor& out, cudaStream_t stream, bool weighted = true) {
     const cuda::RoutedRows rows = routed_rows(s, cfg.E);
     const cuda::ExpertShape shape = expert_shape(cfg, T);
+    const cuda::LayerGemmConfigs asked = cuda::layer_gemm_configs();  // none set: the heuristic's
     if (shape.fp8) {  // x's rows and the weights (unless given) quantized once per call
       // x.shape[0], not T: the EP owner's x holds its received tokens, fewer than its T pairs.
       cuda::fp8_quantize_rows(x.data, x.shape[0], cfg.d, w.x_q.codes, w.x_q.scales, stream);
@@ -581,12 +582,12 @@ class CudaBackend final : public Backend {
       // A quantized in up's epilogue, no bf16 A written: down reads the codes only (docs/kernels.md
       // "FP8 up and dH": 3-8% faster than up + a fp8_quantize_rows pass).
       cuda::up_proj_act_fp8(rows, shape, expert_function(cfg), w.x_q.op(), w_q.w1, wt.gate_up_bias.data,
-                            s.h.data, nullptr, w.a_q.out(), stream);
-      cuda::down_proj_fp8(rows, shape, w.a_q.op(), w_q.w2, w.y, stream, w.expert_gemm);
+                            s.h.data, nullptr, w.a_q.out(), stream, asked[cuda::GemmKind::Up]);
+      cuda::down_proj_fp8(rows, shape, w.a_q.op(), w_q.w2, w.y, stream, w.expert_gemm, asked[cuda::GemmKind::Down]);
     } else {
       cuda::up_proj_act(rows, shape, expert_function(cfg), x.data, wt.gate_up_proj.data, wt.gate_up_bias.data,
-                        s.h.data, w.a, stream);
-      cuda::down_proj(rows, shape, w.a, wt.down_proj.data, w.y, stream, w.expert_gemm);
+                        s.h.data, w.a, stream, asked[cuda::GemmKind::Up]);
+      cuda::down_proj(rows, shape, w.a, wt.down_proj.data, w.y, stream, w.expert_gemm, asked[cuda::GemmKind::Down]);
     }
     cuda::aggregate_rows(w.y, weighted ? s.row_gate.ptr<float>() : nullptr, s.token_offsets.ptr<int32_t>(),
                          s.token_rows.ptr<int32_t>(), T, cfg.d, out.data, stream, wt.down_bias.data,
@@ -609,16 +610,18 @@ class CudaBackend final : public Backend {
     const cuda::BackwardOverlap overlap = cuda::backward_overlap();
     GemmStream* gemm = overlap.overlapped && (side.after_ds || side.after_dx) ? &gemm_stream() : nullptr;
     BackwardStreams st(stream, gemm);
-    // Beside side work the GEMMs leave SMs free: their CTAs, at least one cluster.
-    std::array<cuda::GemmConfig, 3> lean{};  // dw2, dx, dw1
-    std::array<const cuda::GemmConfig*, 3> config{};
+    const cuda::LayerGemmConfigs asked = cuda::layer_gemm_configs();  // none set: the heuristic's
+    const cuda::GemmKind kinds[3] = {cuda::GemmKind::Dw2, cuda::GemmKind::Dx, cuda::GemmKind::Dw1};
+    std::array<const cuda::GemmConfig*, 3> config{asked[kinds[0]], asked[kinds[1]], asked[kinds[2]]};
+    // Beside side work the GEMMs leave SMs free: their CTAs, at least one cluster (unless a
+    // configuration asked for its own max_ctas).
+    std::array<cuda::GemmConfig, 3> lean{};
     if (gemm) {
       const int side_sms = overlap.side_sms >= 0 ? overlap.side_sms : cuda::backward_side_sms(shape, gemm->sms);
-      const cuda::GemmKind kinds[3] = {cuda::GemmKind::Dw2, cuda::GemmKind::Dx, cuda::GemmKind::Dw1};
       for (size_t i = 0; i < 3 && side_sms > 0; ++i) {
         // resolve, not choose: with transposed weights dW1 and dW2 run each other's kernel.
-        lean[i] = cuda::resolve_gemm_config(kinds[i], shape, cfg.E, cuda::current_gpu(), nullptr);
-        lean[i].max_ctas = std::max(gemm->sms - side_sms, lean[i].cluster_ctas());
+        lean[i] = cuda::resolve_gemm_config(kinds[i], shape, cfg.E, cuda::current_gpu(), config[i]);
+        if (!config[i] || config[i]->max_ctas == 0) lean[i].max_ctas = std::max(gemm->sms - side_sms, lean[i].cluster_ctas());
         config[i] = &lean[i];
       }
     }
@@ -632,10 +635,10 @@ class CudaBackend final : public Backend {
       cuda::fp8_quantize_rows(d_out.data, d_out.shape[0], cfg.d, w.d_out_q.codes, w.d_out_q.scales, stream);
       w_q = w.w_q.operands(cfg, wt, stream);
       cuda::dh_act_bwd_fp8(rows, shape, expert_function(cfg), w.d_out_q.op(), w_q.w2, s.h.data, w.dh,
-                           w.a_prime_dxexp, w.ds_partial, w.dh_q.out(), stream);
+                           w.a_prime_dxexp, w.ds_partial, w.dh_q.out(), stream, asked[cuda::GemmKind::Dh]);
     } else {
       cuda::dh_act_bwd(rows, shape, expert_function(cfg), d_out.data, wt.down_proj.data, s.h.data, w.dh,
-                       w.a_prime_dxexp, w.ds_partial, stream);
+                       w.a_prime_dxexp, w.ds_partial, stream, asked[cuda::GemmKind::Dh]);
     }
     if (ds)
       cuda::reduce_ds(w.ds_partial, w.ds_parts, s.expert_offsets.ptr<int32_t>(), cfg.E, s.rows_capacity, w.dS,

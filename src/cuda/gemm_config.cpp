@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,47 @@ GemmConfig parse_gemm_config(std::string_view text) {
     next = at + 1;
   }
   return c;
+}
+
+std::vector<KindConfig> parse_gemm_config_list(std::string_view text) {
+  std::vector<KindConfig> out;
+  size_t b = 0;
+  while (b <= text.size() && !text.empty()) {
+    const size_t e = std::min(text.find(',', b), text.size());
+    const std::string_view item = text.substr(b, e - b);
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos)
+      throw Error("GEMM config list item '" + std::string(item) +
+                  "': not KIND=CONFIG (e.g. dx=cutlass:pingpong:128x192:auto:tma:c2:rN)");
+    out.push_back({parse_gemm_kind(item.substr(0, eq)), parse_gemm_config(item.substr(eq + 1))});
+    b = e + 1;
+  }
+  return out;
+}
+
+LayerGemmConfigs layer_gemm_configs_from(std::string_view text) {
+  LayerGemmConfigs c;
+  for (const KindConfig& kc : parse_gemm_config_list(text)) {
+    auto& slot = c.by_kind[static_cast<size_t>(kc.kind)];
+    if (slot) throw Error(std::string("GEMM config list: ") + gemm_kind_name(kc.kind) + " given twice");
+    slot = kc.config;
+  }
+  return c;
+}
+
+namespace {
+std::mutex layer_configs_mutex;
+LayerGemmConfigs layer_configs;
+}  // namespace
+
+void set_layer_gemm_configs(const LayerGemmConfigs& configs) {
+  std::lock_guard<std::mutex> lock(layer_configs_mutex);
+  layer_configs = configs;
+}
+
+LayerGemmConfigs layer_gemm_configs() {
+  std::lock_guard<std::mutex> lock(layer_configs_mutex);
+  return layer_configs;
 }
 
 }  // namespace leanmoe::cuda

@@ -8,8 +8,11 @@
 // this type: a config says how, never what, so that choosing one cannot change a result beyond
 // fp32 summation order.
 #pragma once
+#include <iterator>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace leanmoe::cuda {
 
@@ -68,5 +71,29 @@ struct GemmConfig {
 std::string to_string(const GemmConfig& config);
 // The inverse of to_string; throws leanmoe::Error quoting the text and the rule it broke.
 GemmConfig parse_gemm_config(std::string_view text);
+
+struct KindConfig {
+  GemmKind kind;
+  GemmConfig config;
+};
+// "KIND=CONFIG[,KIND=CONFIG...]" (e.g. "dx=cutlass:pingpong:128x192:auto:tma:c2:rN,dw1=...:b8") -> the
+// pairs in order, a kind possibly more than once; throws leanmoe::Error naming the item and the rule.
+std::vector<KindConfig> parse_gemm_config_list(std::string_view text);
+
+// The configurations the CUDA backend's layer launches: the heuristic's for a kind left unset. Set by
+// benchmarks and tests to compare kernels inside the layer (`leanmoe bench --gemm-config`); the
+// library never sets it. Process-wide, read at each forward and backward call; a configuration that
+// does not fit a launch is refused there by name (resolve_gemm_config).
+struct LayerGemmConfigs {
+  std::optional<GemmConfig> by_kind[std::size(kGemmKinds)];
+  const GemmConfig* operator[](GemmKind kind) const {
+    const auto& c = by_kind[static_cast<size_t>(kind)];
+    return c ? &*c : nullptr;
+  }
+};
+// From a parse_gemm_config_list text ("" clears every kind); throws leanmoe::Error for a kind given twice.
+LayerGemmConfigs layer_gemm_configs_from(std::string_view text);
+void set_layer_gemm_configs(const LayerGemmConfigs& configs);
+LayerGemmConfigs layer_gemm_configs();
 
 }  // namespace leanmoe::cuda

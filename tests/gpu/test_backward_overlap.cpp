@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../../src/cuda/backward_overlap.h"
+#include "../../src/cuda/gemm_config.h"
 #include "graph_launcher.h"
 #include "leanmoe/bf16.h"
 #include "leanmoe/leanmoe.h"
@@ -114,6 +115,41 @@ TEST(BackwardOverlap, BiasesHotAndEmptyExpertsBitwise) {
   steered.router[5 * c.d] = -20.f;
   expect_schedules_agree(steered, "hot expert 2, empty expert 5");
   expect_schedules_agree(reference::random_inputs(c, 1, DType::bf16, 8), "T=1");
+}
+
+// The layer's GEMM configurations asked for (cuda::set_layer_gemm_configs, `leanmoe bench
+// --gemm-config`) that change only the tile order (varlen-K bands, CUTLASS's order along N) give
+// the heuristic's outputs bit for bit, in both schedules; one that is not compiled is refused by
+// name. d = 512, n = 384: dW1 3 row tiles, dW2 2 pairs, dx 3 n-tiles (2x1 clusters), so each order
+// differs from the default.
+TEST(LayerGemmConfigs, TileOrderKeepsOutputsBitwise) {
+  REQUIRE_GPU();
+  struct DefaultConfigsAtExit {
+    ~DefaultConfigsAtExit() { cuda::set_layer_gemm_configs({}); }
+  } restore_configs;
+  DefaultScheduleAtExit restore_schedule;
+  MoEConfig c = config();
+  c.d = 512;
+  c.n = 384;
+  const HostLayerInputs in = reference::random_inputs(c, 700, DType::bf16, 21);
+  cuda::set_backward_overlap(sequential());
+  const HostLayerOutputs ref = reference::run_backend(in, Device::cuda);
+  cuda::set_layer_gemm_configs(cuda::layer_gemm_configs_from(
+      "dx=cutlass:pingpong:128x192:auto:tma:c2:rN,dw1=gather:coop:256x128:s4:warp:c2:b2,"
+      "dw2=gather:coop:128x256:s4:warp:c2:b3"));
+  for (const BackwardOverlap& o : {sequential(), overlapped(-1)}) {
+    SCOPED_TRACE(o.overlapped ? "overlapped" : "sequential");
+    cuda::set_backward_overlap(o);
+    leanmoe::testing::expect_bitwise_equal(reference::run_backend(in, Device::cuda), ref);
+  }
+  cuda::set_layer_gemm_configs(cuda::layer_gemm_configs_from("up=gather:pingpong:128x128:s6:warp:c1"));
+  try {
+    reference::run_backend(in, Device::cuda);
+    ADD_FAILURE() << "an up configuration that is not compiled ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("up GEMM config 'gather:pingpong:128x128:s6:warp:c1'"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(BackwardOverlap, RoutingGivenBitwise) {

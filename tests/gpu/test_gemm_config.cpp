@@ -131,6 +131,39 @@ TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
   }
 }
 
+// "KIND=CONFIG[,...]" lists (leanmoe_bench_gemms --config, leanmoe bench --gemm-config) and the
+// layer's set of them: each item parsed by the rules above, a bad item named.
+TEST(GemmConfig, ConfigListsAndTheLayersSet) {
+  const auto list = lc::parse_gemm_config_list("dx=cutlass:pingpong:128x192:auto:tma:c2:rN,dw1=gather:coop:256x128:s4:warp:c2:b8,"
+                                               "dx=cutlass:pingpong:128x192:auto:tma:c1x2");
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[0].kind, GemmKind::Dx);
+  EXPECT_TRUE(list[0].config.raster_n);
+  EXPECT_EQ(list[1].kind, GemmKind::Dw1);
+  EXPECT_EQ(list[1].config.band, 8);
+  EXPECT_EQ(lc::to_string(list[2].config), "cutlass:pingpong:128x192:auto:tma:c1x2");
+  EXPECT_TRUE(lc::parse_gemm_config_list("").empty());
+  expect_error([] { lc::parse_gemm_config_list("dx"); }, {"'dx'", "not KIND=CONFIG"});
+  expect_error([] { lc::parse_gemm_config_list("dx=cutlass:pingpong:128x192:auto:tma:c2,"); }, {"''", "not KIND=CONFIG"});
+  expect_error([] { lc::parse_gemm_config_list("dz=gather:coop:128x256:s4:warp:c1"); }, {"'dz'", "known: up, down"});
+  expect_error([] { lc::parse_gemm_config_list("up=gather:coop:128x256"); }, {"GemmConfig 'gather:coop:128x256'"});
+
+  const lc::LayerGemmConfigs none = lc::layer_gemm_configs_from("");
+  for (GemmKind kind : lc::kGemmKinds) EXPECT_EQ(none[kind], nullptr);
+  const lc::LayerGemmConfigs set = lc::layer_gemm_configs_from("dw1=gather:coop:256x128:s4:warp:c2:b8");
+  ASSERT_NE(set[GemmKind::Dw1], nullptr);
+  EXPECT_EQ(set[GemmKind::Dw1]->band, 8);
+  EXPECT_EQ(set[GemmKind::Dx], nullptr);
+  expect_error([] { lc::layer_gemm_configs_from("dx=cutlass:pingpong:128x192:auto:tma:c2,dx=cutlass:pingpong:128x192:auto:tma:c1x2"); },
+               {"dx given twice"});
+  // Process-wide: what is set is what the layer reads; cleared again for the other tests.
+  lc::set_layer_gemm_configs(set);
+  ASSERT_NE(lc::layer_gemm_configs()[GemmKind::Dw1], nullptr);
+  EXPECT_EQ(*lc::layer_gemm_configs()[GemmKind::Dw1], *set[GemmKind::Dw1]);
+  lc::set_layer_gemm_configs({});
+  EXPECT_EQ(lc::layer_gemm_configs()[GemmKind::Dw1], nullptr);
+}
+
 // The defaults on the BENCHMARKS grid shapes the per-GEMM benchmark times (docs/kernels.md gives the
 // measurements behind each): a change of heuristic shows up here and must be documented there.
 TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Prepared in session 22 (not run): inside the layer, on whichever part comes (H100 or H200), one
+# leanmoe build with `--gemm-config`:
+#   default   the heuristic (on an H100: dx, and down at n >= 2048, in 2x1 clusters along N);
+#   parity    down and dx by the parity rule alone (1x2 where ceil(d/192) is even, else 2x1, along M):
+#             the H200's default, main before session 22 on either part;
+#   dw1b16    the heuristic plus dW1 in bands of 16 row units (GEMM alone on the H100: -0.9..-7.4%
+#             where d >= 2048, docs/kernels.md "Varlen-K tile bands").
+# Graph replays, alternating rounds (ROUNDS, default 2), rows ROWS (default below). Carry [".carry/vs"]
+# (scripts/prepare_carry.sh vs-sonic at a commit with --gemm-config, 1a5a1e0 or later).
+# BUDGET seconds (default 420). Returns summary.txt and logs.tar.gz.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
+FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"
+B=/tmp/lc; L=/tmp/lc-logs; rm -rf $B $L; mkdir -p $B $L
+S=$FINAL/summary.txt; : > $S
+say() { echo "$*" | tee -a $S; }
+budget="${BUDGET:-420}"
+cap() { local left=$((budget - SECONDS)); [ $left -lt 5 ] && left=5; [ $1 -lt $left ] && echo $1 || echo $left; }
+trap 'tar czf $FINAL/logs.tar.gz -C $L . 2>/dev/null' EXIT
+xz -dc .carry/vs/leanmoe.xz > $B/leanmoe && chmod +x $B/leanmoe || say "MISSING leanmoe"
+source scripts/device_env.sh
+say "leanmoe $(cat .carry/vs/commit); $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+P=cutlass:pingpong:128x192:auto:tma
+parity() {  # d -> down and dx by the parity of ceil(d / 192)
+  local c=c2; [ $(( ($1 + 191) / 192 % 2 )) -eq 0 ] && c=c1x2
+  echo "down=$P:$c,dx=$P:$c"
+}
+declare -A D=([120B-n2048]=4096 [30B-n1024]=4096 [120B-n512]=4096 [olmoe-1b-7b]=2048 [gpt-oss-20b]=2880 [qwen3-30b-a3b]=2048)
+ROWS="${ROWS:-120B-n2048 30B-n1024 gpt-oss-20b olmoe-1b-7b}"
+orders=("default parity dw1b16" "dw1b16 default parity" "parity dw1b16 default")
+for r in $(seq 1 "${ROUNDS:-2}"); do for c in $ROWS; do
+  read -r warm iters < <(python3 bench/steady_iters.py "$c")
+  for v in ${orders[$(( (r - 1) % 3 ))]}; do
+    [ $((budget - SECONDS)) -lt 30 ] && break 3
+    extra=()
+    [ $v = parity ] && extra=(--gemm-config "$(parity ${D[$c]})")
+    [ $v = dw1b16 ] && extra=(--gemm-config "dw1=gather:coop:256x128:s4:warp:c2:b16")
+    timeout $(cap 45) $B/leanmoe bench --config $c --router topk_then_softmax --graph --iters $iters --warmup $warm \
+      "${extra[@]}" --json $L/layer_r${r}_${c}_$v.json > $L/layer_r${r}_${c}_$v.txt 2>&1
+    say "r$r $c $v rc=$? ${extra[*]}"
+  done
+done; done
+python3 - $L <<'PY' | tee -a $S
+import json, glob, os, statistics, sys
+runs = {}
+for p in glob.glob(os.path.join(sys.argv[1], "layer_r*.json")):
+    _, _, c, v = os.path.basename(p)[:-5].split("_")  # layer_rR_CONFIG_VARIANT
+    try: r = json.load(open(p))["results"][0]
+    except Exception: continue
+    runs.setdefault((c, v), []).append((r["fwd_graph_ms"], r["bwd_graph_ms"]))
+for (c, v), xs in sorted(runs.items()):
+    print(f"{c} {v}: fwd_graph {' '.join(f'{x[0]:.3f}' for x in xs)} bwd_graph {' '.join(f'{x[1]:.3f}' for x in xs)} median {statistics.median(x[0] for x in xs):.3f} / {statistics.median(x[1] for x in xs):.3f}")
+PY
+say "== done (t=$SECONDS)"
