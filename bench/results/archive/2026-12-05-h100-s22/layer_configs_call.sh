@@ -7,7 +7,7 @@
 #   dw1b16    the heuristic plus dW1 in bands of 16 row units (GEMM alone on the H100: -0.9..-7.4%
 #             where d >= 2048, docs/kernels.md "Varlen-K tile bands").
 # Graph replays, alternating rounds (ROUNDS, default 2), rows ROWS (default below). Carry [".carry/vs"]
-# (scripts/prepare_carry.sh vs-sonic at a commit with --gemm-config, 1a5a1e0 or later).
+# (scripts/prepare_carry.sh vs-sonic at a commit with --gemm-config, 70f0c33 or later).
 # BUDGET seconds (default 420). Returns summary.txt and logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
