@@ -121,7 +121,8 @@ Requested parse_requested(const std::string& list) {
 }
 
 void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, const Requested& requested,
-                 const std::vector<bool>& layouts, const std::vector<bool>& precisions, bool interleaved, const lc::GpuTraits& gpu,
+                 const std::vector<bool>& layouts, const std::vector<bool>& precisions, bool interleaved,
+                 const lc::GpuTraits& gpu,
                  int iters, int warmup, bool digest) {
   const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
   const auto tokens_of = leanmoe::tools::uniform_topk_tokens(T, E, K, 1234);

@@ -621,7 +621,8 @@ class CudaBackend final : public Backend {
       for (size_t i = 0; i < 3 && side_sms > 0; ++i) {
         // resolve, not choose: with transposed weights dW1 and dW2 run each other's kernel.
         lean[i] = cuda::resolve_gemm_config(kinds[i], shape, cfg.E, cuda::current_gpu(), config[i]);
-        if (!config[i] || config[i]->max_ctas == 0) lean[i].max_ctas = std::max(gemm->sms - side_sms, lean[i].cluster_ctas());
+        if (!config[i] || config[i]->max_ctas == 0)
+          lean[i].max_ctas = std::max(gemm->sms - side_sms, lean[i].cluster_ctas());
         config[i] = &lean[i];
       }
     }

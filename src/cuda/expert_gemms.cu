@@ -452,8 +452,10 @@ GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, 
     fail("E = " + std::to_string(E) + " experts; the gather kernel's tile table holds at most " +
          std::to_string(kMaxGemmExperts));
   if (c.band < 0 || c.max_ctas < 0) fail("band and max_ctas must be >= 0 (0: the heuristic's)");
-  if (c.family != GemmFamily::Gather && c.band != 0) fail("band (bK) applies to the gather kinds only (up, dh, dw1, dw2)");
-  if (c.raster_n && c.family != GemmFamily::Cutlass) fail("rN (CUTLASS's tile order) applies to the cutlass kinds only");
+  if (c.family != GemmFamily::Gather && c.band != 0)
+    fail("band (bK) applies to the gather kinds only (up, dh, dw1, dw2)");
+  if (c.raster_n && c.family != GemmFamily::Cutlass)
+    fail("rN (CUTLASS's tile order) applies to the cutlass kinds only");
   if (c.max_ctas != 0 && c.max_ctas < c.cluster_ctas())
     fail("max_ctas must be at least the cluster size " + std::to_string(c.cluster_ctas()));
   if (c.band == 0) c.band = chosen.band;

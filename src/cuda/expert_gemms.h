@@ -81,11 +81,11 @@ struct GpuTraits {
 // The current device's, read once per process (the first device asked).
 const GpuTraits& current_gpu();
 // What a launch of `kind` on this shape runs: `requested`'s kernel with its band and max_ctas, those
-// it leaves at 0 taken from choose_gemm_config(gemm_kernel_kind(kind, s), s, gpu), band clamped
-// to the column tiles;
+// it leaves at 0 taken from choose_gemm_config(gemm_kernel_kind(kind, s), s, gpu), up's and dh's
+// band clamped to the column tiles;
 // or that heuristic config itself when `requested` is null. Throws leanmoe::Error naming the config
 // when it is not compiled for `kind` (listing those that are) or not valid for the shape (E above
-// kMaxGemmExperts for the gather kernel, a band for a kind without one, max_ctas below the cluster).
+// kMaxGemmExperts for up and dh, a band or rN for a family without one, max_ctas below the cluster).
 // Host only: needs no device.
 GemmConfig resolve_gemm_config(GemmKind kind, const ExpertShape& s, int64_t E, const GpuTraits& gpu,
                                const GemmConfig* requested);

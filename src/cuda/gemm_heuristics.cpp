@@ -53,12 +53,9 @@ GemmConfig cutlass_paired(GemmKind kind, const ExpertShape& s, GemmSchedule sche
 // dx 7.19 -> 7.32 ms, 30B-n1024 3.54 -> 3.72).
 constexpr int kDramBoundBelowGbPerSm = 30;
 
-// dx (K = 2n, N = d): 2x1 along N wherever d >= 2048 (11 or more n-tiles): 120B-n512 / n1024 / n2048
-// 9.57 / 9.57 / 10.27 -> 7.59 / 7.76 / 7.54 ms, 30B-n1024 3.83 -> 3.52, gpt-oss-20b 8.85 (2x1 along
-// M) -> 7.37, sparse-T8k-d4096 3.60 -> 2.66; at most +3% against 2x1 along M (30B-n1024 3.42,
-// sparse-T32k 5.03 vs 5.18). At d <= 1536 1x2 stays ahead by 2-8% (1.4B, 7B, granite rows).
-// down (K = n): only where n >= 2048 as well: 120B-n2048 3.79 -> 3.51 ms; at n <= 1024 1x2 leads
-// by up to 20% (sparse-T32k-d4096-n512 2.07 vs 2.56) or ties.
+// dx (K = 2n, N = d): wherever d >= 2048 (11 or more n-tiles; gpt-oss-20b 8.85 -> 7.37 ms); at
+// d <= 1536 1x2 stays ahead by 2-8%. down (K = n): only where n >= 2048 as well (120B-n2048 3.79 ->
+// 3.51 ms); at n <= 1024 1x2 leads by up to 20%. The grid: docs/kernels.md.
 bool weight_tiles_from_dram(GemmKind kind, const ExpertShape& s, const GpuTraits& gpu) {
   if (gpu.dram_gb_s_per_sm() >= kDramBoundBelowGbPerSm || s.d < 2048) return false;
   return kind == GemmKind::Dx || s.n >= 2048;

@@ -1,6 +1,7 @@
 // The default kernel of each expert GEMM kind (gemm_config.h): one heuristic per kind, from the
-// shape and the GPU's SM count and DRAM bandwidth (GpuTraits, expert_gemms.h). The only place defaults live; the measurements behind each rule are in
-// docs/kernels.md, the deciding number beside the rule in gemm_heuristics.cpp.
+// shape and the GPU's SM count and DRAM bandwidth (GpuTraits, expert_gemms.h). The only place
+// defaults live; the measurements behind each rule are in docs/kernels.md, the deciding number
+// beside the rule in gemm_heuristics.cpp.
 #pragma once
 #include "expert_gemms.h"
 #include "gemm_config.h"

@@ -31,6 +31,7 @@ using leanmoe::bf16;
 using leanmoe::bf16_to_float;
 using leanmoe::float_to_bf16;
 namespace lc = leanmoe::cuda;
+using leanmoe::testing::kH200;
 namespace fp8 = leanmoe::fp8;
 constexpr int64_t kB = fp8::kTile;
 
@@ -285,7 +286,7 @@ TEST(ExpertGemmsFp8, RefusalsNameArgumentAndRule) {
                         {"dx_expert_fp8", "n = 192", "multiples of 128"});
   // A bf16 configuration is not an FP8 kernel: refused by name, listing the FP8 ones.
   const lc::GemmConfig bf16_config = lc::compiled_gemm_configs(lc::GemmKind::Down).front();
-  leanmoe::expect_error([&] { lc::resolve_gemm_config(lc::GemmKind::Down, fp8_shape, 2, leanmoe::testing::kH200, &bf16_config); },
+  leanmoe::expect_error([&] { lc::resolve_gemm_config(lc::GemmKind::Down, fp8_shape, 2, kH200, &bf16_config); },
                         {"down", lc::to_string(bf16_config).c_str(), "not compiled"});
 }
 
@@ -296,11 +297,11 @@ TEST(ExpertGemmsFp8, HeuristicPicksCompiledFp8Kernels) {
     for (int64_t n : {256, 768, 1024, 2048}) {
       const lc::ExpertShape s{32768, d, n, true, false, true};
       for (lc::GemmKind kind : {lc::GemmKind::Down, lc::GemmKind::Dx}) {
-        const lc::GemmConfig c = lc::resolve_gemm_config(kind, s, 64, leanmoe::testing::kH200, nullptr);
+        const lc::GemmConfig c = lc::resolve_gemm_config(kind, s, 64, kH200, nullptr);
         EXPECT_LE(c.tile_n, 128) << lc::gemm_kind_name(kind) << " d " << d << " n " << n;
       }
       for (lc::GemmKind kind : {lc::GemmKind::Dw1, lc::GemmKind::Dw2})
-        EXPECT_EQ(lc::resolve_gemm_config(kind, s, 64, leanmoe::testing::kH200, nullptr).family, lc::GemmFamily::Gather);
+        EXPECT_EQ(lc::resolve_gemm_config(kind, s, 64, kH200, nullptr).family, lc::GemmFamily::Gather);
     }
 }
 

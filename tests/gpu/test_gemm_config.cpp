@@ -134,8 +134,9 @@ TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
 // "KIND=CONFIG[,...]" lists (leanmoe_bench_gemms --config, leanmoe bench --gemm-config) and the
 // layer's set of them: each item parsed by the rules above, a bad item named.
 TEST(GemmConfig, ConfigListsAndTheLayersSet) {
-  const auto list = lc::parse_gemm_config_list("dx=cutlass:pingpong:128x192:auto:tma:c2:rN,dw1=gather:coop:256x128:s4:warp:c2:b8,"
-                                               "dx=cutlass:pingpong:128x192:auto:tma:c1x2");
+  const auto list = lc::parse_gemm_config_list(
+      "dx=cutlass:pingpong:128x192:auto:tma:c2:rN,dw1=gather:coop:256x128:s4:warp:c2:b8,"
+      "dx=cutlass:pingpong:128x192:auto:tma:c1x2");
   ASSERT_EQ(list.size(), 3u);
   EXPECT_EQ(list[0].kind, GemmKind::Dx);
   EXPECT_TRUE(list[0].config.raster_n);
@@ -144,7 +145,8 @@ TEST(GemmConfig, ConfigListsAndTheLayersSet) {
   EXPECT_EQ(lc::to_string(list[2].config), "cutlass:pingpong:128x192:auto:tma:c1x2");
   EXPECT_TRUE(lc::parse_gemm_config_list("").empty());
   expect_error([] { lc::parse_gemm_config_list("dx"); }, {"'dx'", "not KIND=CONFIG"});
-  expect_error([] { lc::parse_gemm_config_list("dx=cutlass:pingpong:128x192:auto:tma:c2,"); }, {"''", "not KIND=CONFIG"});
+  expect_error([] { lc::parse_gemm_config_list("dx=cutlass:pingpong:128x192:auto:tma:c2,"); },
+               {"''", "not KIND=CONFIG"});
   expect_error([] { lc::parse_gemm_config_list("dz=gather:coop:128x256:s4:warp:c1"); }, {"'dz'", "known: up, down"});
   expect_error([] { lc::parse_gemm_config_list("up=gather:coop:128x256"); }, {"GemmConfig 'gather:coop:128x256'"});
 
@@ -154,8 +156,12 @@ TEST(GemmConfig, ConfigListsAndTheLayersSet) {
   ASSERT_NE(set[GemmKind::Dw1], nullptr);
   EXPECT_EQ(set[GemmKind::Dw1]->band, 8);
   EXPECT_EQ(set[GemmKind::Dx], nullptr);
-  expect_error([] { lc::layer_gemm_configs_from("dx=cutlass:pingpong:128x192:auto:tma:c2,dx=cutlass:pingpong:128x192:auto:tma:c1x2"); },
-               {"dx given twice"});
+  expect_error(
+      [] {
+        lc::layer_gemm_configs_from(
+            "dx=cutlass:pingpong:128x192:auto:tma:c2,dx=cutlass:pingpong:128x192:auto:tma:c1x2");
+      },
+      {"dx given twice"});
   // Process-wide: what is set is what the layer reads; cleared again for the other tests.
   lc::set_layer_gemm_configs(set);
   ASSERT_NE(lc::layer_gemm_configs()[GemmKind::Dw1], nullptr);
@@ -294,7 +300,8 @@ TEST(GemmHeuristics, ResolveFillsAndClampsRunTimeFields) {
   lc::GemmConfig dh = lc::compiled_gemm_configs(GemmKind::Dh).front();
   dh.band = 100;
   EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dh, s, 64, kH200, &dh).band, 4);
-  EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dh, s, 64, lc::GpuTraits{100, 3352}, &dh).max_ctas, 100);  // the SM count it was given
+  // max_ctas left at 0: the SM count it was given.
+  EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dh, s, 64, lc::GpuTraits{100, 3352}, &dh).max_ctas, 100);
 }
 
 TEST(GemmHeuristics, ResolveRefusesByName) {

@@ -276,8 +276,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // Varlen-K tiles: per expert, bands of args.band row units (m-tiles, or pairs of them); within a
   // band (n-unit, row unit), the row units fastest. band <= 1: one row unit at a time, n fastest
   // (the default: ~132 n-tiles run together, each reading all of the expert's X or dO columns once
-  // per row unit). A band of B runs ~B row units x 132/B n-units together. In cluster mode the units of the
-  // side that is not multicast are pairs: dW1 (dH by TMA, the M side) pairs n-tiles, dW2 (A', the N
+  // per row unit); a band of B runs ~B row units x 132/B n-units together. In cluster mode the
+  // units of the side that is not multicast are pairs: dW1 (dH by TMA, the M side) pairs n-tiles, dW2 (A', the N
   // side) pairs m-tiles; CTA rank r takes tile 2p + r of pair p (past the last tile: loads the
   // shared half and zeros, stores nothing).
   constexpr bool kPairN = kCluster && kVarlenK && !gathers_a(kKind), kPairM = kCluster && kVarlenK && gathers_a(kKind);
