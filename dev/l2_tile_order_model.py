@@ -14,6 +14,11 @@ if dx is DRAM-bound it is through CTAs drifting apart in K, which the model leav
 the order in lockstep, and along N should lose. bench/results/archive/2026-12-05-h100-s21/dx_call.sh
 measures it.
 
+Measured since (ncu, H100, bench/results/archive/2026-12-05-h100-s22/cluster): the model is off by
+6x for that dx and ranks the orders wrongly. 1x2 along M read 28.4 GB (model 4.8), along N 31.4;
+2x1 clusters along M 22.4 GB, along N 12.9 (the library's choice on the H100 now). Read its numbers
+as a lower bound from lockstep, not as a prediction.
+
     python3 dev/l2_tile_order_model.py --orders M,N,band [--E 64 --rows 2048 --N 4096 --K 4096]
 """
 import argparse
