@@ -19,9 +19,19 @@ Measured since (ncu, H100, bench/results/archive/2026-12-05-h100-s22/cluster): t
 2x1 clusters along M 22.4 GB, along N 12.9 (the library's choice on the H100 now). Read its numbers
 as a lower bound from lockstep, not as a prediction.
 
+Without lockstep (--speed-sd, --jitter: each cluster at a fixed speed ~ N(1, sd), each k-step's time
+~ N(1, jitter); --dynamic: a finished cluster takes the next tile of the order instead of striding by
+the grid), dx at 120B-n2048 with a 3% speed spread and 5% jitter, 50 MB: static striding 1x2 along M
+31.4 GB (measured 28.4), 1x2 along N 32.8 (31.4), 2x1 along M 26.5 (22.4), 2x1 along N 28.1 (12.9:
+not reproduced); with --dynamic 4.5-4.6 GB for every order and cluster shape. At T = 4096 (256 rows
+per expert) static 4.1, lockstep and dynamic 2.6 (minimum 2.4): the drift needs many tiles per CTA.
+
+    python3 dev/l2_tile_order_model.py --orders M,N --speed-sd 0.03 --jitter 0.05 [--dynamic]
+
     python3 dev/l2_tile_order_model.py --orders M,N,band [--E 64 --rows 2048 --N 4096 --K 4096]
 """
 import argparse
+import heapq
 import random
 from collections import OrderedDict
 
@@ -58,18 +68,46 @@ def dram_bytes(a):
         while used > cap:
             used -= cache.popitem(last=False)[1]
 
-    for w in range(0, len(tiles), a.clusters):
-        wave = tiles[w:w + a.clusters]
-        for k in range(a.K // a.kstep):
-            for e, i, j in wave:
-                for x in range(a.cm):
-                    touch(("A", e, i * a.cm + x, k), a.tm * a.kstep * 2)
-                for y in range(a.cn):
-                    touch(("B", e, j * a.cn + y, k), a.kstep * a.tn * 2)
-        for e, i, j in wave:
-            for x in range(a.cm):
-                for y in range(a.cn):
-                    touch(("D", e, i * a.cm + x, j * a.cn + y), a.tm * a.tn * 2)
+    def step(tile, k):  # one k-step of one cluster's tile: its A rows and B columns chunks
+        e, i, j = tile
+        for x in range(a.cm):
+            touch(("A", e, i * a.cm + x, k), a.tm * a.kstep * 2)
+        for y in range(a.cn):
+            touch(("B", e, j * a.cn + y, k), a.kstep * a.tn * 2)
+
+    def store(tile):
+        e, i, j = tile
+        for x in range(a.cm):
+            for y in range(a.cn):
+                touch(("D", e, i * a.cm + x, j * a.cn + y), a.tm * a.tn * 2)
+
+    ksteps = a.K // a.kstep
+    if not (a.speed_sd or a.jitter or a.dynamic):  # lockstep: every cluster's k-step k together
+        for w in range(0, len(tiles), a.clusters):
+            wave = tiles[w:w + a.clusters]
+            for k in range(ksteps):
+                for tile in wave:
+                    step(tile, k)
+            for tile in wave:
+                store(tile)
+    else:  # in time: each cluster at its own pace (fixed speed factor, per-tile jitter), k-steps in time order
+        speed = [max(0.5, rnd.gauss(1.0, a.speed_sd)) for _ in range(a.clusters)]
+        nxt = a.clusters  # dynamic: the next tile index to hand out
+        events = [(0.0, c, c, 0) for c in range(min(a.clusters, len(tiles)))]  # (time, cluster, tile, k)
+        heapq.heapify(events)
+        while events:
+            t, c, ti, k = heapq.heappop(events)
+            step(tiles[ti], k)
+            if k + 1 < ksteps:
+                heapq.heappush(events, (t + speed[c] * max(0.1, rnd.gauss(1.0, a.jitter)), c, ti, k + 1))
+                continue
+            store(tiles[ti])
+            if a.dynamic:
+                ti, nxt = nxt, nxt + 1
+            else:
+                ti += a.clusters
+            if ti < len(tiles):
+                heapq.heappush(events, (t + speed[c], c, ti, 0))
     minimum = 2 * (sum(rows) * a.K + a.E * a.K * a.N + sum(rows) * a.N)
     return dram, minimum
 
@@ -87,10 +125,16 @@ def main():
     ap.add_argument("--clusters", type=int, default=66)
     ap.add_argument("--band", type=int, default=4, help="cluster columns per band (order band)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--speed-sd", type=float, default=0.0,
+                    help="clusters run at fixed speeds ~ N(1, sd) (0 with --jitter 0 and no --dynamic: lockstep)")
+    ap.add_argument("--jitter", type=float, default=0.0, help="each k-step's time ~ N(1, jitter) x the cluster's speed")
+    ap.add_argument("--dynamic", action="store_true",
+                    help="a finished cluster takes the next tile of the order (an atomic counter) instead of striding")
+    ap.add_argument("--clusters-shapes", default="1x2,2x1", help="cluster shapes MxN to model")
     a = ap.parse_args()
     for a.order in a.orders.split(","):
         for a.l2_mb in (50, 25):
-            for a.cm, a.cn in ((1, 2), (2, 1)):
+            for a.cm, a.cn in (tuple(int(v) for v in c.split("x")) for c in a.clusters_shapes.split(",")):
                 d, m = dram_bytes(a)
                 print(f"order {a.order:4s} L2 {a.l2_mb} MB cluster {a.cm}x{a.cn}: {d / 1e9:5.1f} GB "
                       f"(minimum {m / 1e9:.1f}); {d / 3.35e12 * 1e3:.2f} ms at 3.35 TB/s, {d / 4.8e12 * 1e3:.2f} at 4.8")
