@@ -205,7 +205,19 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
   const int E = static_cast<int>(rows.E);
   const int device = current_device();
   const int sms = sm_count(device);
-  if (!workspace) workspace = fallback_workspace(expert_gemm_workspace_bytes(E));
+  // The persistent grid: one CTA per SM, or config.max_ctas (backward's overlapped GEMMs leave SMs to
+  // side work; tests cap it so that each CTA walks many tiles across experts), rounded down to whole
+  // clusters, at least one: with device-side problem shapes CUTLASS launches max_active_clusters.
+  // Above the SM count the grid is oversubscribed: the hardware starts the later CTAs in order as
+  // earlier ones finish, so each CTA walks fewer tiles (an experiment on the tile-order drift,
+  // docs/kernels.md). CUTLASS keeps TMA descriptors per CTA, so such a grid needs a workspace sized
+  // for it: only the launcher's own (no caller workspace).
+  constexpr int kClusterCtas = cute::size(typename G::Kernel::ClusterShape{});
+  const int ctas = std::max(config.max_ctas, kClusterCtas);
+  if (ctas > sms && workspace)
+    throw leanmoe::Error(std::string(what) + ": max_ctas " + std::to_string(config.max_ctas) + " above the SM count (" +
+                std::to_string(sms) + ") needs the launcher's own workspace: pass none");
+  if (!workspace) workspace = fallback_workspace(std::max(expert_gemm_workspace_bytes(E), total_bytes<G>(E, ctas)));
   char* base = reinterpret_cast<char*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
   typename G::GroupArrays arrays{};
   char* cutlass_workspace = carve<G>(base, E, arrays);
@@ -220,14 +232,11 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
                  static_cast<typename G::Out*>(d), K, N, b_expert_stride, scales, stride_a, stride_b, stride_d, arrays);
   check_cuda(cudaGetLastError(), what);
 
-  // The persistent grid: one CTA per SM, or config.max_ctas (backward's overlapped GEMMs leave SMs to
-  // side work; tests cap it so that each CTA walks many tiles across experts), rounded down to whole
-  // clusters, at least one: with device-side problem shapes CUTLASS launches max_active_clusters.
-  constexpr int kClusterCtas = cute::size(typename G::Kernel::ClusterShape{});
   cutlass::KernelHardwareInfo hw;
   hw.device_id = device;
-  hw.sm_count = std::clamp(config.max_ctas, kClusterCtas, sms);
-  hw.max_active_clusters = std::min(max_active_clusters<G>(device), hw.sm_count / kClusterCtas);
+  hw.sm_count = ctas;
+  hw.max_active_clusters =
+      ctas > sms ? ctas / kClusterCtas : std::min(max_active_clusters<G>(device), ctas / kClusterCtas);
 
   const auto args = make_arguments<G>(E, arrays, hw, config.raster_n);
   typename G::Gemm gemm;

@@ -57,7 +57,10 @@ struct GemmConfig {
   // an m-row, text rN) instead of its default down M. Its swizzle is no knob: with the problem shapes
   // on the device it is sized from one row of SM-count blocks, i.e. always 1.
   bool raster_n = false;
-  int max_ctas = 0;  // at most this many CTAs, rounded down to whole clusters (>= cluster_ctas())
+  // At most this many CTAs, rounded down to whole clusters (>= cluster_ctas()). The gather kernel
+  // stops at the SM count; CUTLASS's kinds launch more when asked (an oversubscribed grid whose later
+  // CTAs start as earlier ones finish; only with the launcher's own workspace).
+  int max_ctas = 0;
 
   bool operator==(const GemmConfig&) const = default;
   // Same compiled kernel (every field but band, raster_n and max_ctas).

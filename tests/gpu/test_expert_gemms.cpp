@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -587,6 +588,49 @@ TEST(ExpertGemms, CutlassTilesAlongN) {
     }
 }
 
+// CUTLASS's kinds with a grid above the SM count (max_ctas 4x the SMs: the hardware starts the later
+// CTAs as earlier ones finish) compute the same tiles: outputs bitwise equal to the persistent grid's,
+// on a ragged routing with an empty expert. With a caller's workspace (sized per SM) it is refused.
+TEST(ExpertGemms, CutlassGridAboveTheSmCount) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int64_t T = 3000, E = 24, K = 4, d = 512, n = 384;
+  const Routing rt = make_routing(T, E, K, /*empty_expert=*/5, false, 91u);
+  DeviceBuffer<int32_t> offsets_d(rt.expert_offsets), token_d(rt.row_token);
+  DeviceBuffer<float> gate_d(rt.row_gate);
+  const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, rt.R, rt.E};
+  const lc::ExpertShape s{rt.R, d, n};
+  std::mt19937 rng(5u);
+  DeviceBuffer<bf16> a(random_bf16(size_t(rt.R) * n, 1.f, rng)), w2(random_bf16(size_t(E) * d * n, 1.f, rng)),
+      dh(random_bf16(size_t(rt.R) * 2 * n, 1.f, rng)), w1(random_bf16(size_t(E) * 2 * n * d, 1.f, rng)),
+      y(size_t(rt.R) * d);
+  const int sms = lc::current_gpu().sm_count;
+  for (lc::GemmKind kind : {lc::GemmKind::Down, lc::GemmKind::Dx}) {
+    SCOPED_TRACE(lc::gemm_kind_name(kind));
+    auto run = [&](const lc::GemmConfig* c, void* workspace) {
+      y.poison();
+      if (kind == lc::GemmKind::Down)
+        lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, workspace, c);
+      else
+        lc::dx_expert(rows, s, dh.ptr, w1.ptr, y.ptr, nullptr, workspace, c);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      return y.download(size_t(rt.R) * d);
+    };
+    const std::vector<bf16> persistent = run(nullptr, nullptr);
+    lc::GemmConfig wide = lc::resolve_gemm_config(kind, s, E, lc::current_gpu(), nullptr);
+    wide.max_ctas = 4 * sms;
+    const std::vector<bf16> oversubscribed = run(&wide, nullptr);
+    ASSERT_EQ(persistent.size(), oversubscribed.size());
+    EXPECT_EQ(std::memcmp(persistent.data(), oversubscribed.data(), persistent.size() * sizeof(bf16)), 0);
+    DeviceBuffer<char> workspace(lc::expert_gemm_workspace_bytes(E));
+    try {
+      run(&wide, workspace.ptr);
+      ADD_FAILURE() << "a grid above the SM count ran in a per-SM workspace";
+    } catch (const leanmoe::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("above the SM count"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // A configuration that is not compiled, or not valid for the kind, is refused by name before any
 // launch, listing the compiled ones (resolve_gemm_config's rules are tested without a GPU in
 // test_gemm_config.cpp; here through each launcher).
@@ -617,7 +661,7 @@ TEST(ExpertGemms, LaunchersRefuseConfigsByName) {
   expect_refused("dh", "gather:coop:128x256:s4:warp:c1", "not compiled", [&](const lc::GemmConfig* c) {
     lc::dh_act_bwd(rows, s, {}, x.ptr, w2.ptr, h.ptr, h.ptr, a.ptr, ds.ptr, nullptr, c);
   });
-  expect_refused("dw1", "gather:coop:256x128:s4:warp:c2:b2", "band",
+  expect_refused("dw1", "gather:coop:256x128:s4:warp:c2:rN", "rN (CUTLASS's tile order) applies to the cutlass",
                  [&](const lc::GemmConfig* c) { lc::dw1(rows, s, h.ptr, x.ptr, w1.ptr, nullptr, c); });
   expect_refused("dw2", "gather:coop:128x256:s4:warp:c2:m1", "cluster size",
                  [&](const lc::GemmConfig* c) { lc::dw2(rows, s, x.ptr, a.ptr, w2.ptr, nullptr, c); });

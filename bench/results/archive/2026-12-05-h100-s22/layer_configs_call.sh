@@ -10,11 +10,13 @@
 #             the side work, so dx runs 128 CTAs). Why: at 120B-n2048 the H100's dx alone went 10.3 ->
 #             7.5 ms but the backward only 25.5 -> 24.9; 132 CTAs are exactly 3 rows of 22 2x1 n-tile
 #             clusters along N, 128 are not (the waves then start at shifted n-tiles).
-# First, dx alone at 120B-n2048 and 30B-n1024 with 132 / 130 / 128 / 126 / 110 CTAs (leanmoe_bench_gemms
+# First, dx alone at 120B-n2048 and 30B-n1024 with 132 / 130 / 128 / 126 / 110 CTAs, and oversubscribed
+# grids of 264 / 528 / 1056 CTAs in both cluster shapes (each CTA walks fewer tiles: less drift) (leanmoe_bench_gemms
 # from .carry/s22, if carried), so the layer's figures can be read against them.
 # Graph replays, alternating rounds (ROUNDS, default 2), rows ROWS (default below). Carry [".carry/vs",
 # ".carry/s22/leanmoe_bench_gemms.xz"]
-# (scripts/prepare_carry.sh vs-sonic at a commit with --gemm-config, 70f0c33 or later).
+# (scripts/prepare_carry.sh vs-sonic at a commit with --gemm-config, 70f0c33 or later; the oversubscribed
+# grids need leanmoe_bench_gemms from a commit with them: the session's last, whose build .carry/s22 holds).
 # BUDGET seconds (default 480). Returns summary.txt and logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
@@ -38,7 +40,8 @@ ROWS="${ROWS:-120B-n2048 30B-n1024 gpt-oss-20b olmoe-1b-7b}"
 if [ -f .carry/s22/leanmoe_bench_gemms.xz ]; then
   xz -dc .carry/s22/leanmoe_bench_gemms.xz > $B/bg && chmod +x $B/bg
   X=$P:c2:rN; CFG=""
-  for m in 132 130 128 126 110; do CFG="$CFG,dx=$X:m$m"; done
+  for m in 132 130 128 126 110 264 528 1056; do CFG="$CFG,dx=$X:m$m"; done
+  for m in 132 528 1056; do CFG="$CFG,dx=$P:c1x2:m$m"; done  # the 1x2 rule oversubscribed (drift test)
   timeout $(cap 60) $B/bg --shape 120B-n2048,30B-n1024 --gemms dx --iters 10 --warmup 3 --config "${CFG#,}" > $L/ctas.txt 2>&1
   say "dx by CTAs (H100 rule's config; on an H200 the same config): $(awk -F'|' '$9 ~ /dx/ {gsub(/ /, "", $2); gsub(/ /, "", $10); gsub(/ /, "", $11); printf "%s %s %s; ", $2, $10, $11}' $L/ctas.txt)"
 fi
