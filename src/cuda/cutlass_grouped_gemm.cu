@@ -215,8 +215,9 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
   constexpr int kClusterCtas = cute::size(typename G::Kernel::ClusterShape{});
   const int ctas = std::max(config.max_ctas, kClusterCtas);
   if (ctas > sms && workspace)
-    throw leanmoe::Error(std::string(what) + ": max_ctas " + std::to_string(config.max_ctas) + " above the SM count (" +
-                std::to_string(sms) + ") needs the launcher's own workspace: pass none");
+    throw leanmoe::Error(std::string(what) + ": max_ctas " + std::to_string(config.max_ctas) +
+                         " above the SM count (" + std::to_string(sms) +
+                         ") needs the launcher's own workspace: pass none");
   if (!workspace) workspace = fallback_workspace(std::max(expert_gemm_workspace_bytes(E), total_bytes<G>(E, ctas)));
   char* base = reinterpret_cast<char*>(align_up(reinterpret_cast<uintptr_t>(workspace)));
   typename G::GroupArrays arrays{};
