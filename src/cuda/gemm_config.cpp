@@ -17,6 +17,17 @@ constexpr const char* kGrammar =
     "(family gather|cutlass, schedule coop|pingpong, stages sK|auto, epilogue warp|tma|tmaN (N: subtile width), "
     "cluster cM (Mx1) or cMxN, band bK, rN: CUTLASS's tiles along N, max_ctas mK)";
 
+// The pieces of `text` between `sep`s, empty ones kept ("a::b" -> a, "", b; "" -> one empty piece).
+std::vector<std::string_view> split(std::string_view text, char sep) {
+  std::vector<std::string_view> pieces;
+  for (size_t b = 0; b <= text.size();) {
+    const size_t e = std::min(text.find(sep, b), text.size());
+    pieces.push_back(text.substr(b, e - b));
+    b = e + 1;
+  }
+  return pieces;
+}
+
 [[noreturn]] void bad(std::string_view text, const std::string& rule) {
   throw Error("GemmConfig '" + std::string(text) + "': " + rule + "; expected " + kGrammar);
 }
@@ -94,12 +105,7 @@ std::string to_string(const GemmConfig& c) {
 }
 
 GemmConfig parse_gemm_config(std::string_view text) {
-  std::vector<std::string_view> f;
-  for (size_t b = 0; b <= text.size();) {
-    const size_t e = std::min(text.find(':', b), text.size());
-    f.push_back(text.substr(b, e - b));
-    b = e + 1;
-  }
+  const std::vector<std::string_view> f = split(text, ':');
   if (f.size() < 6 || f.size() > 9) bad(text, std::to_string(f.size()) + " fields");
   GemmConfig c;
   if (f[0] == "gather") c.family = GemmFamily::Gather;
@@ -141,16 +147,13 @@ GemmConfig parse_gemm_config(std::string_view text) {
 
 std::vector<KindConfig> parse_gemm_config_list(std::string_view text) {
   std::vector<KindConfig> out;
-  size_t b = 0;
-  while (b <= text.size() && !text.empty()) {
-    const size_t e = std::min(text.find(',', b), text.size());
-    const std::string_view item = text.substr(b, e - b);
+  if (text.empty()) return out;
+  for (const std::string_view item : split(text, ',')) {
     const size_t eq = item.find('=');
     if (eq == std::string_view::npos)
       throw Error("GEMM config list item '" + std::string(item) +
                   "': not KIND=CONFIG (e.g. dx=cutlass:pingpong:128x192:auto:tma:c2:rN)");
     out.push_back({parse_gemm_kind(item.substr(0, eq)), parse_gemm_config(item.substr(eq + 1))});
-    b = e + 1;
   }
   return out;
 }

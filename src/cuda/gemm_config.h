@@ -52,7 +52,9 @@ struct GemmConfig {
   int cluster = 1;
   int cluster_n = 1;
   // ---- run-time parameters of that kernel (0 = not given: resolve_gemm_config takes the heuristic's) ----
-  int band = 0;      // gather up/dh: column tiles per band of the tile order (>= 1); other kinds: 0
+  // gather kinds: the tile order's band (>= 1): up, dh: column tiles walked together; dw1, dw2: row
+  // units walked together (1: one at a time, the default). cutlass kinds: 0.
+  int band = 0;
   // cutlass: CUTLASS's group scheduler hands out each expert's tiles along N (consecutive tiles share
   // an m-row, text rN) instead of its default down M. Its swizzle is no knob: with the problem shapes
   // on the device it is sized from one row of SM-count blocks, i.e. always 1.
