@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Session 23, on whichever part comes: the whole GPU suite of main (with the tests written after
+# session 22's device time: LayerGemmConfigs.TileOrderKeepsOutputsBitwise, ExpertGemms.CutlassGridAboveTheSmCount,
+# the changed LaunchersRefuseConfigsByName), memcheck on those, then the drift test of
+# docs/kernels.md "Clusters for down and dx by DRAM bandwidth": dx alone by CTA count, including
+# oversubscribed grids (each CTA walks fewer tiles), and ncu DRAM bytes of the layer's GEMMs at
+# T = 4096 vs 32768 on the same expert shapes. Carry [".carry/vs", ".carry/s23"]. Returns summary.txt,
+# gpu_tests.log, logs.tar.gz. BUDGET seconds (default 540).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
+FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"; S=$FINAL/summary.txt; : > $S
+B=/tmp/s23; L=/tmp/s23-logs; rm -rf $B $L; mkdir -p $B $L
+trap 'tar czf $FINAL/logs.tar.gz -C $L . 2>/dev/null' EXIT
+say() { echo "$*" | tee -a $S; }
+budget="${BUDGET:-540}"
+cap() { local left=$((budget - SECONDS)); [ $left -lt 5 ] && left=5; [ $1 -lt $left ] && echo $1 || echo $left; }
+for x in leanmoe:vs/leanmoe.xz gt:s23/leanmoe_gpu_tests.xz bg:s23/leanmoe_bench_gemms.xz; do
+  xz -dc .carry/${x#*:} > $B/${x%%:*} && chmod +x $B/${x%%:*} || say "MISSING ${x#*:}"
+done
+source scripts/device_env.sh
+say "leanmoe $(cat .carry/vs/commit), tests $(cat .carry/s23/commit); $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
+timeout $(cap 260) $B/gt > $FINAL/gpu_tests.log 2>&1; say "suite rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $FINAL/gpu_tests.log | tr '\n' ' ') (t=$SECONDS)"
+grep -E '^\[  FAILED  \]' $FINAL/gpu_tests.log | sort -u | tee -a $S
+NEW='LayerGemmConfigs.TileOrderKeepsOutputsBitwise:ExpertGemms.CutlassGridAboveTheSmCount:ExpertGemms.LaunchersRefuseConfigsByName'
+timeout $(cap 120) compute-sanitizer --tool memcheck $B/gt --gtest_filter="$NEW" > $L/memcheck.txt 2>&1
+say "memcheck rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' $L/memcheck.txt | tr '\n' ' ') (t=$SECONDS)"
+P=cutlass:pingpong:128x192:auto:tma
+CFG=""
+for m in 132 128 264 528 1056; do CFG="$CFG,dx=$P:c1x2:m$m,dx=$P:c2:rN:m$m"; done
+timeout $(cap 90) $B/bg --shape 120B-n2048,30B-n1024 --gemms dx --iters 10 --warmup 3 --config "${CFG#,}" > $L/ctas.txt 2>&1
+say "dx by CTAs rc=$?: $(awk -F'|' '$9 ~ /dx/ {gsub(/ /, "", $2); gsub(/ /, "", $10); gsub(/ /, "", $11); printf "%s %s %s; ", $2, $10, $11}' $L/ctas.txt) (t=$SECONDS)"
+M=gpu__time_duration.sum,dram__bytes_read.sum
+for T in 4096 32768; do
+  timeout $(cap 60) ncu --clock-control none --metrics $M --csv --print-units base -k regex:'device_kernel|gather_grouped' \
+    $B/leanmoe bench --T $T --d 4096 --n 2048 --E 64 --K 4 --router topk_then_softmax --iters 1 --warmup 1 > $L/drift_$T.csv 2>&1
+  python3 - $L/drift_$T.csv $T <<'PY' | tee -a $S
+import csv, sys
+rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
+if not rows: sys.exit(print("T", sys.argv[2], "no ncu rows"))
+h = rows[0]; k, m, v, i = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value"), h.index("ID")
+per = {}
+for r in rows[1:]: per.setdefault(r[i], [r[k][:40], {}])[1][r[m]] = float(r[v].replace(",", ""))
+T = int(sys.argv[2]); flop = 2 * T * 4 * 4096 * 4096  # one 2n x d GEMM per routed row (up, dx, dW1)
+print("T", T, "; ".join(f"{kid} {name}: {x['gpu__time_duration.sum']/1e3:.0f} us {x['dram__bytes_read.sum']/1e9:.2f} GB {x['dram__bytes_read.sum']/flop*1e3:.2f} B/kFLOP(2n.d)" for kid, (name, x) in per.items()))
+PY
+done
+say "== done (t=$SECONDS)"
