@@ -6,7 +6,9 @@
 #   alongN    dx in 2x1 clusters along N where d >= 2048, down too where n >= 2048 (the H100's rule; on
 #             the H100 it is the default);
 #   parity    down and dx by ceil(d / 192)'s parity alone, 1x2 if even else 2x1, along M (the H200's rule);
-#   side0     every SM to the backward GEMMs (--bwd-overlap 0; default: 4 SMs to the side work).
+#   side0     every SM to the backward GEMMs (--bwd-overlap 0; default: 4 SMs to the side work);
+#   dyn       the --gemm-config list in DYN (e.g. down and dx with tiles from a counter).
+# VARIANTS (default "default alongN parity side0", plus dyn when DYN is set) picks them.
 # Carry [".carry/vs"]. Returns vs_sonic's files (side_by_side.md, r1_*.json, logs.tar.gz) and layer.txt, layer_logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
@@ -31,9 +33,11 @@ variant() {  # variant row -> extra bench arguments
     alongN) local g="dx=$P:c2:rN"; [ $n -ge 2048 ] && g="$g,down=$P:c2:rN"; echo --gemm-config "$g";;
     parity) [ $(( (d + 191) / 192 % 2 )) -eq 0 ] && c=c1x2; echo --gemm-config "down=$P:$c,dx=$P:$c";;
     side0) echo --bwd-overlap 0;;
+    dyn) echo --gemm-config "$DYN";;
   esac
 }
-orders=("default alongN parity side0" "side0 parity alongN default")
+V="${VARIANTS:-default alongN parity side0${DYN:+ dyn}}"
+orders=("$V" "$(echo $V | tr ' ' '\n' | tac | tr '\n' ' ')")
 i=0
 for c in ${LROWS:-120B-n2048 30B-n1024 gpt-oss-20b olmoe-1b-7b}; do
   read -r warm iters < <(python3 bench/steady_iters.py "$c")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Session 23, on whichever part comes: the whole GPU suite of main (with the tests written after
 # session 22's device time: LayerGemmConfigs.TileOrderKeepsOutputsBitwise, ExpertGemms.CutlassGridAboveTheSmCount,
-# the changed LaunchersRefuseConfigsByName), memcheck on those, then the drift test of
+# the changed LaunchersRefuseConfigsByName) and the dynamic tile scheduler (GemmConfig dyn: its test,
+# down and dx timed and dx's DRAM bytes under ncu against the static stride), memcheck on those, then the drift test of
 # docs/kernels.md "Clusters for down and dx by DRAM bandwidth": dx alone by CTA count, including
 # oversubscribed grids (each CTA walks fewer tiles), and ncu DRAM bytes of the layer's GEMMs at
 # T = 4096 vs 32768 on the same expert shapes. Carry [".carry/vs", ".carry/s23"]. Returns summary.txt,
@@ -19,17 +20,34 @@ for x in leanmoe:vs/leanmoe.xz gt:s23/leanmoe_gpu_tests.xz bg:s23/leanmoe_bench_
 done
 source scripts/device_env.sh
 say "leanmoe $(cat .carry/vs/commit), tests $(cat .carry/s23/commit); $(nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader)"
+timeout $(cap 60) $B/gt --gtest_filter='ExpertGemms.CutlassDynamicTilesMatchStatic' > $L/dyn_test.txt 2>&1
+say "dyn test rc=$? $(grep -E '^\[  (PASSED|FAILED) |OK \]|FAILED  \]' $L/dyn_test.txt | tr '\n' ' ') (t=$SECONDS)"
+P=cutlass:pingpong:128x192:auto:tma
+# Tiles from a counter (dyn) against CUTLASS's static stride, and oversubscribed grids, dx and down alone.
+CFG=""
+for c in c1x2 c1x2:dyn c2:rN c2:rN:dyn c2:dyn c1x2:rN:dyn c1x2:m528 c2:rN:m528 c1x2:dyn:m128 c2:rN:dyn:m128; do CFG="$CFG,dx=$P:$c,down=$P:$c"; done
+timeout $(cap 100) $B/bg --shape 120B-n2048,30B-n1024,gpt-oss-20b,olmoe-1b-7b --gemms down,dx --iters 10 --warmup 3 --config "${CFG#,}" > $L/ctas.txt 2>&1
+say "down/dx by config rc=$?:"; grep -E '\| (down|dx) ' $L/ctas.txt | tee -a $S
+M=gpu__time_duration.sum,dram__bytes_read.sum
+CFG=""
+for c in c1x2 c1x2:dyn c2:rN c2:rN:dyn c2:dyn; do CFG="$CFG,dx=$P:$c"; done
+timeout $(cap 80) ncu --clock-control none --metrics $M --csv --print-units base -k regex:device_kernel \
+  $B/bg --shape 120B-n2048 --gemms dx --iters 1 --warmup 0 --config "${CFG#,}" > $L/ncu_dyn.csv 2>&1
+say "ncu dx 120B-n2048 rc=$? (configs in order: ${CFG#,}):"
+python3 - $L/ncu_dyn.csv <<'PY' | tee -a $S
+import csv, sys
+rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
+if not rows: sys.exit(print("no ncu rows"))
+h = rows[0]; m, v, i = h.index("Metric Name"), h.index("Metric Value"), h.index("ID")
+per = {}
+for r in rows[1:]: per.setdefault(r[i], {})[r[m]] = float(r[v].replace(",", ""))
+for kid, x in per.items(): print(f"  launch {kid}: {x['gpu__time_duration.sum']/1e3:.0f} us, {x['dram__bytes_read.sum']/1e9:.2f} GB read")
+PY
 timeout $(cap 260) $B/gt > $FINAL/gpu_tests.log 2>&1; say "suite rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $FINAL/gpu_tests.log | tr '\n' ' ') (t=$SECONDS)"
 grep -E '^\[  FAILED  \]' $FINAL/gpu_tests.log | sort -u | tee -a $S
-NEW='LayerGemmConfigs.TileOrderKeepsOutputsBitwise:ExpertGemms.CutlassGridAboveTheSmCount:ExpertGemms.LaunchersRefuseConfigsByName'
+NEW='ExpertGemms.CutlassDynamicTilesMatchStatic:LayerGemmConfigs.TileOrderKeepsOutputsBitwise:ExpertGemms.CutlassGridAboveTheSmCount:ExpertGemms.LaunchersRefuseConfigsByName'
 timeout $(cap 120) compute-sanitizer --tool memcheck $B/gt --gtest_filter="$NEW" > $L/memcheck.txt 2>&1
 say "memcheck rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' $L/memcheck.txt | tr '\n' ' ') (t=$SECONDS)"
-P=cutlass:pingpong:128x192:auto:tma
-CFG=""
-for m in 132 128 264 528 1056; do CFG="$CFG,dx=$P:c1x2:m$m,dx=$P:c2:rN:m$m"; done
-timeout $(cap 90) $B/bg --shape 120B-n2048,30B-n1024 --gemms dx --iters 10 --warmup 3 --config "${CFG#,}" > $L/ctas.txt 2>&1
-say "dx by CTAs rc=$?: $(awk -F'|' '$9 ~ /dx/ {gsub(/ /, "", $2); gsub(/ /, "", $10); gsub(/ /, "", $11); printf "%s %s %s; ", $2, $10, $11}' $L/ctas.txt) (t=$SECONDS)"
-M=gpu__time_duration.sum,dram__bytes_read.sum
 for T in 4096 32768; do
   timeout $(cap 60) ncu --clock-control none --metrics $M --csv --print-units base -k regex:'device_kernel|gather_grouped' \
     $B/leanmoe bench --T $T --d 4096 --n 2048 --E 64 --K 4 --router topk_then_softmax --iters 1 --warmup 1 > $L/drift_$T.csv 2>&1
