@@ -13,7 +13,8 @@
 // takes cluster slot c); every later one is slot `clusters + atomicAdd(counter, 1)`, mapped to a tile
 // by CUTLASS's own order (raster along M or N). In a cluster the CTAs must take the same slot (they
 // share multicast operand tiles), so the leader (rank 0) takes it and hands it to the others through
-// their shared memory (a ring of kHandoff slots, one mbarrier pair each). The scheduler warp claims
+// their shared memory (a ring of kHandoff slots, one mbarrier pair each, in the kernel's scheduler
+// response array). The scheduler warp claims
 // at most kLookahead tiles ahead of the ones its consumers have taken (CUTLASS's pipeline is 8 deep:
 // 8 claims ahead would let 8 x 132 tiles, several experts, run apart again).
 // The counter lives in CUTLASS's scheduler workspace and is zeroed by initialize_workspace (a
@@ -51,11 +52,23 @@ class DynamicGroupScheduler : public cutlass::gemm::kernel::detail::PersistentTi
     int32_t* counter = nullptr;  // tiles taken after the first, per launch (zeroed by initialize_workspace)
   };
   using Arguments = typename Base::Arguments;
+  using WorkTileInfo = typename Base::WorkTileInfo;
+  // The kernel keeps an array of Stages of these in its shared storage and hands it to the
+  // constructor: each holds the tile pushed through the scheduler pipeline's stage, and the first
+  // kHandoff also a slot of the hand-off ring. (No __shared__ variable of our own: static shared
+  // memory would shift the kernel's dynamic shared memory off the 1024-byte alignment its swizzled
+  // TMA tiles need.)
+  struct SchedulerResponse {
+    WorkTileInfo work;
+    uint64_t full, empty;  // hand-off mbarriers (peer side, leader side)
+    uint32_t slot;         // the handed-off cluster slot (peer side)
+  };
+  static_assert(kHandoff <= Stages);
 
   DynamicGroupScheduler() = default;
 
-  CUTLASS_DEVICE DynamicGroupScheduler(Params const& params, typename Base::SchedulerResponse* response)
-      : Base(params, response), counter_(params.counter) {
+  CUTLASS_DEVICE DynamicGroupScheduler(Params const& params, SchedulerResponse* response)
+      : Base(params, nullptr), counter_(params.counter), response_(response) {
 #if defined(__CUDA_ARCH__)
     cluster_ctas_ = uint32_t(params.cluster_shape_.m() * params.cluster_shape_.n());
     clusters_ = uint32_t(gridDim.x * gridDim.y * gridDim.z) / cluster_ctas_;
@@ -67,10 +80,9 @@ class DynamicGroupScheduler : public cutlass::gemm::kernel::detail::PersistentTi
     in_cluster_ = uint32_t(l0 % cluster_ctas_);
     rank_ = cute::block_rank_in_cluster();
     if (cluster_ctas_ > 1 && threadIdx.x == 0) {
-      Handoff& h = handoff();
       for (int s = 0; s < kHandoff; ++s) {
-        cutlass::arch::ClusterBarrier::init(&h.full[s], 1);                  // the leader's arrive
-        cutlass::arch::ClusterBarrier::init(&h.empty[s], cluster_ctas_ - 1);  // each peer's
+        cutlass::arch::ClusterBarrier::init(&response_[s].full, 1);                  // the leader's arrive
+        cutlass::arch::ClusterBarrier::init(&response_[s].empty, cluster_ctas_ - 1);  // each peer's
       }
       // Visible to the peers after the kernel's cluster arrive/wait, as CUTLASS's own pipelines.
       cutlass::arch::fence_barrier_init();
@@ -119,7 +131,7 @@ class DynamicGroupScheduler : public cutlass::gemm::kernel::detail::PersistentTi
     const auto work = this->get_current_work_for_linear_idx(uint64_t(slot) * cluster_ctas_ + in_cluster_);
     pipeline.producer_acquire(state);
     if (cute::elect_one_sync()) {
-      this->response_ptr_[state.index()] = work;
+      response_[state.index()].work = work;
       cutlass::arch::fence_view_async_shared();
       pipeline.producer_commit(state);
     }
@@ -127,21 +139,21 @@ class DynamicGroupScheduler : public cutlass::gemm::kernel::detail::PersistentTi
     // wait until the peers have taken every hand-off still in the ring.
     if (!work.is_valid() && cluster_ctas_ > 1 && rank_ == 0)
       for (uint32_t i = item_ > kHandoff ? item_ - kHandoff : 0; i < item_; ++i)
-        wait(&handoff().empty[i % kHandoff], (i / kHandoff) & 1);
+        wait(&response_[i % kHandoff].empty, (i / kHandoff) & 1);
+    return cute::make_tuple(work, true);
+  }
+
+  // Every other warp's step: the next tile from the pipeline (the base's, on our response array).
+  template <class Pipeline, class PipelineState>
+  CUTLASS_DEVICE auto fetch_next_work(WorkTileInfo, Pipeline& pipeline, PipelineState state) {
+    pipeline.consumer_wait(state);
+    const WorkTileInfo work = response_[state.index()].work;
+    cutlass::arch::fence_view_async_shared();
+    pipeline.consumer_release(state);
     return cute::make_tuple(work, true);
   }
 
  private:
-  struct Handoff {
-    uint64_t full[kHandoff];
-    uint64_t empty[kHandoff];
-    uint32_t slot[kHandoff];
-  };
-  CUTLASS_DEVICE static Handoff& handoff() {
-    __shared__ Handoff h;
-    return h;
-  }
-
   static CUTLASS_DEVICE uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
   // Waits for the completion of the mbarrier's phase of parity `parity`, acquiring at cluster scope
   // (the leader's hand-off is a store into this CTA's shared memory from another CTA).
@@ -176,20 +188,20 @@ class DynamicGroupScheduler : public cutlass::gemm::kernel::detail::PersistentTi
     if (cluster_ctas_ == 1) {
       if (lane == 0) slot = clusters_ + uint32_t(atomicAdd(counter_, 1));
     } else {
-      Handoff& h = handoff();
-      const uint32_t s = item_ % kHandoff, use = item_ / kHandoff;
+      SchedulerResponse& h = response_[item_ % kHandoff];
+      const uint32_t use = item_ / kHandoff;
       if (lane == 0) {
         if (rank_ == 0) {
-          wait(&h.empty[s], (use & 1) ^ 1);  // the peers took this ring slot's previous value
+          wait(&h.empty, (use & 1) ^ 1);  // the peers took this ring slot's previous value
           slot = clusters_ + uint32_t(atomicAdd(counter_, 1));
           for (uint32_t r = 1; r < cluster_ctas_; ++r) {
-            store_remote(&h.slot[s], r, slot);
-            arrive_remote(&h.full[s], r);
+            store_remote(&h.slot, r, slot);
+            arrive_remote(&h.full, r);
           }
         } else {
-          wait(&h.full[s], use & 1);
-          slot = *reinterpret_cast<volatile uint32_t*>(&h.slot[s]);
-          arrive_remote(&h.empty[s], 0);
+          wait(&h.full, use & 1);
+          slot = *reinterpret_cast<volatile uint32_t*>(&h.slot);
+          arrive_remote(&h.empty, 0);
         }
       }
     }
@@ -198,6 +210,7 @@ class DynamicGroupScheduler : public cutlass::gemm::kernel::detail::PersistentTi
   }
 
   int32_t* counter_ = nullptr;
+  SchedulerResponse* response_ = nullptr;
   uint32_t cluster_ctas_ = 1, clusters_ = 1, in_cluster_ = 0, rank_ = 0, item_ = 0;
 };
 
