@@ -3,9 +3,9 @@
 # session 22's device time: LayerGemmConfigs.TileOrderKeepsOutputsBitwise, ExpertGemms.CutlassGridAboveTheSmCount,
 # the changed LaunchersRefuseConfigsByName) and the dynamic tile scheduler (GemmConfig dyn: its test,
 # down and dx timed and dx's DRAM bytes under ncu against the static stride), memcheck on those, then the drift test of
-# docs/kernels.md "Clusters for down and dx by DRAM bandwidth": dx alone by CTA count, including
-# oversubscribed grids (each CTA walks fewer tiles), and ncu DRAM bytes of the layer's GEMMs at
-# T = 4096 vs 32768 on the same expert shapes. Carry [".carry/vs", ".carry/s23"]. Returns summary.txt,
+# docs/kernels.md "Clusters for down and dx by DRAM bandwidth" (call 1 measured the layer's GEMMs'
+# DRAM bytes at T = 4096 vs 32768; this script's first version), then the layer with the fastest
+# down and dx configurations of the timings vs the heuristic's. Carry [".carry/vs", ".carry/s23"]. Returns summary.txt,
 # gpu_tests.log, logs.tar.gz. BUDGET seconds (default 540).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
@@ -43,23 +43,35 @@ per = {}
 for r in rows[1:]: per.setdefault(r[i], {})[r[m]] = float(r[v].replace(",", ""))
 for kid, x in per.items(): print(f"  launch {kid}: {x['gpu__time_duration.sum']/1e3:.0f} us, {x['dram__bytes_read.sum']/1e9:.2f} GB read")
 PY
-timeout $(cap 260) $B/gt > $FINAL/gpu_tests.log 2>&1; say "suite rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $FINAL/gpu_tests.log | tr '\n' ' ') (t=$SECONDS)"
+# The layer, graph replays, alternating: the heuristic's kernels vs the fastest down and dx configuration
+# timed above on that row (max_ctas left to the layer: 128 CTAs in the overlapped backward).
+best() {  # row kind -> the fastest configuration of that kind on that row on the full grid, without its mK
+  awk -F'|' -v r=" $1 " -v k=" $2 " '$2 == r && $9 == k && $10 !~ /:m(528|128) / {gsub(/ /, "", $10); gsub(/ /, "", $11); print $11, $10}' $L/ctas.txt |
+    sort -g | head -1 | awk '{print $2}' | sed 's/:m[0-9]*$//'
+}
+layer_round() { local r=$1; for c in 120B-n2048 30B-n1024 gpt-oss-20b olmoe-1b-7b; do
+  [ $((budget - SECONDS)) -lt 30 ] && return
+  read -r warm iters < <(python3 bench/steady_iters.py "$c")
+  dx=$(best $c dx); down=$(best $c down)
+  for v in $([ $r = 1 ] && echo "default best" || echo "best default"); do
+    extra=(); [ $v = best ] && [ -n "$dx" ] && [ -n "$down" ] && extra=(--gemm-config "dx=$dx,down=$down")
+    timeout $(cap 45) $B/leanmoe bench --config $c --router topk_then_softmax --graph --iters $iters --warmup $warm \
+      "${extra[@]}" --json $L/layer_r${r}_${c}_$v.json > $L/layer_r${r}_${c}_$v.txt 2>&1
+    say "layer r$r $c $v rc=$? ${extra[*]} (t=$SECONDS)"
+  done
+done; }
+layer_round 1
+timeout $(cap 230) $B/gt > $FINAL/gpu_tests.log 2>&1; say "suite rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $FINAL/gpu_tests.log | tr '\n' ' ') (t=$SECONDS)"
 grep -E '^\[  FAILED  \]' $FINAL/gpu_tests.log | sort -u | tee -a $S
 NEW='ExpertGemms.CutlassDynamicTilesMatchStatic:LayerGemmConfigs.TileOrderKeepsOutputsBitwise:ExpertGemms.CutlassGridAboveTheSmCount:ExpertGemms.LaunchersRefuseConfigsByName'
-timeout $(cap 120) compute-sanitizer --tool memcheck $B/gt --gtest_filter="$NEW" > $L/memcheck.txt 2>&1
+timeout $(cap 90) compute-sanitizer --tool memcheck $B/gt --gtest_filter="$NEW" > $L/memcheck.txt 2>&1
 say "memcheck rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' $L/memcheck.txt | tr '\n' ' ') (t=$SECONDS)"
-for T in 4096 32768; do
-  timeout $(cap 60) ncu --clock-control none --metrics $M --csv --print-units base -k regex:'device_kernel|gather_grouped' \
-    $B/leanmoe bench --T $T --d 4096 --n 2048 --E 64 --K 4 --router topk_then_softmax --iters 1 --warmup 1 > $L/drift_$T.csv 2>&1
-  python3 - $L/drift_$T.csv $T <<'PY' | tee -a $S
-import csv, sys
-rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
-if not rows: sys.exit(print("T", sys.argv[2], "no ncu rows"))
-h = rows[0]; k, m, v, i = h.index("Kernel Name"), h.index("Metric Name"), h.index("Metric Value"), h.index("ID")
-per = {}
-for r in rows[1:]: per.setdefault(r[i], [r[k][:40], {}])[1][r[m]] = float(r[v].replace(",", ""))
-T = int(sys.argv[2]); flop = 2 * T * 4 * 4096 * 4096  # one 2n x d GEMM per routed row (up, dx, dW1)
-print("T", T, "; ".join(f"{kid} {name}: {x['gpu__time_duration.sum']/1e3:.0f} us {x['dram__bytes_read.sum']/1e9:.2f} GB {x['dram__bytes_read.sum']/flop*1e3:.2f} B/kFLOP(2n.d)" for kid, (name, x) in per.items()))
+layer_round 2
+python3 - $L <<'PY' | tee -a $S
+import json, glob, os, sys
+for p in sorted(glob.glob(os.path.join(sys.argv[1], "layer_r*.json"))):
+    try: r = json.load(open(p))["results"][0]
+    except Exception: continue
+    print(f"{os.path.basename(p)[6:-5]}: fwd_graph {r['fwd_graph_ms']:.3f} bwd_graph {r['bwd_graph_ms']:.3f} fwd {r['fwd_ms']:.3f} bwd {r['bwd_ms']:.3f}")
 PY
-done
 say "== done (t=$SECONDS)"
