@@ -61,11 +61,11 @@ layer_round() { local r=$1; for c in 120B-n2048 30B-n1024 gpt-oss-20b olmoe-1b-7
   done
 done; }
 layer_round 1
-timeout $(cap 230) $B/gt > $FINAL/gpu_tests.log 2>&1; say "suite rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $FINAL/gpu_tests.log | tr '\n' ' ') (t=$SECONDS)"
-grep -E '^\[  FAILED  \]' $FINAL/gpu_tests.log | sort -u | tee -a $S
 NEW='ExpertGemms.CutlassDynamicTilesMatchStatic:LayerGemmConfigs.TileOrderKeepsOutputsBitwise:ExpertGemms.CutlassGridAboveTheSmCount:ExpertGemms.LaunchersRefuseConfigsByName'
 timeout $(cap 90) compute-sanitizer --tool memcheck $B/gt --gtest_filter="$NEW" > $L/memcheck.txt 2>&1
 say "memcheck rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' $L/memcheck.txt | tr '\n' ' ') (t=$SECONDS)"
+timeout $(cap 300) $B/gt > $FINAL/gpu_tests.log 2>&1; say "suite rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $FINAL/gpu_tests.log | tr '\n' ' ') (t=$SECONDS)"
+grep -E '^\[  FAILED  \]' $FINAL/gpu_tests.log | sort -u | tee -a $S
 layer_round 2
 python3 - $L <<'PY' | tee -a $S
 import json, glob, os, sys
