@@ -19,7 +19,6 @@
 #include <type_traits>
 
 #include "cuda/kernels/chained_grid.cuh"
-#include "cuda/kernels/sm90_dynamic_group_scheduler.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
@@ -41,10 +40,9 @@ using namespace cute;
 // ClusterM x ClusterN = 2x1 adjacent m-tiles sharing the weight tile, 1x2 adjacent n-tiles sharing
 // the A tile. EpiN: the epilogue's subtile width along N (0: CUTLASS's choice, 64x32); at K = 256 a
 // tile's mainloop is 4 k-steps, too short to hide an epilogue of twelve 64x32 subtile stores.
-// Dynamic: tiles from a counter (sm90_dynamic_group_scheduler.cuh) instead of CUTLASS's static stride.
-template <int TileM, int TileN, int ClusterM, int ClusterN, int EpiN = 0, bool Dynamic = false>
+template <int TileM, int TileN, int ClusterM, int ClusterN, int EpiN = 0>
 struct PingpongConfig {
-  static constexpr bool kPingpong = true, kFp8 = false, kDynamic = Dynamic;
+  static constexpr bool kPingpong = true, kFp8 = false;
   static constexpr int kEpilogueN = EpiN;
   using Tile = Shape<Int<TileM>, Int<TileN>, _64>;
   using Cluster = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
@@ -60,7 +58,7 @@ struct PingpongConfig {
 // tile would need 2 x 128 accumulator registers per consumer thread.
 template <bool Pingpong, int TileM, int TileN, int ClusterM, int ClusterN>
 struct Fp8Config {
-  static constexpr bool kPingpong = Pingpong, kFp8 = true, kDynamic = false;
+  static constexpr bool kPingpong = Pingpong, kFp8 = true;
   static constexpr int kEpilogueN = 0;
   using Tile = Shape<Int<TileM>, Int<TileN>, _128>;
   using Cluster = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
@@ -89,8 +87,7 @@ struct GroupedGemm {
   using OperandA = std::conditional_t<kFp8, cute::tuple<cutlass::layout::RowMajor*, LayoutSFA*>,
                                       cutlass::layout::RowMajor*>;
   using OperandB = std::conditional_t<kFp8, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
-  using ProblemShape = std::conditional_t<Config::kDynamic, DynamicGroupProblemShape,  // (M_e, N, K) per group
-                                          cutlass::gemm::GroupProblemShape<Shape<int, int, int>>>;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M_e, N, K) per group
 
   // D = acc in bf16, no C operand (ElementC = void: nothing is read).
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
