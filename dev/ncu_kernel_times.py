@@ -4,7 +4,8 @@ The device scripts run `ncu --metrics gpu__time_duration.sum --csv --print-units
 ... --iters 1 --warmup 1`, which profiles the warm-up iteration and the timed one; this prints the
 second half of the kernels (the timed iteration) with their times in microseconds and the total.
 --whole takes every kernel of the CSV (runs with --warmup 0 --iters 1, and no setup kernels: not
---routing given, whose set-up runs the fused router).
+--routing given, whose set-up runs the fused router). --dram also prints each kernel's DRAM bytes
+read (CSVs of `--metrics gpu__time_duration.sum,dram__bytes_read.sum`).
 
 --side-by-side prints one table, a column per CSV (e.g. top-K, token rounding, balanced), kernels
 matched by name and order (difflib over the kernel names: a kernel one run has and another lacks,
@@ -19,15 +20,20 @@ import difflib
 import sys
 
 
-def all_kernel_times(path):
+TIME, DRAM = "gpu__time_duration.sum", "dram__bytes_read.sum"
+
+
+def all_kernel_times(path, metric=TIME):
+    """[(kernel, value)] of one metric in launch order: time in us, bytes in GB."""
     rows = list(csv.reader(line for line in open(path) if line.startswith('"')))
     head = rows[0]
-    name, value = head.index("Kernel Name"), head.index("Metric Value")
-    return [(r[name], float(r[value].replace(",", "")) / 1e3) for r in rows[1:]]
+    name, mname, value = head.index("Kernel Name"), head.index("Metric Name"), head.index("Metric Value")
+    scale = 1e-3 if metric == TIME else 1e-9
+    return [(r[name], float(r[value].replace(",", "")) * scale) for r in rows[1:] if r[mname] == metric]
 
 
-def kernel_times(path, whole=False):
-    times = all_kernel_times(path)
+def kernel_times(path, whole=False, metric=TIME):
+    times = all_kernel_times(path, metric)
     return times if whole else times[len(times) // 2:]
 
 
@@ -96,7 +102,8 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     whole = "--whole" in args
     together = "--side-by-side" in args
-    paths = [a for a in args if a not in ("--whole", "--side-by-side")]
+    dram = "--dram" in args
+    paths = [a for a in args if a not in ("--whole", "--side-by-side", "--dram")]
     if not paths:
         sys.exit(__doc__)
     if together:  # label=path, or the path as its own label
@@ -106,5 +113,9 @@ if __name__ == "__main__":
         for path in paths:
             times = kernel_times(path, whole)
             print(f"== {path}: {len(times)} kernels, {sum(t for _, t in times):.1f} us")
-            for kernel, us in times:
-                print(f"  {us:8.1f}  {kernel[:110]}")
+            if dram:  # the CSV has dram__bytes_read.sum beside the time
+                for (kernel, us), (_, gb) in zip(times, kernel_times(path, whole, DRAM)):
+                    print(f"  {us:8.1f} us {gb:7.2f} GB  {kernel[:100]}")
+            else:
+                for kernel, us in times:
+                    print(f"  {us:8.1f}  {kernel[:110]}")

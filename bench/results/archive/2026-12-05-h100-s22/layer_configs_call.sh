@@ -59,15 +59,5 @@ for r in $(seq 1 "${ROUNDS:-2}"); do for c in $ROWS; do
     say "r$r $c $v rc=$? ${extra[*]}"
   done
 done; done
-python3 - $L <<'PY' | tee -a $S
-import json, glob, os, statistics, sys
-runs = {}
-for p in glob.glob(os.path.join(sys.argv[1], "layer_r*.json")):
-    _, _, c, v = os.path.basename(p)[:-5].split("_")  # layer_rR_CONFIG_VARIANT
-    try: r = json.load(open(p))["results"][0]
-    except Exception: continue
-    runs.setdefault((c, v), []).append((r["fwd_graph_ms"], r["bwd_graph_ms"]))
-for (c, v), xs in sorted(runs.items()):
-    print(f"{c} {v}: fwd_graph {' '.join(f'{x[0]:.3f}' for x in xs)} bwd_graph {' '.join(f'{x[1]:.3f}' for x in xs)} median {statistics.median(x[0] for x in xs):.3f} / {statistics.median(x[1] for x in xs):.3f}")
-PY
+python3 bench/layer_ab.py $L | tee -a $S
 say "== done (t=$SECONDS)"

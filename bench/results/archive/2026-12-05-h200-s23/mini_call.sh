@@ -27,14 +27,6 @@ for c in c1x2 c1x2:dyn c2:rN c2:rN:dyn; do CFG="$CFG,dx=$P:$c"; done
 timeout 45 ncu --clock-control none --metrics $M --csv --print-units base -k regex:device_kernel \
   $B/bg --shape 120B-n2048 --gemms dx --iters 1 --warmup 0 --config "${CFG#,}" > $L/ncu_dyn.csv 2>&1
 say "ncu dx 120B-n2048 rc=$? (in order: ${CFG#,}):"
-python3 - $L/ncu_dyn.csv <<'PY' | tee -a $S
-import csv, sys
-rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
-if not rows: sys.exit(print("no ncu rows"))
-h = rows[0]; m, v, i = h.index("Metric Name"), h.index("Metric Value"), h.index("ID")
-per = {}
-for r in rows[1:]: per.setdefault(r[i], {})[r[m]] = float(r[v].replace(",", ""))
-for kid, x in per.items(): print(f"  launch {kid}: {x['gpu__time_duration.sum']/1e3:.0f} us, {x['dram__bytes_read.sum']/1e9:.2f} GB read")
-PY
+python3 dev/ncu_kernel_times.py --whole --dram $L/ncu_dyn.csv | tee -a $S
 timeout 40 compute-sanitizer --tool memcheck $B/gt --gtest_filter='ExpertGemms.CutlassDynamicTilesMatchStatic' > $L/memcheck.txt 2>&1
 say "memcheck rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' $L/memcheck.txt | tr '\n' ' ') (t=$SECONDS)"

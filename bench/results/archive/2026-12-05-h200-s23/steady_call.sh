@@ -49,11 +49,5 @@ for c in ${LROWS:-120B-n2048 30B-n1024 gpt-oss-20b olmoe-1b-7b}; do
     say "$c $v rc=$? ${extra[*]} (t=$SECONDS)"
   done
 done
-python3 - $L <<'PY' | tee -a $S
-import json, glob, os, sys
-for p in sorted(glob.glob(os.path.join(sys.argv[1], "layer_*.json"))):
-    try: r = json.load(open(p))["results"][0]
-    except Exception: continue
-    print(f"{os.path.basename(p)[6:-5]}: fwd_graph {r['fwd_graph_ms']:.3f} bwd_graph {r['bwd_graph_ms']:.3f} fwd {r['fwd_ms']:.3f} bwd {r['bwd_ms']:.3f}")
-PY
+python3 bench/layer_ab.py $L | tee -a $S
 say "== done (t=$SECONDS)"

@@ -34,15 +34,7 @@ for c in c1x2 c1x2:dyn c2:rN c2:rN:dyn c2:dyn; do CFG="$CFG,dx=$P:$c"; done
 timeout $(cap 80) ncu --clock-control none --metrics $M --csv --print-units base -k regex:device_kernel \
   $B/bg --shape 120B-n2048 --gemms dx --iters 1 --warmup 0 --config "${CFG#,}" > $L/ncu_dyn.csv 2>&1
 say "ncu dx 120B-n2048 rc=$? (configs in order: ${CFG#,}):"
-python3 - $L/ncu_dyn.csv <<'PY' | tee -a $S
-import csv, sys
-rows = list(csv.reader(l for l in open(sys.argv[1]) if l.startswith('"')))
-if not rows: sys.exit(print("no ncu rows"))
-h = rows[0]; m, v, i = h.index("Metric Name"), h.index("Metric Value"), h.index("ID")
-per = {}
-for r in rows[1:]: per.setdefault(r[i], {})[r[m]] = float(r[v].replace(",", ""))
-for kid, x in per.items(): print(f"  launch {kid}: {x['gpu__time_duration.sum']/1e3:.0f} us, {x['dram__bytes_read.sum']/1e9:.2f} GB read")
-PY
+python3 dev/ncu_kernel_times.py --whole --dram $L/ncu_dyn.csv | tee -a $S
 # The layer, graph replays, alternating: the heuristic's kernels vs the fastest down and dx configuration
 # timed above on that row (max_ctas left to the layer: 128 CTAs in the overlapped backward).
 best() {  # row kind -> the fastest configuration of that kind on that row on the full grid, without its mK
@@ -67,11 +59,5 @@ say "memcheck rc=$? $(grep -E 'ERROR SUMMARY|PASSED|FAILED' $L/memcheck.txt | tr
 timeout $(cap 300) $B/gt > $FINAL/gpu_tests.log 2>&1; say "suite rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $FINAL/gpu_tests.log | tr '\n' ' ') (t=$SECONDS)"
 grep -E '^\[  FAILED  \]' $FINAL/gpu_tests.log | sort -u | tee -a $S
 layer_round 2
-python3 - $L <<'PY' | tee -a $S
-import json, glob, os, sys
-for p in sorted(glob.glob(os.path.join(sys.argv[1], "layer_r*.json"))):
-    try: r = json.load(open(p))["results"][0]
-    except Exception: continue
-    print(f"{os.path.basename(p)[6:-5]}: fwd_graph {r['fwd_graph_ms']:.3f} bwd_graph {r['bwd_graph_ms']:.3f} fwd {r['fwd_ms']:.3f} bwd {r['bwd_ms']:.3f}")
-PY
+python3 bench/layer_ab.py $L | tee -a $S
 say "== done (t=$SECONDS)"
