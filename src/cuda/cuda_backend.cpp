@@ -295,12 +295,9 @@ struct GemmStream {
   enum Event { kFork, kDw2Done, kDxDone, kJoin, kEvents };
   cudaStream_t stream = nullptr;
   std::array<cudaEvent_t, kEvents> events{};  // timing disabled: records and waits only
-  int sms = 0;
 
   GemmStream() {
-    int device = 0, least = 0, greatest = 0;
-    LEANMOE_CUDA_CHECK(cudaGetDevice(&device));
-    LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int least = 0, greatest = 0;
     LEANMOE_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     LEANMOE_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, greatest));
     for (cudaEvent_t& e : events) LEANMOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -617,12 +614,13 @@ class CudaBackend final : public Backend {
     // configuration asked for its own max_ctas).
     std::array<cuda::GemmConfig, 3> lean{};
     if (gemm) {
-      const int side_sms = overlap.side_sms >= 0 ? overlap.side_sms : cuda::backward_side_sms(shape, gemm->sms);
+      const cuda::GpuTraits& gpu = cuda::current_gpu();
+      const int side_sms = overlap.side_sms >= 0 ? overlap.side_sms : cuda::backward_side_sms(shape, gpu.sm_count);
       for (size_t i = 0; i < 3 && side_sms > 0; ++i) {
         // resolve, not choose: with transposed weights dW1 and dW2 run each other's kernel.
-        lean[i] = cuda::resolve_gemm_config(kinds[i], shape, cfg.E, cuda::current_gpu(), config[i]);
+        lean[i] = cuda::resolve_gemm_config(kinds[i], shape, cfg.E, gpu, config[i]);
         if (!config[i] || config[i]->max_ctas == 0)
-          lean[i].max_ctas = std::max(gemm->sms - side_sms, lean[i].cluster_ctas());
+          lean[i].max_ctas = std::max(gpu.sm_count - side_sms, lean[i].cluster_ctas());
         config[i] = &lean[i];
       }
     }

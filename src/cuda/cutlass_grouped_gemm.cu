@@ -75,12 +75,6 @@ int current_device() {
   return device;
 }
 
-int sm_count(int device) {
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return sms;
-}
-
 // Byte size of G's per-group arrays for E groups (each piece 128-aligned).
 template <class G>
 size_t arrays_bytes(int64_t E) {
@@ -204,7 +198,7 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
          cudaStream_t stream, const char* what) {
   const int E = static_cast<int>(rows.E);
   const int device = current_device();
-  const int sms = sm_count(device);
+  const int sms = current_gpu().sm_count;
   // The persistent grid: one CTA per SM, or config.max_ctas (backward's overlapped GEMMs leave SMs to
   // side work; tests cap it so that each CTA walks many tiles across experts), rounded down to whole
   // clusters, at least one: with device-side problem shapes CUTLASS launches max_active_clusters.
@@ -250,7 +244,7 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
 }  // namespace
 
 size_t expert_gemm_workspace_bytes(int64_t E) {
-  const int sms = sm_count(current_device());
+  const int sms = current_gpu().sm_count;
   auto most = [&]<class... G>(std::tuple<G...>*) { return std::max({total_bytes<G>(E, sms)...}); };
   const size_t need = std::max({most(static_cast<KMajor*>(nullptr)), most(static_cast<NMajor*>(nullptr)),
                                 most(static_cast<Fp8*>(nullptr))});

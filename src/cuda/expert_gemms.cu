@@ -9,11 +9,14 @@
 #include <algorithm>
 #include <array>
 #include <iterator>
+#include <map>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <type_traits>
 
 #include "cuda/chained_launch.h"
+#include "cuda/check.h"
 #include "cutlass_grouped_gemm.h"
 #include "gemm_heuristics.h"
 #include "kernels/sm90_grouped_gemm_gather.cuh"
@@ -35,16 +38,23 @@ void check_launch(const char* what) {
 }  // namespace
 
 const GpuTraits& current_gpu() {
-  static const GpuTraits gpu = [] {
-    int device = 0, sms = 0, mem_khz = 0, bus_bits = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device);
-    cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
+  // One entry per device, read on first use: a process may drive several GPUs (one thread per
+  // device in the expert-parallel layer), and they need not be alike.
+  static std::mutex mutex;
+  static std::map<int, GpuTraits> traits;  // node-based: references stay valid as devices are added
+  int device = 0;
+  LEANMOE_CUDA_CHECK(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = traits.find(device);
+  if (it == traits.end()) {
+    int sms = 0, mem_khz = 0, bus_bits = 0;
+    LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device));
+    LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
     // Double data rate: two transfers per memory clock.
-    return GpuTraits{sms, int(2.0 * mem_khz * 1e3 * (bus_bits / 8) / 1e9)};
-  }();
-  return gpu;
+    it = traits.emplace(device, GpuTraits{sms, int(2.0 * mem_khz * 1e3 * (bus_bits / 8) / 1e9)}).first;
+  }
+  return it->second;
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cuda/check.h"
+#include "cuda/expert_gemms.h"
 #include "cuda/kernels/optim_update.cuh"
 #include "cuda/launchers.h"
 #include "optim/fused_update.h"
@@ -22,13 +23,6 @@ constexpr int kThreads = 256;
 
 bool aligned16(const void* p) { return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-int sm_count() {
-  int device = 0, sms = 0;
-  LEANMOE_CUDA_CHECK(cudaGetDevice(&device));
-  LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
 // Grid-stride launch: at most as many blocks as fit on the GPU at once (more would only queue),
 // at least enough to give every group of V elements its own thread on small tensors.
 // Templated on the kernel itself: every instantiation has the same pointer type, but its own occupancy.
@@ -40,7 +34,7 @@ int grid_for(int64_t work_items) {
     return std::max(b, 1);
   }();
   const int64_t wanted = (work_items + kThreads - 1) / kThreads;
-  return int(std::clamp<int64_t>(wanted, 1, int64_t(blocks_per_sm) * sm_count()));
+  return int(std::clamp<int64_t>(wanted, 1, int64_t(blocks_per_sm) * cuda::current_gpu().sm_count));
 }
 
 template <Rule R, class P, class G, class M>
