@@ -40,6 +40,11 @@
 #             (r - 1 + i) mod 2. Writes
 #             rN_leanmoe_fp8.json per round beside rN_leanmoe.json and rN_sonic.json, and the rounds'
 #             tables joined in side_by_side.md (3 JSON a round: ROUNDS <= 2 keeps to the 8 files).
+#   TRACE     with STEADY=1, the path of dev/kernel_trace's libkernel_trace.so (carried, with libcupti.so.13
+#             beside it): every timed process runs under it (CUDA_INJECTION64_PATH), and each round's
+#             trace_summary.txt (in logs.tar.gz, and printed) lists per kernel its time, SM clock and
+#             power over the last 3 s of the process, the steady state (dev/kernel_trace/README.md).
+#             The tracing's own cost falls on both layers alike; time without it for the tables.
 #   SETUP     1: no leanmoe: install SonicMoE into $VS_TMP/site (default /tmp), copy sonic_bench.py to
 #             $VS_TMP/sonic_carry, and run it once (one iteration) on CONFIGS so its kernels are compiled
 #             and cached; returns quack_cache.tar.xz when anything was compiled. The next call on the warm
@@ -140,6 +145,9 @@ PY
   exit 0
 fi
 
+trace_env() {  # $1: a trace file's stem -> the environment that traces the process (TRACE set), or nothing
+  [ -n "${TRACE:-}" ] && echo "CUDA_INJECTION64_PATH=$(realpath "$TRACE") KERNEL_TRACE_OUT=$W/r$round/trace_$1.csv"
+}
 if [ "${STEADY:-0}" = 1 ]; then
   [ "$FP8" = 1 ] && [ "${ROUNDS:-2}" -gt 2 ] &&
     echo "vs_sonic: FP8=1 ROUNDS=${ROUNDS} returns $((3 * ROUNDS + 2)) files; only 8 come back from a device call (ROUNDS <= 2)"
@@ -150,21 +158,22 @@ if [ "${STEADY:-0}" = 1 ]; then
       read -r warm iters < <(python3 bench/steady_iters.py "$c")
       run_lm() {
         echo "round $round $c leanmoe --warmup $warm --iters $iters (t=$((SECONDS - START)) s)"
-        timeout "$(upto 120)" "$TMPD/vs_bin/leanmoe" bench --config "$c" --router topk_then_softmax --graph \
-          --iters "$iters" --warmup "$warm" --json "$W/r$round/leanmoe_$c.json" >>"$W/r$round/leanmoe.txt" 2>&1
+        env $(trace_env "leanmoe_$c") timeout "$(upto 120)" "$TMPD/vs_bin/leanmoe" bench --config "$c" \
+          --router topk_then_softmax --graph --iters "$iters" --warmup "$warm" --json "$W/r$round/leanmoe_$c.json" \
+          >>"$W/r$round/leanmoe.txt" 2>&1
         echo "rc=$?"
       }
       run_fp8() {  # the weights' codes given, as the PyTorch module passes them
         echo "round $round $c leanmoe fp8 --warmup $warm --iters $iters (t=$((SECONDS - START)) s)"
-        timeout "$(upto 120)" "$TMPD/vs_bin/leanmoe" bench --config "$c" --router topk_then_softmax --graph \
-          --precision fp8 --fp8-weights given --iters "$iters" --warmup "$warm" --json "$W/r$round/fp8_$c.json" \
+        env $(trace_env "fp8_$c") timeout "$(upto 120)" "$TMPD/vs_bin/leanmoe" bench --config "$c" \
+          --router topk_then_softmax --graph --precision fp8 --fp8-weights given --iters "$iters" --warmup "$warm" --json "$W/r$round/fp8_$c.json" \
           >>"$W/r$round/leanmoe_fp8.txt" 2>&1
         echo "rc=$?"
       }
       run_sonic() {
         echo "round $round $c sonic WARM=$warm ITERS=$iters (t=$((SECONDS - START)) s)"; mkdir -p "$W/r$round/s_$c"
-        GRAPH=1 CONFIGS="$c" WARM="$warm" ITERS="$iters" ROUTER=topk_then_softmax OUT="$W/r$round/s_$c" PYTHONUNBUFFERED=1 \
-          timeout "$(upto 300)" python3 "$S/sonic_bench.py" >>"$W/r$round/sonic.log" 2>&1
+        env $(trace_env "sonic_$c") GRAPH=1 CONFIGS="$c" WARM="$warm" ITERS="$iters" ROUTER=topk_then_softmax \
+          OUT="$W/r$round/s_$c" PYTHONUNBUFFERED=1 timeout "$(upto 300)" python3 "$S/sonic_bench.py" >>"$W/r$round/sonic.log" 2>&1
         echo "rc=$?"
       }
       if [ "$FP8" = 1 ]; then  # round r, row i (from 0): the order starts at layer (r - 1 + i) mod its count
@@ -203,6 +212,10 @@ if left:  # cut at DEADLINE, or failed
     print(f"{os.path.basename(d)}: not measured: " + "; ".join(f"{k} {','.join(m)}" for k, m in missing.items() if m))
 open(os.path.join(d, "left"), "w").write(",".join(left))
 PY
+    if [ -n "${TRACE:-}" ] && ls "$W/r$round"/trace_*.csv >/dev/null 2>&1; then
+      python3 dev/kernel_trace/summary.py "$W/r$round"/trace_*.csv --width 90 >"$W/r$round/trace_summary.txt" 2>&1
+      cat "$W/r$round/trace_summary.txt"
+    fi
     args=(--leanmoe "$W/r${round}_leanmoe.json" --commit "$commit" --out "$W/side_by_side_r$round.md"
           --command "STEADY=1$([ "$FP8" = 1 ] && echo " FP8=1") CONFIGS=$CONFIGS bash bench/vs_sonic.sh (round $round of ${ROUNDS:-2}; iterations: bench/steady_iters.py)")
     [ -f "$W/r${round}_sonic.json" ] && args+=(--sonic "$W/r${round}_sonic.json")

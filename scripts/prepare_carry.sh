@@ -13,7 +13,8 @@
 #                                            fits), .carry/sonicmoe (a copy of ../shared/anchors/sonicmoe)
 #                                            (the binary has OpenBLAS linked in); checks the 64 MiB limit
 #                                            and, when the two exceed it together, prints the carry of
-#                                            two calls (SonicMoE with SETUP=1, then leanmoe).
+#                                            two calls (SonicMoE with SETUP=1, then leanmoe); and
+#                                            .carry/vs/trace (dev/kernel_trace, for TRACE=).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 mode="${1:-all}"
 [ "$mode" = all ] || [ "$mode" = vs-sonic ] || { echo "prepare_carry: mode must be empty or 'vs-sonic', got '$mode'" >&2; exit 2; }
@@ -75,6 +76,8 @@ rm -rf .carry/vs && mkdir -p .carry/vs
 xz -T0 -9 -c build-device/leanmoe > .carry/vs/leanmoe.xz
 echo "$commit" > .carry/vs/commit
 cp "$anchor" .carry/vs/torch_moe_baseline.py
+# For TRACE=.carry/vs/trace/libkernel_trace.so (bench/vs_sonic.sh): the injection library and its CUPTI.
+bash dev/kernel_trace/build.sh .carry/vs/trace
 # SonicMoE's kernel cache from an earlier call (bench/vs_sonic.sh writes quack_cache.tar.xz, or
 # .partN pieces over 15 MiB, to $OUT): keep what came back in .carry/ and it is carried when it fits.
 cache=""

@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Per-kernel times at the steady state from kernel_trace.cpp's files, with the SM clock and the
+power during each kernel.
+
+    python3 dev/kernel_trace/summary.py TRACE.csv [TRACE.csv ...] [--last SECONDS] [--width N]
+
+For each file: the kernels that started in the last SECONDS (default 3) of its GPU activity (the
+warm-up and the power ramp left out: an idle H200 holds 1980 MHz for ~2 s before the 700 W cap
+pulls it down), grouped by name and launch shape (grid, block): launches, median and total time,
+and the mean SM clock and power of the samples taken while that kernel ran (the samples overlapping
+several concurrent kernels count for each). Then the window's busy time (union of kernel intervals)
+and its mean clock and power.
+"""
+import argparse
+import bisect
+import re
+import statistics
+import sys
+
+
+def short_name(name, width):
+    n = re.sub(r"^void ", "", name)
+    n = re.sub(r"\(.*$", "", n) if not n.startswith("nvjet") else n
+    for long, short in (("cutlass::", ""), ("cute::", ""), ("leanmoe::", ""), ("kernels::", ""), ("std::", "")):
+        n = n.replace(long, short)
+    return n if len(n) <= width else n[: width - 3] + "..."
+
+
+def read(path):
+    kernels, samples, names = [], [], {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("n,"):
+                _, i, name = line.rstrip("\n").split(",", 2)
+                names[i] = name
+            elif line.startswith("k,"):
+                _, start, end, stream, gx, gy, gz, bx, i = line.rstrip("\n").split(",")
+                kernels.append((int(start), int(end), int(stream), (int(gx), int(gy), int(gz), int(bx)), names[i]))
+            elif line.startswith("s,"):
+                _, t, mhz, mw = line.split(",")
+                samples.append((int(t), int(mhz), int(mw)))
+    kernels.sort()
+    samples.sort()
+    return kernels, samples
+
+
+def union_ns(intervals):
+    total, cur_s, cur_e = 0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + (cur_e - cur_s if cur_e is not None else 0)
+
+
+def summarise(path, last_s, width):
+    kernels, samples = read(path)
+    if not kernels:
+        print(f"== {path}: no kernels")
+        return
+    t_end = max(k[1] for k in kernels)
+    t0 = t_end - int(last_s * 1e9)
+    window = [k for k in kernels if k[0] >= t0]
+    times = [s[0] for s in samples]
+
+    def during(start, end):
+        i, j = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
+        return samples[i:j]
+
+    groups = {}
+    for start, end, _, shape, name in window:
+        g = groups.setdefault((name, shape), {"d": [], "mhz": [], "mw": []})
+        g["d"].append((end - start) / 1e3)
+        for _, mhz, mw in during(start, end):
+            g["mhz"].append(mhz)
+            g["mw"].append(mw)
+    busy = union_ns([(k[0], k[1]) for k in window])
+    span = t_end - window[0][0]
+    ws = during(window[0][0], t_end)
+    print(f"== {path}: last {last_s:g} s of GPU activity: {len(window)} kernels, busy {busy / 1e6:.1f} of {span / 1e6:.1f} ms"
+          + (f", mean SM {statistics.mean(s[1] for s in ws):.0f} MHz, {statistics.mean(s[2] for s in ws) / 1e3:.0f} W"
+             f" ({len(ws)} samples)" if ws else ", no clock samples"))
+    print(f"  {'launches':>8} {'median us':>10} {'total ms':>9} {'SM MHz':>7} {'W':>5}  kernel [grid x,y,z / block]")
+    for (name, shape), g in sorted(groups.items(), key=lambda kv: -sum(kv[1]["d"])):
+        mhz = f"{statistics.mean(g['mhz']):7.0f}" if g["mhz"] else f"{'-':>7}"
+        w = f"{statistics.mean(g['mw']) / 1e3:5.0f}" if g["mw"] else f"{'-':>5}"
+        print(f"  {len(g['d']):8d} {statistics.median(g['d']):10.1f} {sum(g['d']) / 1e3:9.2f} {mhz} {w}  "
+              f"{short_name(name, width)} [{shape[0]},{shape[1]},{shape[2]} / {shape[3]}]")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("traces", nargs="+")
+    ap.add_argument("--last", type=float, default=3.0, help="seconds of GPU activity at the end to summarise")
+    ap.add_argument("--width", type=int, default=110, help="kernel name width")
+    a = ap.parse_args()
+    for p in a.traces:
+        summarise(p, a.last, a.width)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
