@@ -6,8 +6,11 @@
 //
 //   leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]
 //                       [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]
-//                       [--precision bf16|fp8[,...]] [--iters N] [--warmup N] [--digest]
+//                       [--precision bf16|fp8[,...]] [--iters N] [--warmup N] [--warm-seconds S] [--digest]
 //
+// --warm-seconds S: before each timing, untimed launches until S seconds have passed (after the
+// --warmup ones), so that each configuration is timed at the GPU's power cap as a training step runs
+// it (2 is enough on the H200; default 0: only --warmup).
 // --layout: the weights' layout (hf: W1 [E, 2n, d], W2 [E, d, n]; transposed: gpt-oss's [E, d, 2n],
 // [E, n, d], dW1 and dW2 written so); a list times each GEMM in every layout in turn (interleaved
 // rounds for an A/B). --interleaved: W1's gate/up rows (columns) alternate, as gpt-oss's. The expert
@@ -123,7 +126,7 @@ Requested parse_requested(const std::string& list) {
 void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, const Requested& requested,
                  const std::vector<bool>& layouts, const std::vector<bool>& precisions, bool interleaved,
                  const lc::GpuTraits& gpu,
-                 int iters, int warmup, bool digest) {
+                 int iters, int warmup, int warm_seconds, bool digest) {
   const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
   const auto tokens_of = leanmoe::tools::uniform_topk_tokens(T, E, K, 1234);
   const std::vector<int32_t> offsets = leanmoe::tools::expert_offsets_of(tokens_of);
@@ -248,7 +251,8 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
           continue;
         }
         const double ms = leanmoe::tools::median_launch_ms(
-            iters, warmup, [&](int) { use_fp8 ? g.launch_fp8(s, want, quant) : g.launch(s, want); }, "GEMM launches");
+            iters, warmup, [&](int) { use_fp8 ? g.launch_fp8(s, want, quant) : g.launch(s, want); }, "GEMM launches",
+            warm_seconds);
         std::printf("| %s | %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", c.name.c_str(),
                     layout.c_str(), (long long)T, (long long)d, (long long)n, (long long)E, (long long)K,
                     lc::gemm_kind_name(g.kind), ran.c_str(), ms, g.flops / (ms * 1e9));
@@ -287,7 +291,7 @@ int main(int argc, char** argv) {
     std::string shape_list = "7B-n256,120B-n2048";
     Requested requested;
     std::vector<std::string> only;  // GEMMs to time; empty = all six
-    int iters = 20, warmup = 3;
+    int iters = 20, warmup = 3, warm_seconds = 0;
     std::vector<bool> layouts = {false};  // transposed?
     std::vector<bool> precisions = {false};  // fp8?
     bool interleaved = false, digest = false;
@@ -304,7 +308,7 @@ int main(int argc, char** argv) {
       if (flag == "--help" || flag == "-h") {
         std::printf("leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]\n"
                     "                    [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]\n"
-                    "                    [--precision bf16|fp8[,...]] [--iters N] [--warmup N] [--digest]\n"
+                    "                    [--precision bf16|fp8[,...]] [--iters N] [--warmup N] [--warm-seconds S] [--digest]\n"
                     "shapes: %s\nCONFIG: family:schedule:MxN:stages:epilogue:cM[xN][:bBAND][:rN][:mMAX_CTAS], e.g. "
                     "gather:coop:128x256:s4:warp:c2:b8 (docs/kernels.md; with --layout transposed dw1 and dw2 run "
                     "each other's); compiled:\n",
@@ -316,7 +320,7 @@ int main(int argc, char** argv) {
         return 0;
       }
       static const std::set<std::string> kValued = {"--shape", "--config", "--gemms", "--layout", "--precision",
-                                                    "--iters", "--warmup"};
+                                                    "--iters", "--warmup", "--warm-seconds"};
       if (!kValued.count(flag)) throw std::runtime_error("unknown flag " + flag + " (see --help)");
       const std::string v = leanmoe::tools::flag_value(argc, argv, i);
       if (flag == "--shape") shape_list = v;
@@ -325,7 +329,8 @@ int main(int argc, char** argv) {
       else if (flag == "--layout") layouts = parse_layouts(v);
       else if (flag == "--precision") precisions = parse_precisions(v);
       else if (flag == "--iters") iters = leanmoe::tools::to_count(flag, v);
-      else warmup = leanmoe::tools::to_count(flag, v, 0);
+      else if (flag == "--warmup") warmup = leanmoe::tools::to_count(flag, v, 0);
+      else warm_seconds = leanmoe::tools::to_count(flag, v, 0);
     }
     for (const auto& name : only) lc::parse_gemm_kind(name);  // refuses an unknown name, listing the known
     std::vector<leanmoe::tools::BenchShape> shapes;
@@ -359,13 +364,13 @@ int main(int argc, char** argv) {
                   prop.name, gpu.sm_count, gpu.dram_gb_s);
       std::printf("| shape | layout | GEMM | kernel | output digests |\n|---|---|---|---|---|\n");
     } else {
-      std::printf("GPU: %s (%d SMs, %d GB/s DRAM); median of %d launches after %d warm-up\n\n", prop.name,
-                  gpu.sm_count, gpu.dram_gb_s, iters, warmup);
+      std::printf("GPU: %s (%d SMs, %d GB/s DRAM); median of %d launches after %d warm-up and %d s of untimed "
+                  "launches\n\n", prop.name, gpu.sm_count, gpu.dram_gb_s, iters, warmup, warm_seconds);
       std::printf("| shape | layout | T | d | n | E | K | GEMM | kernel | ms | TFLOP/s |\n"
                   "|---|---|---|---|---|---|---|---|---|---|---|\n");
     }
     for (const auto& s : shapes)
-      bench_shape(s, only, requested, layouts, precisions, interleaved, gpu, iters, warmup, digest);
+      bench_shape(s, only, requested, layouts, precisions, interleaved, gpu, iters, warmup, warm_seconds, digest);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_gemms: %s\n", e.what());

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -15,11 +16,23 @@ inline void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
 }
 
-// Median time in ms of `iters` launches after `warmup` untimed ones, one event pair per launch on
+// Median time in ms of `iters` launches after `warmup` untimed ones, and then more untimed ones
+// until `warm_seconds` of wall time have passed since the first, one event pair per timed launch on
 // the default stream. launch(i) gets the launch's index (warm-up ones first), so that callers can
-// rotate input sets with i % sets; `what` names the launches in an error.
-inline double median_launch_ms(int iters, int warmup, const std::function<void(int)>& launch, const char* what) {
-  for (int i = 0; i < warmup; ++i) launch(i);
+// rotate input sets with i % sets; `what` names the launches in an error. Why warm_seconds: a large
+// GEMM loop reaches the H200's 700 W cap ~2 s after idle and the clock falls from 1980 to ~1.4-1.6
+// GHz (docs/kernels.md "The power cap"); a few warm-up launches time the boost, not a training step.
+inline double median_launch_ms(int iters, int warmup, const std::function<void(int)>& launch, const char* what,
+                               double warm_seconds = 0) {
+  const auto start = std::chrono::steady_clock::now();
+  int i = 0;
+  for (; i < warmup; ++i) launch(i);
+  while (warm_seconds > 0) {
+    for (const int end = i + 8; i < end; ++i) launch(i);
+    check_cuda(cudaDeviceSynchronize(), what);
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >= warm_seconds) break;
+  }
+  warmup = i;
   std::vector<cudaEvent_t> ev(2 * iters);
   for (auto& e : ev) check_cuda(cudaEventCreate(&e), "cudaEventCreate");
   for (int i = 0; i < iters; ++i) {
