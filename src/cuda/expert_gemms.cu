@@ -38,8 +38,8 @@ void check_launch(const char* what) {
 }  // namespace
 
 const GpuTraits& current_gpu() {
-  // One entry per device, read on first use: a process may drive several GPUs (one thread per
-  // device in the expert-parallel layer), and they need not be alike.
+  // One entry per device, read on first use: a process may drive several GPUs (the expert-parallel
+  // layer's ranks, one thread each in leanmoe_bench_ep), and they need not be alike.
   static std::mutex mutex;
   static std::map<int, GpuTraits> traits;  // node-based: references stay valid as devices are added
   int device = 0;
