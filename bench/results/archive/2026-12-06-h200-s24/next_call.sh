@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # For the session after 24, main's binaries without SonicMoE: the kernel trace tried on a small run,
 # the layer at 120B-n2048 traced at the steady state (per kernel: time, SM clock, power), down and dx
-# configurations timed at the power cap (--warm-seconds 2), then main's whole GPU suite (e772cb2's
-# SM-count change has not run on a GPU). Carry [".carry/vs", ".carry/s25"] (scripts/prepare_carry.sh
+# configurations and the gather kinds' bands timed at the power cap (--warm-seconds 2), then main's
+# whole GPU suite (e772cb2's SM-count change has not run on a GPU). Carry [".carry/vs", ".carry/s25"] (scripts/prepare_carry.sh
 # vs-sonic, then .carry/s25 = xz of build-device's leanmoe_gpu_tests and leanmoe_bench_gemms and the
 # commit). BUDGET seconds (default 560). Returns summary.txt, gpu_tests.log, logs.tar.gz.
 set -uo pipefail
@@ -33,6 +33,14 @@ CFG=""; for c in c1x2 c2:rN c2 c1x2:rN; do CFG="$CFG,dx=$P:$c,down=$P:$c"; done
 timeout $(cap 150) $B/bg --shape 120B-n2048,30B-n1024 --gemms down,dx --iters 20 --warmup 3 --warm-seconds 2 \
   --config "${CFG#,}" > $L/cap_configs.txt 2>&1
 say "down/dx at the cap rc=$?:"; grep -E '\| (down|dx) ' $L/cap_configs.txt | tee -a $S
+# The gather kinds' run-time bands at the cap (up: column tiles per band; dW1 / dW2: row units walked
+# together, docs/kernels.md "Varlen-K tile bands", not a default yet).
+G=gather:coop
+CFG="up=$G:128x256:s4:warp:c1:b4,up=$G:128x256:s4:warp:c1:b8,up=$G:128x256:s4:warp:c1:b16"
+for b in b1 b2 b4; do CFG="$CFG,dw1=$G:256x128:s4:warp:c2:$b,dw2=$G:128x256:s4:warp:c2:$b"; done
+timeout $(cap 90) $B/bg --shape 120B-n2048 --gemms up,dw1,dw2 --iters 20 --warmup 3 --warm-seconds 2 \
+  --config "$CFG" > $L/cap_bands.txt 2>&1
+say "bands at the cap rc=$?:"; grep -E '\| (up|dw1|dw2) ' $L/cap_bands.txt | tee -a $S
 timeout $(cap 250) $B/gt > $FINAL/gpu_tests.log 2>&1
 say "suite rc=$? $(grep -E '^\[  (PASSED|FAILED) ' $FINAL/gpu_tests.log | tr '\n' ' ') (t=$SECONDS)"
 say "== done (t=$SECONDS)"
