@@ -142,6 +142,9 @@ void finish() {
 extern "C" int InitializeInjection() {
   check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
   check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
+  // Buffers delivered every 500 ms as well: what the process's own CUDA teardown at exit (which may
+  // run before finish()) would leave unflushed is then at most the last half second.
+  check(cuptiActivityFlushPeriod(500), "cuptiActivityFlushPeriod");
   Nvml nvml;
   if (nvml.open()) {
     const char* ms = std::getenv("KERNEL_TRACE_SAMPLE_MS");
