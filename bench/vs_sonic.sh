@@ -166,8 +166,8 @@ if [ "${STEADY:-0}" = 1 ]; then
       run_fp8() {  # the weights' codes given, as the PyTorch module passes them
         echo "round $round $c leanmoe fp8 --warmup $warm --iters $iters (t=$((SECONDS - START)) s)"
         env $(trace_env "fp8_$c") timeout "$(upto 120)" "$TMPD/vs_bin/leanmoe" bench --config "$c" \
-          --router topk_then_softmax --graph --precision fp8 --fp8-weights given --iters "$iters" --warmup "$warm" --json "$W/r$round/fp8_$c.json" \
-          >>"$W/r$round/leanmoe_fp8.txt" 2>&1
+          --router topk_then_softmax --graph --precision fp8 --fp8-weights given --iters "$iters" --warmup "$warm" \
+          --json "$W/r$round/fp8_$c.json" >>"$W/r$round/leanmoe_fp8.txt" 2>&1
         echo "rc=$?"
       }
       run_sonic() {
