@@ -1,4 +1,4 @@
-# Sourced on the device machine by the device scripts (scripts/device_*.sh, bench/results/archive/*/s*call*.sh),
+# Sourced on the device machine by the device scripts (scripts/device_*.sh, scripts/device_call.sh, archive call scripts),
 # from the repository root: puts OpenBLAS (carried xz-packed in .carry/blaslibs.tar.xz, which
 # scripts/prepare_carry.sh makes; the image has none and the binaries link it) and NCCL (the
 # toolkit's copy where the image has one, else the nvidia-nccl wheel's) on LD_LIBRARY_PATH.

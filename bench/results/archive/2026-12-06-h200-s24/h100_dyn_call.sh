@@ -6,12 +6,8 @@
 # summary.txt and logs.tar.gz (the layer JSONs, summarised by bench/layer_ab.py).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
-FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"; S=$FINAL/summary.txt; : > $S
-B=/tmp/dyn; L=/tmp/dyn-logs; rm -rf $B $L; mkdir -p $B $L
-trap 'tar czf $FINAL/logs.tar.gz -C $L . 2>/dev/null' EXIT
-say() { echo "$*" | tee -a $S; }
-xz -dc .carry/dyn/leanmoe.xz > $B/leanmoe && chmod +x $B/leanmoe || say "MISSING leanmoe"
-source scripts/device_env.sh
+source scripts/device_call.sh
+unpack leanmoe=.carry/dyn/leanmoe.xz
 say "leanmoe $(cat .carry/dyn/commit); $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader)"
 P=cutlass:pingpong:128x192:auto:tma
 declare -A V=([default]="" [c2dyn]="dx=$P:c2:dyn" [c1x2dyn]="dx=$P:c1x2:dyn")

@@ -2,21 +2,14 @@
 # For the session after 24, main's binaries without SonicMoE: the kernel trace tried on a small run,
 # the layer at 120B-n2048 traced at the steady state (per kernel: time, SM clock, power), down and dx
 # configurations and the gather kinds' bands timed at the power cap (--warm-seconds 2), then main's
-# whole GPU suite (e772cb2's SM-count change has not run on a GPU). Carry [".carry/vs", ".carry/s25"] (scripts/prepare_carry.sh
-# vs-sonic, then .carry/s25 = xz of build-device's leanmoe_gpu_tests and leanmoe_bench_gemms and the
-# commit). BUDGET seconds (default 560). Returns summary.txt, gpu_tests.log, logs.tar.gz.
+# whole GPU suite (e772cb2's SM-count change has not run on a GPU). Carry [".carry/vs", ".carry/s25"]
+# (scripts/prepare_carry.sh vs-sonic, then .carry/s25 = xz of build-device's leanmoe_gpu_tests and
+# leanmoe_bench_gemms and the commit). BUDGET seconds (default 560; scripts/device_call.sh). Returns
+# summary.txt, gpu_tests.log, logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
-FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"; S=$FINAL/summary.txt; : > $S
-B=/tmp/s25; L=/tmp/s25-logs; rm -rf $B $L; mkdir -p $B $L
-trap 'tar czf $FINAL/logs.tar.gz -C $L . 2>/dev/null' EXIT
-say() { echo "$*" | tee -a $S; }
-budget="${BUDGET:-560}"
-cap() { local left=$((budget - SECONDS)); [ $left -lt 5 ] && left=5; [ $1 -lt $left ] && echo $1 || echo $left; }
-for x in leanmoe:vs/leanmoe.xz gt:s25/leanmoe_gpu_tests.xz bg:s25/leanmoe_bench_gemms.xz; do
-  xz -dc .carry/${x#*:} > $B/${x%%:*} && chmod +x $B/${x%%:*} || say "MISSING ${x#*:}"
-done
-source scripts/device_env.sh
+source scripts/device_call.sh
+unpack leanmoe=.carry/vs/leanmoe.xz gt=.carry/s25/leanmoe_gpu_tests.xz bg=.carry/s25/leanmoe_bench_gemms.xz
 TR="$(realpath .carry/vs/trace/libkernel_trace.so)"
 say "leanmoe $(cat .carry/vs/commit), tests/bench $(cat .carry/s25/commit); $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader)"
 CUDA_INJECTION64_PATH=$TR KERNEL_TRACE_OUT=$L/trace_small.csv timeout $(cap 40) $B/leanmoe bench --config 7B-n256 \
