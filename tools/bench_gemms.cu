@@ -309,7 +309,7 @@ int main(int argc, char** argv) {
         std::printf("leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]\n"
                     "                    [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]\n"
                     "                    [--precision bf16|fp8[,...]] [--iters N] [--warmup N] [--warm-seconds S] [--digest]\n"
-                    "shapes: %s\nCONFIG: family:schedule:MxN:stages:epilogue:cM[xN][:bBAND][:rN][:mMAX_CTAS], e.g. "
+                    "shapes: %s\nCONFIG: family:schedule:MxN:stages:epilogue:cM[xN][:bBAND][:rN][:dyn][:mMAX_CTAS], e.g. "
                     "gather:coop:128x256:s4:warp:c2:b8 (docs/kernels.md; with --layout transposed dw1 and dw2 run "
                     "each other's); compiled:\n",
                     leanmoe::tools::shape_names().c_str());

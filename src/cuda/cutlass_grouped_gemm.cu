@@ -27,10 +27,13 @@ namespace k = kernels::cutlass_sm90;
 // 1x2 with 64-wide epilogue subtiles (down at n <= 256); down and dx share them, the heuristic picks
 // by shape, in either weight layout. B is K-major for down (W2 [d, n]) and for dx on transposed
 // weights (W1 [d, W]), N-major for dx (W1 [W, d]) and for down on transposed weights (W2 [n, d]).
+// The 1x2 and 2x1 ones also with tiles from a counter (kernels/sm90_dynamic_group_scheduler.cuh).
 template <class LayoutB>
 using Compiled = std::tuple<k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 1, 2>>,
                             k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 2, 1>>,
-                            k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 1, 2, 64>>>;
+                            k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 1, 2, 64>>,
+                            k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 1, 2, 0, true>>,
+                            k::GroupedGemm<LayoutB, k::PingpongConfig<128, 192, 2, 1, 0, true>>>;
 using KMajor = Compiled<cutlass::layout::ColumnMajor>;
 using NMajor = Compiled<cutlass::layout::RowMajor>;
 // FP8 (B always K-major: the weights as stored or their transposed copy): cooperative 128x128 in 1x2
@@ -54,6 +57,7 @@ GemmConfig config_of() {
   c.epilogue_n = Config::kEpilogueN;
   c.cluster = cute::size<0>(typename Config::Cluster{});
   c.cluster_n = cute::size<1>(typename Config::Cluster{});
+  c.dynamic = Config::kDynamic;
   return c;
 }
 
@@ -114,7 +118,9 @@ typename G::Gemm::Arguments make_arguments(int E, const typename G::GroupArrays&
   args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
   // host_problem_shapes = nullptr: the scheduler reads the shapes on the device, launches one CTA
   // per SM (hw.sm_count) and walks the groups' tiles from a prefix sum over the device array.
-  args.problem_shape = {E, g.shapes, nullptr};
+  args.problem_shape.num_groups = E;
+  args.problem_shape.problem_shapes = g.shapes;
+  args.problem_shape.host_problem_shapes = nullptr;
   if constexpr (G::kFp8)  // scale layouts null: CUTLASS derives each group's from its (M_e, N, K)
     args.mainloop = {g.a, g.stride_a, g.b, g.stride_b, g.sfa, nullptr, g.sfb, nullptr};
   else

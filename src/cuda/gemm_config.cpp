@@ -13,9 +13,9 @@ namespace leanmoe::cuda {
 namespace {
 
 constexpr const char* kGrammar =
-    "family:schedule:MxN:stages:epilogue:cluster[:band][:rN][:max_ctas], e.g. gather:coop:128x256:s4:warp:c2:b8:m132 "
+    "family:schedule:MxN:stages:epilogue:cluster[:band][:rN][:dyn][:max_ctas], e.g. gather:coop:128x256:s4:warp:c2:b8:m132 "
     "(family gather|cutlass, schedule coop|pingpong, stages sK|auto, epilogue warp|tma|tmaN (N: subtile width), "
-    "cluster cM (Mx1) or cMxN, band bK, rN: CUTLASS's tiles along N, max_ctas mK)";
+    "cluster cM (Mx1) or cMxN, band bK, rN: CUTLASS's tiles along N, dyn: tiles from a counter, max_ctas mK)";
 
 // The pieces of `text` between `sep`s, empty ones kept ("a::b" -> a, "", b; "" -> one empty piece).
 std::vector<std::string_view> split(std::string_view text, char sep) {
@@ -79,7 +79,7 @@ GemmKind parse_gemm_kind(std::string_view name) {
 bool GemmConfig::same_kernel(const GemmConfig& o) const {
   return family == o.family && schedule == o.schedule && tile_m == o.tile_m && tile_n == o.tile_n &&
          stages == o.stages && epilogue == o.epilogue && epilogue_n == o.epilogue_n && cluster == o.cluster &&
-         cluster_n == o.cluster_n;
+         cluster_n == o.cluster_n && dynamic == o.dynamic;
 }
 
 std::string to_string(const GemmConfig& c) {
@@ -100,13 +100,14 @@ std::string to_string(const GemmConfig& c) {
   if (c.cluster_n != 1) field("x", c.cluster_n);
   if (c.band > 0) field(":b", c.band);
   if (c.raster_n) s += ":rN";
+  if (c.dynamic) s += ":dyn";
   if (c.max_ctas > 0) field(":m", c.max_ctas);
   return s;
 }
 
 GemmConfig parse_gemm_config(std::string_view text) {
   const std::vector<std::string_view> f = split(text, ':');
-  if (f.size() < 6 || f.size() > 9) bad(text, std::to_string(f.size()) + " fields");
+  if (f.size() < 6 || f.size() > 10) bad(text, std::to_string(f.size()) + " fields");
   GemmConfig c;
   if (f[0] == "gather") c.family = GemmFamily::Gather;
   else if (f[0] == "cutlass") c.family = GemmFamily::Cutlass;
@@ -126,7 +127,7 @@ GemmConfig parse_gemm_config(std::string_view text) {
   if (one_dim ? (c.cluster = positive(cl)) < 0 : !pair(cl, c.cluster, c.cluster_n))
     bad(text, "cluster '" + std::string(f[5]) + "'");
   // The optional fields, each at most once and in this order.
-  constexpr std::string_view kOptional = "brm";
+  constexpr std::string_view kOptional = "brdm";
   size_t next = 0;
   for (size_t i = 6; i < f.size(); ++i) {
     const size_t at = f[i].empty() ? std::string_view::npos : kOptional.find(f[i][0], next);
@@ -134,12 +135,15 @@ GemmConfig parse_gemm_config(std::string_view text) {
     if (ok && f[i][0] == 'r') {
       ok = f[i] == "rN";
       c.raster_n = ok;
+    } else if (ok && f[i][0] == 'd') {
+      ok = f[i] == "dyn";
+      c.dynamic = ok;
     } else if (ok) {
       int& value = f[i][0] == 'b' ? c.band : c.max_ctas;
       value = prefixed(f[i], f[i][0]);
       ok = value > 0;
     }
-    if (!ok) bad(text, "field '" + std::string(f[i]) + "' (band bK, then rN, then max_ctas mK, K >= 1)");
+    if (!ok) bad(text, "field '" + std::string(f[i]) + "' (band bK, then rN, then dyn, then max_ctas mK, K >= 1)");
     next = at + 1;
   }
   return c;

@@ -59,6 +59,9 @@ struct GemmConfig {
   // an m-row, text rN) instead of its default down M. Its swizzle is no knob: with the problem shapes
   // on the device it is sized from one row of SM-count blocks, i.e. always 1.
   bool raster_n = false;
+  // cutlass: each next tile from a global counter instead of CUTLASS's static stride by the grid
+  // (kernels/sm90_dynamic_group_scheduler.cuh; text dyn). A compiled kernel of its own.
+  bool dynamic = false;
   // At most this many CTAs, rounded down to whole clusters (>= cluster_ctas()). The gather kernel
   // stops at the SM count; CUTLASS's kinds launch more when asked (an oversubscribed grid whose later
   // CTAs start as earlier ones finish; only with the launcher's own workspace).
@@ -71,8 +74,8 @@ struct GemmConfig {
 };
 
 // "gather:coop:128x256:s4:warp:c2:b8:m132" (family : schedule : tile : stages : epilogue : cluster
-// [: band] [: rN] [: max_ctas]; stages "auto" for 0; epilogue warp, tma or tmaN (N = epilogue_n);
-// cluster cM for Mx1, cMxN otherwise; band and max_ctas left out when 0, rN when raster_n is false).
+// [: band] [: rN] [: dyn] [: max_ctas]; stages "auto" for 0; epilogue warp, tma or tmaN (N = epilogue_n);
+// cluster cM for Mx1, cMxN otherwise; band and max_ctas left out when 0, rN and dyn when false).
 std::string to_string(const GemmConfig& config);
 // The inverse of to_string; throws leanmoe::Error quoting the text and the rule it broke.
 GemmConfig parse_gemm_config(std::string_view text);

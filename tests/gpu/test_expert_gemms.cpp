@@ -631,6 +631,48 @@ TEST(ExpertGemms, CutlassGridAboveTheSmCount) {
   }
 }
 
+// Tiles from a counter (dyn) compute the same tiles as CUTLASS's static stride: down and dx bitwise
+// equal to the static kernel's, along M and along N, in 1x2 and 2x1 clusters, on a ragged routing with an
+// empty expert, with 5 CTAs (many tiles each: the hand-off ring wraps) and the full grid, launched
+// twice in a row (the counter is zeroed per launch: a stale one would skip tiles and leave poison).
+TEST(ExpertGemms, CutlassDynamicTilesMatchStatic) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int64_t T = 3000, E = 24, K = 4, d = 896, n = 384;
+  const Routing rt = make_routing(T, E, K, /*empty_expert=*/5, false, 17u);
+  DeviceBuffer<int32_t> offsets_d(rt.expert_offsets), token_d(rt.row_token);
+  DeviceBuffer<float> gate_d(rt.row_gate);
+  const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, rt.R, rt.E};
+  const lc::ExpertShape s{rt.R, d, n};
+  std::mt19937 rng(9u);
+  DeviceBuffer<bf16> a(random_bf16(size_t(rt.R) * n, 1.f, rng)), w2(random_bf16(size_t(E) * d * n, 1.f, rng)),
+      dh(random_bf16(size_t(rt.R) * 2 * n, 1.f, rng)), w1(random_bf16(size_t(E) * 2 * n * d, 1.f, rng)),
+      y(size_t(rt.R) * d);
+  DeviceBuffer<char> workspace(lc::expert_gemm_workspace_bytes(E));
+  for (lc::GemmKind kind : {lc::GemmKind::Down, lc::GemmKind::Dx})
+    for (const char* cluster : {"c1x2", "c2"})
+      for (const char* order : {"", ":rN"})
+        for (const char* ctas : {"", ":m5"}) {
+          const std::string base = std::string("cutlass:pingpong:128x192:auto:tma:") + cluster + order;
+          SCOPED_TRACE(std::string(lc::gemm_kind_name(kind)) + " " + base + ":dyn" + ctas);
+          auto run = [&](const std::string& text) {
+            const lc::GemmConfig c = lc::parse_gemm_config(text);
+            y.poison();
+            if (kind == lc::GemmKind::Down)
+              lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, workspace.ptr, &c);
+            else
+              lc::dx_expert(rows, s, dh.ptr, w1.ptr, y.ptr, nullptr, workspace.ptr, &c);
+            EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+            return y.download(size_t(rt.R) * d);
+          };
+          const std::vector<bf16> fixed = run(base + ctas);
+          for (int launch = 0; launch < 2; ++launch) {
+            const std::vector<bf16> dynamic = run(base + ":dyn" + ctas);
+            ASSERT_EQ(fixed.size(), dynamic.size());
+            EXPECT_EQ(std::memcmp(fixed.data(), dynamic.data(), fixed.size() * sizeof(bf16)), 0) << "launch " << launch;
+          }
+        }
+}
+
 // A configuration that is not compiled, or not valid for the kind, is refused by name before any
 // launch, listing the compiled ones (resolve_gemm_config's rules are tested without a GPU in
 // test_gemm_config.cpp; here through each launcher).
@@ -663,6 +705,10 @@ TEST(ExpertGemms, LaunchersRefuseConfigsByName) {
   });
   expect_refused("dw1", "gather:coop:256x128:s4:warp:c2:rN", "rN (CUTLASS's tile order) applies to the cutlass",
                  [&](const lc::GemmConfig* c) { lc::dw1(rows, s, h.ptr, x.ptr, w1.ptr, nullptr, c); });
+  expect_refused("dw1", "gather:coop:256x128:s4:warp:c2:dyn", "not compiled",
+                 [&](const lc::GemmConfig* c) { lc::dw1(rows, s, h.ptr, x.ptr, w1.ptr, nullptr, c); });
+  expect_refused("dx", "cutlass:pingpong:128x192:auto:tma64:c1x2:dyn", "not compiled",
+                 [&](const lc::GemmConfig* c) { lc::dx_expert(rows, s, h.ptr, w1.ptr, y.ptr, nullptr, nullptr, c); });
   expect_refused("dw2", "gather:coop:128x256:s4:warp:c2:m1", "cluster size",
                  [&](const lc::GemmConfig* c) { lc::dw2(rows, s, x.ptr, a.ptr, w2.ptr, nullptr, c); });
   expect_refused("down", "gather:coop:128x256:s4:warp:c1", "compiled for down: cutlass:pingpong:128x192:auto:tma:c1x2",

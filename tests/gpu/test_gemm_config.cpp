@@ -92,6 +92,15 @@ TEST(GemmConfig, TextRoundTrip) {
   EXPECT_EQ(lc::to_string(rn), "cutlass:pingpong:128x192:auto:tma:c1x2:rN:m128");
   EXPECT_EQ(lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:b8:rN:m5"),
             lc::parse_gemm_config(lc::to_string(lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:b8:rN:m5"))));
+  // Tiles from a counter: a kernel of its own, written between rN and max_ctas.
+  const lc::GemmConfig dyn = lc::parse_gemm_config("cutlass:pingpong:128x192:auto:tma:c1x2:rN:dyn:m128");
+  EXPECT_TRUE(dyn.dynamic);
+  EXPECT_TRUE(dyn.raster_n);
+  EXPECT_FALSE(rn.dynamic);
+  EXPECT_FALSE(dyn.same_kernel(rn));
+  EXPECT_EQ(lc::to_string(dyn), "cutlass:pingpong:128x192:auto:tma:c1x2:rN:dyn:m128");
+  EXPECT_EQ(lc::to_string(lc::parse_gemm_config("cutlass:pingpong:128x192:auto:tma:c2:dyn")),
+            "cutlass:pingpong:128x192:auto:tma:c2:dyn");
 }
 
 TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
@@ -123,7 +132,10 @@ TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
       {"cutlass:pingpong:128x192:auto:tma:c1x2:m4:rN", "field 'rN'"},
       {"gather:coop:128x256:s4:warp:c1:rN:b8", "field 'b8'"},
       {"gather:coop:128x256:s4:warp:c1:b8:m5:m5", "field 'm5'"},
-      {"gather:coop:128x256:s4:warp:c1:b8:rN:m5:m5", "10 fields"},
+      {"cutlass:pingpong:128x192:auto:tma:c1x2:dyn:rN", "field 'rN'"},
+      {"cutlass:pingpong:128x192:auto:tma:c1x2:m4:dyn", "field 'dyn'"},
+      {"cutlass:pingpong:128x192:auto:tma:c1x2:dynamic", "field 'dynamic'"},
+      {"gather:coop:128x256:s4:warp:c1:b8:rN:dyn:m5:m5", "11 fields"},
   };
   for (const auto& [text, rule] : bad) {
     SCOPED_TRACE(text);

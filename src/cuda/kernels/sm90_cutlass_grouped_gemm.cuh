@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "cuda/kernels/chained_grid.cuh"
+#include "cuda/kernels/sm90_dynamic_group_scheduler.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/detail/blockwise_scale_layout.hpp"
@@ -40,9 +41,10 @@ using namespace cute;
 // ClusterM x ClusterN = 2x1 adjacent m-tiles sharing the weight tile, 1x2 adjacent n-tiles sharing
 // the A tile. EpiN: the epilogue's subtile width along N (0: CUTLASS's choice, 64x32); at K = 256 a
 // tile's mainloop is 4 k-steps, too short to hide an epilogue of twelve 64x32 subtile stores.
-template <int TileM, int TileN, int ClusterM, int ClusterN, int EpiN = 0>
+// Dynamic: tiles from a counter (sm90_dynamic_group_scheduler.cuh) instead of CUTLASS's static stride.
+template <int TileM, int TileN, int ClusterM, int ClusterN, int EpiN = 0, bool Dynamic = false>
 struct PingpongConfig {
-  static constexpr bool kPingpong = true, kFp8 = false;
+  static constexpr bool kPingpong = true, kFp8 = false, kDynamic = Dynamic;
   static constexpr int kEpilogueN = EpiN;
   using Tile = Shape<Int<TileM>, Int<TileN>, _64>;
   using Cluster = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
@@ -58,7 +60,7 @@ struct PingpongConfig {
 // tile would need 2 x 128 accumulator registers per consumer thread.
 template <bool Pingpong, int TileM, int TileN, int ClusterM, int ClusterN>
 struct Fp8Config {
-  static constexpr bool kPingpong = Pingpong, kFp8 = true;
+  static constexpr bool kPingpong = Pingpong, kFp8 = true, kDynamic = false;
   static constexpr int kEpilogueN = 0;
   using Tile = Shape<Int<TileM>, Int<TileN>, _128>;
   using Cluster = Shape<Int<ClusterM>, Int<ClusterN>, _1>;
@@ -87,7 +89,8 @@ struct GroupedGemm {
   using OperandA = std::conditional_t<kFp8, cute::tuple<cutlass::layout::RowMajor*, LayoutSFA*>,
                                       cutlass::layout::RowMajor*>;
   using OperandB = std::conditional_t<kFp8, cute::tuple<LayoutB*, LayoutSFB*>, LayoutB*>;
-  using ProblemShape = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M_e, N, K) per group
+  using ProblemShape = std::conditional_t<Config::kDynamic, DynamicGroupProblemShape,  // (M_e, N, K) per group
+                                          cutlass::gemm::GroupProblemShape<Shape<int, int, int>>>;
 
   // D = acc in bf16, no C operand (ElementC = void: nothing is read).
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
