@@ -47,10 +47,13 @@ GemmConfig cutlass_paired(GemmKind kind, const ExpertShape& s, GemmSchedule sche
 }
 
 // Parts with less DRAM bandwidth per SM than this (H100 SXM: 3352 GB/s over 132 SMs, 25; the H200
-// 37) run bf16 down and dx in 2x1 clusters along N where the 1x2 rule above re-reads the weight
-// tiles from DRAM and waits on it: H100, 120B-n2048 dx reads 28.4 GB in 1x2 along M, 12.9 in 2x1
-// along N (10.27 -> 7.54 ms). On the H200 the 1x2 rule stays (2x1 along N there: 120B-n2048
-// dx 7.19 -> 7.32 ms, 30B-n1024 3.54 -> 3.72).
+// 37) run bf16 down in 2x1 clusters along N and dx in 2x1 clusters with tiles from a counter where
+// the 1x2 rule above re-reads the weight tiles from DRAM and waits on it: H100, 120B-n2048 dx reads
+// 28.4 GB in 1x2 along M, 12.9 in 2x1 along N (10.27 -> 7.54 ms); the counter keeps the CTAs in
+// one window of the order (3.8 GB in 2x1 on the H200), and the H100's backward at 120B-n2048 went
+// 24.43 -> 23.62 ms against 2x1 along N (30B-n1024 12.56 -> 12.39; down with the counter even).
+// On the H200 the 1x2 rule stays (2x1 along N there: 120B-n2048 dx 7.19 -> 7.32 ms, 30B-n1024
+// 3.54 -> 3.72; 1x2 with the counter: backward 24.46 -> 24.37, within the rounds' spread).
 constexpr int kDramBoundBelowGbPerSm = 30;
 
 // dx (K = 2n, N = d): wherever d >= 2048 (11 or more n-tiles; gpt-oss-20b 8.85 -> 7.37 ms); at
@@ -69,7 +72,8 @@ GemmConfig cutlass_pingpong(GemmKind kind, const ExpertShape& s, const GpuTraits
   GemmConfig c = cutlass_paired(kind, s, GemmSchedule::Pingpong, 128, 192);
   if (weight_tiles_from_dram(kind, s, gpu)) {
     c = cutlass(GemmSchedule::Pingpong, 128, 192, false);
-    c.raster_n = true;
+    c.raster_n = kind == GemmKind::Down;
+    c.dynamic = kind == GemmKind::Dx;
   }
   // Down at n <= 256 (K = 4 k-steps, too short to hide twelve 64x32 subtile stores): 64x64 subtiles,
   // 7B-n256 426 -> 470, 30B-n256 414 -> 490 TFLOP/s; at n = 512 -10% to +6%, so only there. Compiled

@@ -234,15 +234,17 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
   }
 }
 
-// Parts with less DRAM bandwidth per SM (the H100 SXM) run bf16 dx in 2x1 clusters along N where
-// d >= 2048, down too where n >= 2048 as well; the rest, FP8 and the other kinds as on the H200.
-TEST(GemmHeuristics, DownAndDxAlongNOnLessDramBandwidth) {
+// Parts with less DRAM bandwidth per SM (the H100 SXM) run bf16 dx in 2x1 clusters with tiles from
+// a counter where d >= 2048, down in 2x1 clusters along N where n >= 2048 as well; the rest, FP8 and
+// the other kinds as on the H200.
+TEST(GemmHeuristics, DownAndDxOffTheWeightRereadsOnLessDramBandwidth) {
   EXPECT_EQ(kH100.dram_gb_s_per_sm(), 25);
   EXPECT_EQ(kH200.dram_gb_s_per_sm(), 37);
-  const std::string along_n = "cutlass:pingpong:128x192:auto:tma:c2:rN:m132";
+  const std::string down_along_n = "cutlass:pingpong:128x192:auto:tma:c2:rN:m132";
+  const std::string dx_from_counter = "cutlass:pingpong:128x192:auto:tma:c2:dyn:m132";
   struct Row {
     int64_t d, n;
-    bool down, dx;  // along N on the H100
+    bool down, dx;  // off the 1x2 rule on the H100
   };
   for (const Row& r : {Row{4096, 2048, true, true}, Row{4096, 1024, false, true}, Row{4096, 256, false, true},
                        Row{2048, 1024, false, true}, Row{2880, 2880, true, true}, Row{1536, 2048, false, false},
@@ -251,9 +253,10 @@ TEST(GemmHeuristics, DownAndDxAlongNOnLessDramBandwidth) {
     for (GemmKind kind : lc::kGemmKinds) {
       SCOPED_TRACE(std::string(lc::gemm_kind_name(kind)) + " d " + std::to_string(r.d) + " n " + std::to_string(r.n));
       const lc::GemmConfig h100 = lc::choose_gemm_config(kind, s, kH100);
-      const bool along = kind == GemmKind::Down ? r.down : kind == GemmKind::Dx && r.dx;
-      if (along)
-        EXPECT_EQ(lc::to_string(h100), along_n);
+      if (kind == GemmKind::Down && r.down)
+        EXPECT_EQ(lc::to_string(h100), down_along_n);
+      else if (kind == GemmKind::Dx && r.dx)
+        EXPECT_EQ(lc::to_string(h100), dx_from_counter);
       else
         EXPECT_EQ(h100, lc::choose_gemm_config(kind, s, kH200));
       EXPECT_EQ(lc::resolve_gemm_config(kind, s, 64, kH100, nullptr), h100);  // compiled, resolves to itself
