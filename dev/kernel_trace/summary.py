@@ -10,6 +10,12 @@ pulls it down), grouped by name and launch shape (grid, block): launches, median
 and the mean SM clock and power of the samples taken while that kernel ran (the samples overlapping
 several concurrent kernels count for each). Then the window's busy time (union of kernel intervals)
 and its mean clock and power.
+
+A kernel launched with programmatic dependent launch (ours behind `launch_chained`, QuACK's GEMMs)
+starts while the kernel ahead of it on its stream still runs and waits in `griddepcontrol.wait`, so
+its start-to-end time includes the wait (a 5 us fill kernel then shows the 4 ms GEMM before it).
+The "own" column is each launch's end minus the later of its start and the end of the kernel before
+it on the same stream: the time the stream spent on it. Sorted by total own time.
 """
 import argparse
 import bisect
@@ -44,6 +50,15 @@ def read(path):
     return kernels, samples
 
 
+def own_times(kernels):
+    """Per kernel (in kernels' order): end - max(start, end of the previous kernel on its stream)."""
+    last_end, own = {}, []
+    for start, end, stream, _, _ in kernels:
+        own.append(end - max(start, last_end.get(stream, start)))
+        last_end[stream] = max(end, last_end.get(stream, end))
+    return own
+
+
 def union_ns(intervals):
     total, cur_s, cur_e = 0, None, None
     for s, e in sorted(intervals):
@@ -63,7 +78,9 @@ def summarise(path, last_s, width):
         return
     t_end = max(k[1] for k in kernels)
     t0 = t_end - int(last_s * 1e9)
-    window = [k for k in kernels if k[0] >= t0]
+    own = own_times(kernels)
+    window = [(k, o) for k, o in zip(kernels, own) if k[0] >= t0]
+    window, owns = [k for k, _ in window], [o for _, o in window]
     times = [s[0] for s in samples]
 
     def during(start, end):
@@ -71,9 +88,10 @@ def summarise(path, last_s, width):
         return samples[i:j]
 
     groups = {}
-    for start, end, _, shape, name in window:
-        g = groups.setdefault((name, shape), {"d": [], "mhz": [], "mw": []})
+    for (start, end, _, shape, name), o in zip(window, owns):
+        g = groups.setdefault((name, shape), {"d": [], "own": [], "mhz": [], "mw": []})
         g["d"].append((end - start) / 1e3)
+        g["own"].append(o / 1e3)
         for _, mhz, mw in during(start, end):
             g["mhz"].append(mhz)
             g["mw"].append(mw)
@@ -83,11 +101,12 @@ def summarise(path, last_s, width):
     print(f"== {path}: last {last_s:g} s of GPU activity: {len(window)} kernels, busy {busy / 1e6:.1f} of {span / 1e6:.1f} ms"
           + (f", mean SM {statistics.mean(s[1] for s in ws):.0f} MHz, {statistics.mean(s[2] for s in ws) / 1e3:.0f} W"
              f" ({len(ws)} samples)" if ws else ", no clock samples"))
-    print(f"  {'launches':>8} {'median us':>10} {'total ms':>9} {'SM MHz':>7} {'W':>5}  kernel [grid x,y,z / block]")
-    for (name, shape), g in sorted(groups.items(), key=lambda kv: -sum(kv[1]["d"])):
+    print(f"  {'launches':>8} {'median us':>10} {'own us':>8} {'own ms':>8} {'SM MHz':>7} {'W':>5}  kernel [grid x,y,z / block]")
+    for (name, shape), g in sorted(groups.items(), key=lambda kv: -sum(kv[1]["own"])):
         mhz = f"{statistics.mean(g['mhz']):7.0f}" if g["mhz"] else f"{'-':>7}"
         w = f"{statistics.mean(g['mw']) / 1e3:5.0f}" if g["mw"] else f"{'-':>5}"
-        print(f"  {len(g['d']):8d} {statistics.median(g['d']):10.1f} {sum(g['d']) / 1e3:9.2f} {mhz} {w}  "
+        print(f"  {len(g['d']):8d} {statistics.median(g['d']):10.1f} {statistics.median(g['own']):8.1f} "
+              f"{sum(g['own']) / 1e3:8.2f} {mhz} {w}  "
               f"{short_name(name, width)} [{shape[0]},{shape[1]},{shape[2]} / {shape[3]}]")
 
 
