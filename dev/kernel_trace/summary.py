@@ -2,7 +2,7 @@
 """Per-kernel times at the steady state from kernel_trace.cpp's files, with the SM clock and the
 power during each kernel.
 
-    python3 dev/kernel_trace/summary.py TRACE.csv [TRACE.csv ...] [--last SECONDS] [--width N]
+    python3 dev/kernel_trace/summary.py TRACE.csv [TRACE.csv ...] [--last SECONDS] [--width N] [--gemms]
 
 For each file: the kernels that started in the last SECONDS (default 3) of its GPU activity (the
 warm-up and the power ramp left out: an idle H200 holds 1980 MHz for ~2 s before the 700 W cap
@@ -110,14 +110,58 @@ def summarise(path, last_s, width):
               f"{short_name(name, width)} [{shape[0]},{shape[1]},{shape[2]} / {shape[3]}]")
 
 
+GEMM_ORDER = ("up", "down", "dh", "dw2", "dx", "dw1")
+
+
+def gemm_kind_by_name(name):
+    """The kind a GEMM kernel's name says (leanmoe's gather kernel, QuACK's up and dH), or None."""
+    m = re.search(r"GemmKindE(\d)", name)
+    if m:
+        return ("up", "down", "dh", "dw2", "dx", "dw1")[int(m.group(1))]  # leanmoe's GemmKind enum order
+    if "quackgemm_actGemmGated" in name:
+        return "up"
+    if "quackgemm_dactGemmDGated" in name:
+        return "dh"
+    return None
+
+
+def is_gemm(name):
+    return "gather_grouped_gemm_kernel" in name or "quackgemm" in name or "cutlass13device_kernel" in name
+
+
+def gemm_table(path, last_s):
+    kernels, _ = read(path)
+    if not kernels:
+        print(f"{path}: no kernels")
+        return
+    t0 = max(k[1] for k in kernels) - int(last_s * 1e9)
+    gemms = [k for k in kernels if k[0] >= t0 and is_gemm(k[4])]
+    first = next((i for i, k in enumerate(gemms) if gemm_kind_by_name(k[4]) == "up"), None)
+    if first is None:
+        print(f"{path}: no up-projection GEMM in the last {last_s:g} s")
+        return
+    times = {kind: [] for kind in GEMM_ORDER}
+    for i, (start, end, _, _, name) in enumerate(gemms[first:]):
+        kind = GEMM_ORDER[i % len(GEMM_ORDER)]
+        named = gemm_kind_by_name(name)
+        if named is not None and named != kind:
+            print(f"{path}: GEMM {i} is {named} by its name where the order says {kind}; table not made")
+            return
+        times[kind].append((end - start) / 1e3)
+    print(f"{path}: median us per GEMM over the last {last_s:g} s: " +
+          ", ".join(f"{k} {statistics.median(v):.0f}" for k, v in times.items() if v) +
+          f" (iterations: {min(len(v) for v in times.values())})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--last", type=float, default=3.0, help="seconds of GPU activity at the end to summarise")
     ap.add_argument("--width", type=int, default=110, help="kernel name width")
+    ap.add_argument("--gemms", action="store_true", help="the six expert GEMMs' median times, one line per file")
     a = ap.parse_args()
     for p in a.traces:
-        summarise(p, a.last, a.width)
+        (gemm_table(p, a.last) if a.gemms else summarise(p, a.last, a.width))
 
 
 if __name__ == "__main__":
