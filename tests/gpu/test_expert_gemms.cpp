@@ -588,40 +588,64 @@ TEST(ExpertGemms, CutlassTilesAlongN) {
     }
 }
 
+namespace {
+
+// down and dx on one ragged routing with an empty expert, inputs on the device (the CUTLASS kinds'
+// bitwise tests below): run() poisons the output, launches and returns it.
+struct CutlassKindsCase {
+  static constexpr int64_t T = 3000, E = 24, K = 4, n = 384;
+  const int64_t d;
+  const Routing rt;
+  DeviceBuffer<int32_t> offsets, token;
+  DeviceBuffer<float> gate;
+  const lc::RoutedRows rows;
+  const lc::ExpertShape s;
+  std::mt19937 rng;
+  DeviceBuffer<bf16> a, w2, dh, w1, y;
+  CutlassKindsCase(int64_t d_, uint32_t routing_seed, uint32_t input_seed)
+      : d(d_),
+        rt(make_routing(T, E, K, /*empty_expert=*/5, false, routing_seed)),
+        offsets(rt.expert_offsets),
+        token(rt.row_token),
+        gate(rt.row_gate),
+        rows{offsets.ptr, token.ptr, gate.ptr, rt.R, rt.E},
+        s{rt.R, d, n},
+        rng(input_seed),
+        a(random_bf16(size_t(rt.R) * n, 1.f, rng)),
+        w2(random_bf16(size_t(E) * d * n, 1.f, rng)),
+        dh(random_bf16(size_t(rt.R) * 2 * n, 1.f, rng)),
+        w1(random_bf16(size_t(E) * 2 * n * d, 1.f, rng)),
+        y(size_t(rt.R) * d) {}
+  std::vector<bf16> run(lc::GemmKind kind, const lc::GemmConfig* c, void* workspace) {
+    y.poison();
+    if (kind == lc::GemmKind::Down)
+      lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, workspace, c);
+    else
+      lc::dx_expert(rows, s, dh.ptr, w1.ptr, y.ptr, nullptr, workspace, c);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return y.download(size_t(rt.R) * d);
+  }
+};
+
+}  // namespace
+
 // CUTLASS's kinds with a grid above the SM count (max_ctas 4x the SMs: the hardware starts the later
 // CTAs as earlier ones finish) compute the same tiles: outputs bitwise equal to the persistent grid's,
 // on a ragged routing with an empty expert. With a caller's workspace (sized per SM) it is refused.
 TEST(ExpertGemms, CutlassGridAboveTheSmCount) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const int64_t T = 3000, E = 24, K = 4, d = 512, n = 384;
-  const Routing rt = make_routing(T, E, K, /*empty_expert=*/5, false, 91u);
-  DeviceBuffer<int32_t> offsets_d(rt.expert_offsets), token_d(rt.row_token);
-  DeviceBuffer<float> gate_d(rt.row_gate);
-  const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, rt.R, rt.E};
-  const lc::ExpertShape s{rt.R, d, n};
-  std::mt19937 rng(5u);
-  DeviceBuffer<bf16> a(random_bf16(size_t(rt.R) * n, 1.f, rng)), w2(random_bf16(size_t(E) * d * n, 1.f, rng)),
-      dh(random_bf16(size_t(rt.R) * 2 * n, 1.f, rng)), w1(random_bf16(size_t(E) * 2 * n * d, 1.f, rng)),
-      y(size_t(rt.R) * d);
+  CutlassKindsCase c(/*d=*/512, 91u, 5u);
   const int sms = lc::current_gpu().sm_count;
   for (lc::GemmKind kind : {lc::GemmKind::Down, lc::GemmKind::Dx}) {
     SCOPED_TRACE(lc::gemm_kind_name(kind));
-    auto run = [&](const lc::GemmConfig* c, void* workspace) {
-      y.poison();
-      if (kind == lc::GemmKind::Down)
-        lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, workspace, c);
-      else
-        lc::dx_expert(rows, s, dh.ptr, w1.ptr, y.ptr, nullptr, workspace, c);
-      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      return y.download(size_t(rt.R) * d);
-    };
+    auto run = [&](const lc::GemmConfig* config, void* workspace) { return c.run(kind, config, workspace); };
     const std::vector<bf16> persistent = run(nullptr, nullptr);
-    lc::GemmConfig wide = lc::resolve_gemm_config(kind, s, E, lc::current_gpu(), nullptr);
+    lc::GemmConfig wide = lc::resolve_gemm_config(kind, c.s, c.E, lc::current_gpu(), nullptr);
     wide.max_ctas = 4 * sms;
     const std::vector<bf16> oversubscribed = run(&wide, nullptr);
     ASSERT_EQ(persistent.size(), oversubscribed.size());
     EXPECT_EQ(std::memcmp(persistent.data(), oversubscribed.data(), persistent.size() * sizeof(bf16)), 0);
-    DeviceBuffer<char> workspace(lc::expert_gemm_workspace_bytes(E));
+    DeviceBuffer<char> workspace(lc::expert_gemm_workspace_bytes(c.E));
     try {
       run(&wide, workspace.ptr);
       ADD_FAILURE() << "a grid above the SM count ran in a per-SM workspace";
@@ -637,17 +661,8 @@ TEST(ExpertGemms, CutlassGridAboveTheSmCount) {
 // twice in a row (the counter is zeroed per launch: a stale one would skip tiles and leave poison).
 TEST(ExpertGemms, CutlassDynamicTilesMatchStatic) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
-  const int64_t T = 3000, E = 24, K = 4, d = 896, n = 384;
-  const Routing rt = make_routing(T, E, K, /*empty_expert=*/5, false, 17u);
-  DeviceBuffer<int32_t> offsets_d(rt.expert_offsets), token_d(rt.row_token);
-  DeviceBuffer<float> gate_d(rt.row_gate);
-  const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, rt.R, rt.E};
-  const lc::ExpertShape s{rt.R, d, n};
-  std::mt19937 rng(9u);
-  DeviceBuffer<bf16> a(random_bf16(size_t(rt.R) * n, 1.f, rng)), w2(random_bf16(size_t(E) * d * n, 1.f, rng)),
-      dh(random_bf16(size_t(rt.R) * 2 * n, 1.f, rng)), w1(random_bf16(size_t(E) * 2 * n * d, 1.f, rng)),
-      y(size_t(rt.R) * d);
-  DeviceBuffer<char> workspace(lc::expert_gemm_workspace_bytes(E));
+  CutlassKindsCase c(/*d=*/896, 17u, 9u);
+  DeviceBuffer<char> workspace(lc::expert_gemm_workspace_bytes(c.E));
   for (lc::GemmKind kind : {lc::GemmKind::Down, lc::GemmKind::Dx})
     for (const char* cluster : {"c1x2", "c2"})
       for (const char* order : {"", ":rN"})
@@ -655,14 +670,8 @@ TEST(ExpertGemms, CutlassDynamicTilesMatchStatic) {
           const std::string base = std::string("cutlass:pingpong:128x192:auto:tma:") + cluster + order;
           SCOPED_TRACE(std::string(lc::gemm_kind_name(kind)) + " " + base + ":dyn" + ctas);
           auto run = [&](const std::string& text) {
-            const lc::GemmConfig c = lc::parse_gemm_config(text);
-            y.poison();
-            if (kind == lc::GemmKind::Down)
-              lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, workspace.ptr, &c);
-            else
-              lc::dx_expert(rows, s, dh.ptr, w1.ptr, y.ptr, nullptr, workspace.ptr, &c);
-            EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-            return y.download(size_t(rt.R) * d);
+            const lc::GemmConfig config = lc::parse_gemm_config(text);
+            return c.run(kind, &config, workspace.ptr);
           };
           const std::vector<bf16> fixed = run(base + ctas);
           for (int launch = 0; launch < 2; ++launch) {
