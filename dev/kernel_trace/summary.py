@@ -110,6 +110,7 @@ def summarise(path, last_s, width):
               f"{short_name(name, width)} [{shape[0]},{shape[1]},{shape[2]} / {shape[3]}]")
 
 
+# The order a layer runs its six GEMMs in, which is also leanmoe's GemmKind enum order.
 GEMM_ORDER = ("up", "down", "dh", "dw2", "dx", "dw1")
 
 
@@ -117,7 +118,7 @@ def gemm_kind_by_name(name):
     """The kind a GEMM kernel's name says (leanmoe's gather kernel, QuACK's up and dH), or None."""
     m = re.search(r"GemmKindE(\d)", name)
     if m:
-        return ("up", "down", "dh", "dw2", "dx", "dw1")[int(m.group(1))]  # leanmoe's GemmKind enum order
+        return GEMM_ORDER[int(m.group(1))]
     if "quackgemm_actGemmGated" in name:
         return "up"
     if "quackgemm_dactGemmDGated" in name:

@@ -204,7 +204,7 @@ void run(const RoutedRows& rows, int64_t N, int64_t K, const void* a, const void
          cudaStream_t stream, const char* what) {
   const int E = static_cast<int>(rows.E);
   const int device = current_device();
-  const int sms = current_gpu().sm_count;
+  const int sms = gpu_traits(device).sm_count;
   // The persistent grid: one CTA per SM, or config.max_ctas (backward's overlapped GEMMs leave SMs to
   // side work; tests cap it so that each CTA walks many tiles across experts), rounded down to whole
   // clusters, at least one: with device-side problem shapes CUTLASS launches max_active_clusters.

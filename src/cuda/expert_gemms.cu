@@ -9,11 +9,10 @@
 #include <algorithm>
 #include <array>
 #include <iterator>
-#include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <type_traits>
+#include <vector>
 
 #include "cuda/chained_launch.h"
 #include "cuda/check.h"
@@ -37,24 +36,33 @@ void check_launch(const char* what) {
 
 }  // namespace
 
+const GpuTraits& gpu_traits(int device) {
+  // Every device's, read once (attribute queries, no context created): a process may drive several
+  // GPUs (the expert-parallel layer's ranks, one thread each in leanmoe_bench_ep), and they need not
+  // be alike. Read-only afterwards, so a launch looks its device up without a lock.
+  static const std::vector<GpuTraits> all = [] {
+    int count = 0;
+    LEANMOE_CUDA_CHECK(cudaGetDeviceCount(&count));
+    std::vector<GpuTraits> traits(static_cast<size_t>(count));
+    for (int d = 0; d < count; ++d) {
+      int sms = 0, mem_khz = 0, bus_bits = 0;
+      LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
+      LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, d));
+      LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, d));
+      // Double data rate: two transfers per memory clock.
+      traits[static_cast<size_t>(d)] = GpuTraits{sms, int(2.0 * mem_khz * 1e3 * (bus_bits / 8) / 1e9)};
+    }
+    return traits;
+  }();
+  if (device < 0 || device >= static_cast<int>(all.size()))
+    throw leanmoe::Error("gpu_traits: device " + std::to_string(device) + " of " + std::to_string(all.size()));
+  return all[static_cast<size_t>(device)];
+}
+
 const GpuTraits& current_gpu() {
-  // One entry per device, read on first use: a process may drive several GPUs (the expert-parallel
-  // layer's ranks, one thread each in leanmoe_bench_ep), and they need not be alike.
-  static std::mutex mutex;
-  static std::map<int, GpuTraits> traits;  // node-based: references stay valid as devices are added
   int device = 0;
   LEANMOE_CUDA_CHECK(cudaGetDevice(&device));
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = traits.find(device);
-  if (it == traits.end()) {
-    int sms = 0, mem_khz = 0, bus_bits = 0;
-    LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device));
-    LEANMOE_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
-    // Double data rate: two transfers per memory clock.
-    it = traits.emplace(device, GpuTraits{sms, int(2.0 * mem_khz * 1e3 * (bus_bits / 8) / 1e9)}).first;
-  }
-  return it->second;
+  return gpu_traits(device);
 }
 
 namespace {

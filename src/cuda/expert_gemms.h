@@ -78,7 +78,9 @@ struct GpuTraits {
   int dram_gb_s = 0;  // peak: 2 x memory clock x bus width (H100 SXM 3352, H200 about 4900)
   int dram_gb_s_per_sm() const { return sm_count > 0 ? dram_gb_s / sm_count : 0; }
 };
-// The current device's (cudaGetDevice), read once per device: the one source of the SM count.
+// A device's, read once for every device: the one source of the SM count. current_gpu(): of the
+// current device (cudaGetDevice).
+const GpuTraits& gpu_traits(int device);
 const GpuTraits& current_gpu();
 // What a launch of `kind` on this shape runs: `requested`'s kernel with its band and max_ctas, those
 // it leaves at 0 taken from choose_gemm_config(gemm_kernel_kind(kind, s), s, gpu), up's and dh's
