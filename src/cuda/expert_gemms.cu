@@ -97,7 +97,7 @@ dim3 grid_for(const RoutedRows& rows, const ExpertShape& s, int tile_m, int tile
 // dims[0] contiguous; strides in elements of dimensions 1..rank-1), 128B swizzle, box `box`. The
 // driver entry point is fetched through the runtime (no -lcuda).
 CUtensorMap operand_tensor_map(const void* w, int rank, const int64_t* dims, const int64_t* strides, const int* box,
-                               bool fp8, const char* what) {
+                               bool fp8, const char* what, CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
@@ -119,8 +119,7 @@ CUtensorMap operand_tensor_map(const void* w, int rank, const int64_t* dims, con
   }
   const CUtensorMapDataType type = fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
   const CUresult res = encode(&map, type, cuuint32_t(rank), const_cast<void*>(w), dim,
-                              stride_bytes, boxes, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                              CU_TENSOR_MAP_SWIZZLE_128B,
+                              stride_bytes, boxes, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                               CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (res != CUDA_SUCCESS)
     throw leanmoe::Error(std::string(what) + ": cuTensorMapEncodeTiled failed (CUresult " + std::to_string(res) +
@@ -167,8 +166,8 @@ constexpr bool chained_gather_launch(GemmKind kind) { return kind != GemmKind::U
 // pairs) or than config.max_ctas allows (rounded down to whole clusters).
 template <GemmKind kKind, class Tile, class Act, bool kTransposed>
 void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels::GemmArgsOf<Tile>& args,
-                    const CUtensorMap& map,
-                    const GemmConfig& config, cudaStream_t stream, const char* what) {
+                    const CUtensorMap& map, const CUtensorMap& out_map, const GemmConfig& config,
+                    cudaStream_t stream, const char* what) {
   const auto kernel = sm90::gather_grouped_gemm_kernel<kKind, Tile, true, Act, kTransposed>;
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
@@ -206,7 +205,7 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels:
   cudaLaunchAttribute attrs[2] = {cluster, chained_launch_attribute()};
   launch.attrs = attrs;
   launch.numAttrs = chained_gather_launch(kKind) ? 2 : 1;
-  if (const cudaError_t err = cudaLaunchKernelEx(&launch, kernel, args, map); err != cudaSuccess) {
+  if (const cudaError_t err = cudaLaunchKernelEx(&launch, kernel, args, map, out_map); err != cudaSuccess) {
     (void)cudaGetLastError();  // not sticky: clear it so that it is not reported by a later launch
     throw leanmoe::Error(std::string(what) + ": 2x1 cluster launch: " + cudaGetErrorString(err));
   }
@@ -251,22 +250,31 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   } else if (rows.rows_capacity > 0)
     map = kKind == GemmKind::Dw1 ? operand_tensor_map(args.a, rows.rows_capacity, s.width(), 64, 64, kFp8, what)
                                  : operand_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, kFp8, what);
+  // The TMA-store epilogue's output: dW as [E][M][N], 16 x 32 boxes in the staging tiles' 64-byte
+  // swizzle (store_dw_rows_tma).
+  CUtensorMap out_map{};
+  if constexpr (Tile::kTmaStore) {
+    const kernels::ProblemDims dims = kernels::problem_dims<kKind>(s.d, s.n, s.width());
+    const int64_t out_dims[3] = {dims.N, dims.M, rows.E}, out_strides[2] = {dims.N, dims.out_expert_stride};
+    const int box[3] = {32, 16, 1};
+    out_map = operand_tensor_map(args.out, 3, out_dims, out_strides, box, false, what, CU_TENSOR_MAP_SWIZZLE_64B);
+  }
   kernels::GemmArgsOf<Tile> kernel_args{};
   if constexpr (kFp8)
     kernel_args = kernels::Fp8GemmArgs{args, scales.a, scales.b, scales.out_q};
   else
     kernel_args = args;
   if constexpr (kCluster) {
-    launch_cluster<kKind, Tile, Act, kTransposed>(rows, s, kernel_args, map, config, stream, what);
+    launch_cluster<kKind, Tile, Act, kTransposed>(rows, s, kernel_args, map, out_map, config, stream, what);
   } else {
     const int64_t ctas = std::min<int64_t>({int64_t(tiles.x) * tiles.y * tiles.z, current_gpu().sm_count,
                                             int64_t(config.max_ctas)});
     if constexpr (chained_gather_launch(kKind))
       launch_chained(sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>,
-                     static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream, kernel_args, map);
+                     static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream, kernel_args, map, out_map);
     else
       sm90::gather_grouped_gemm_kernel<kKind, Tile, kCluster, Act, kTransposed>
-          <<<static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream>>>(kernel_args, map);
+          <<<static_cast<unsigned>(ctas), Tile::kThreads, Tile::kSmemBytes, stream>>>(kernel_args, map, out_map);
   }
 }
 
@@ -307,7 +315,7 @@ GatherKernel gather_kernel() {
   c.tile_m = Tile::kTileM;
   c.tile_n = Tile::kTileN;
   c.stages = Tile::kStages;
-  c.epilogue = GemmEpilogue::Warp;
+  c.epilogue = Tile::kTmaStore ? GemmEpilogue::Tma : GemmEpilogue::Warp;
   c.cluster = kCluster ? 2 : 1;
   // FP8 reads K-major weights in either layout (the launchers take the K-major copy): up's kernel is
   // the HF layout's (W1 [E, W, d]), dH's the transposed layout's (W2t [E, n, d]).
@@ -336,8 +344,10 @@ const std::vector<GatherKernel>& gather_kernels(GemmKind kind, bool fp8) {
   }
   static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, sm90::GatherTile128x256, false>()};
   static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, sm90::GatherTile128x256, true>()};
-  static const std::vector<GatherKernel> dw2 = {gather_kernel<GemmKind::Dw2, sm90::GatherTile128x256, true>()};
-  static const std::vector<GatherKernel> dw1 = {gather_kernel<GemmKind::Dw1, sm90::GatherTile256x128, true>()};
+  static const std::vector<GatherKernel> dw2 = {gather_kernel<GemmKind::Dw2, sm90::GatherTile128x256, true>(),
+                                                gather_kernel<GemmKind::Dw2, sm90::GatherTile128x256TmaStore, true>()};
+  static const std::vector<GatherKernel> dw1 = {gather_kernel<GemmKind::Dw1, sm90::GatherTile256x128, true>(),
+                                                gather_kernel<GemmKind::Dw1, sm90::GatherTile256x128TmaStore, true>()};
   static const std::vector<GatherKernel> none;
   switch (kind) {
     case GemmKind::Up: return up;

@@ -682,6 +682,50 @@ TEST(ExpertGemms, CutlassDynamicTilesMatchStatic) {
         }
 }
 
+// The dW epilogue by TMA store writes the same bytes as the warps' own stores (same accumulators, same
+// bf16 rounding): dW1 and dW2 bitwise equal, in both weight layouts (dW1 on dW2's kernel and back),
+// on a ragged routing with an empty expert and partial row and column tiles (2n = 640 and d = 320
+// against 256- and 128-wide tiles), with 5 CTAs (many tiles each: the staging tiles' rotation
+// wraps) and the full grid, launched twice (the second over the first's output, poisoned between).
+TEST(ExpertGemms, DwTmaStoreMatchesWarpStores) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  const int64_t T = 1500, E = 12, K = 4, d = 320, n = 320;
+  const Routing rt = make_routing(T, E, K, /*empty_expert=*/3, false, 23u);
+  DeviceBuffer<int32_t> offsets_d(rt.expert_offsets), token_d(rt.row_token);
+  DeviceBuffer<float> gate_d(rt.row_gate);
+  const lc::RoutedRows rows{offsets_d.ptr, token_d.ptr, gate_d.ptr, rt.R, rt.E};
+  std::mt19937 rng(29u);
+  DeviceBuffer<bf16> x(random_bf16(size_t(T) * d, 1.f, rng)), dout(random_bf16(size_t(T) * d, 1.f, rng)),
+      dh(random_bf16(size_t(rt.R) * 2 * n, 1.f, rng)), ap(random_bf16(size_t(rt.R) * n, 1.f, rng)),
+      dw(size_t(E) * 2 * n * d);
+  for (bool transposed : {false, true})
+    for (lc::GemmKind kind : {lc::GemmKind::Dw1, lc::GemmKind::Dw2})
+      for (const char* ctas : {"", ":m6"}) {
+        const lc::ExpertShape s{T, d, n, true, transposed};
+        // The kernel that runs the kind in this layout (dW1 on dW2's with transposed weights).
+        const bool dw1_kernel = lc::gemm_kernel_kind(kind, s) == lc::GemmKind::Dw1;
+        const std::string tile = dw1_kernel ? "gather:coop:256x128:s4:" : "gather:coop:128x256:s4:";
+        SCOPED_TRACE(std::string(lc::gemm_kind_name(kind)) + (transposed ? " transposed " : " hf ") + tile + ctas);
+        const size_t count = size_t(E) * (kind == lc::GemmKind::Dw1 ? 2 * n * d : d * n);
+        auto run = [&](const std::string& epilogue) {
+          const lc::GemmConfig c = lc::parse_gemm_config(tile + epilogue + ":c2" + ctas);
+          dw.poison();
+          if (kind == lc::GemmKind::Dw1)
+            lc::dw1(rows, s, dh.ptr, x.ptr, dw.ptr, nullptr, &c);
+          else
+            lc::dw2(rows, s, dout.ptr, ap.ptr, dw.ptr, nullptr, &c);
+          EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          return dw.download(count);
+        };
+        const std::vector<bf16> warp = run("warp");
+        for (int launch = 0; launch < 2; ++launch) {
+          const std::vector<bf16> tma = run("tma");
+          ASSERT_EQ(warp.size(), tma.size());
+          EXPECT_EQ(std::memcmp(warp.data(), tma.data(), warp.size() * sizeof(bf16)), 0) << "launch " << launch;
+        }
+      }
+}
+
 // A configuration that is not compiled, or not valid for the kind, is refused by name before any
 // launch, listing the compiled ones (resolve_gemm_config's rules are tested without a GPU in
 // test_gemm_config.cpp; here through each launcher).

@@ -683,4 +683,43 @@ __device__ __forceinline__ void store_dw_rows_warp_staged(const GemmArgs& args, 
   }
 }
 
+// ---- dW1 / dW2 by TMA store: each 16x32 chunk of the warp's rows goes through one of its three
+//      staging tiles (stmatrix; the tile's swizzle is TMA's 64-byte one, warp_tile_offset) and one
+//      TMA store into dW viewed as [E][M][N] (out_map: rows past M and columns past N are not
+//      written). The warp does not wait for the store: a tile is written again three chunks later,
+//      after its lane 0 saw at most two of its stores still reading shared memory; `stores` counts
+//      the warp's stores across tiles (the rotation). ----
+template <int kTileN>
+__device__ __forceinline__ void store_dw_rows_tma(const CUtensorMap* out_map, const ProblemDims& dims,
+                                                  const float (&acc)[kTileN / 2], int64_t m0, int n_tile, int expert,
+                                                  uint32_t staging, uint32_t& stores) {
+  const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
+  const int64_t n0 = int64_t(n_tile) * kTileN, row0 = m0 + warp_in_wg * 16;
+  if (row0 >= dims.M) return;  // the warp's rows all past M (the last row tile): nothing to store
+  const uint32_t tiles = staging + warp_in_wg * kWarpStagingBytes;
+#pragma unroll
+  for (int c = 0; c < kTileN / 32; ++c) {
+    if (n0 + 32 * c >= dims.N) break;  // the last column tile of an N that is not a multiple of kTileN
+    uint32_t v[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int bl = 0; bl < 4; ++bl) {
+        const int b = 4 * c + bl;
+        v[h][bl] = pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]);
+      }
+    const uint32_t tile = tiles + (stores % 3) * kWarpTileBytes;
+    if (lane == 0) bulk_wait_group_read<2>();  // the store that last read this tile has read it
+    __syncwarp();
+    store_fragment_tile(tile, v);
+    fence_proxy_async_smem();  // the generic-proxy writes, visible to the TMA unit's reads
+    __syncwarp();
+    if (lane == 0) {
+      tma_store_3d(out_map, tile, int(n0 + 32 * c), int(row0), expert);
+      bulk_commit_group();
+    }
+    ++stores;
+  }
+}
+
 }  // namespace leanmoe::cuda::kernels::sm90

@@ -150,6 +150,21 @@ __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const CUtens
       "l"(reinterpret_cast<uint64_t>(map)), "r"(smem_addr(bar)), "h"(cta_mask), "r"(col), "r"(row)
       : "memory");
 }
+// TMA store of a shared-memory box to a 3D tensor at {c0, c1, c2} (elements past the tensor's bounds
+// are not written), as a bulk async-group of the issuing thread; commit, and waits until at most
+// kPending of its groups still read shared memory (.read) or are still writing (no .read).
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void bulk_wait_group_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // barrier.cluster arrive + wait of every thread of both CTAs (release / acquire at cluster scope);
 // the non-.aligned form, so that it is also safe after divergent code.
 __device__ __forceinline__ void cluster_sync_all() {
