@@ -253,7 +253,7 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   // The TMA-store epilogue's output: dW as [E][M][N], 16 x 32 boxes in the staging tiles' 64-byte
   // swizzle (store_dw_rows_tma).
   CUtensorMap out_map{};
-  if constexpr (Tile::kTmaStore) {
+  if constexpr (kernels::is_varlen_k(kKind)) {
     const kernels::ProblemDims dims = kernels::problem_dims<kKind>(s.d, s.n, s.width());
     const int64_t out_dims[3] = {dims.N, dims.M, rows.E}, out_strides[2] = {dims.N, dims.out_expert_stride};
     const int box[3] = {32, 16, 1};
@@ -315,7 +315,7 @@ GatherKernel gather_kernel() {
   c.tile_m = Tile::kTileM;
   c.tile_n = Tile::kTileN;
   c.stages = Tile::kStages;
-  c.epilogue = Tile::kTmaStore ? GemmEpilogue::Tma : GemmEpilogue::Warp;
+  c.epilogue = kernels::is_varlen_k(kKind) ? GemmEpilogue::Tma : GemmEpilogue::Warp;  // dW: store_dw_rows_tma
   c.cluster = kCluster ? 2 : 1;
   // FP8 reads K-major weights in either layout (the launchers take the K-major copy): up's kernel is
   // the HF layout's (W1 [E, W, d]), dH's the transposed layout's (W2t [E, n, d]).
@@ -344,10 +344,8 @@ const std::vector<GatherKernel>& gather_kernels(GemmKind kind, bool fp8) {
   }
   static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, sm90::GatherTile128x256, false>()};
   static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, sm90::GatherTile128x256, true>()};
-  static const std::vector<GatherKernel> dw2 = {gather_kernel<GemmKind::Dw2, sm90::GatherTile128x256, true>(),
-                                                gather_kernel<GemmKind::Dw2, sm90::GatherTile128x256TmaStore, true>()};
-  static const std::vector<GatherKernel> dw1 = {gather_kernel<GemmKind::Dw1, sm90::GatherTile256x128, true>(),
-                                                gather_kernel<GemmKind::Dw1, sm90::GatherTile256x128TmaStore, true>()};
+  static const std::vector<GatherKernel> dw2 = {gather_kernel<GemmKind::Dw2, sm90::GatherTile128x256, true>()};
+  static const std::vector<GatherKernel> dw1 = {gather_kernel<GemmKind::Dw1, sm90::GatherTile256x128, true>()};
   static const std::vector<GatherKernel> none;
   switch (kind) {
     case GemmKind::Up: return up;

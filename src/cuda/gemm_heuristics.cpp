@@ -12,14 +12,17 @@ namespace {
 // in flight, one's epilogue under the other's MMAs) lost on every kind: up 60.4 vs 49.1 ms, dH 37.2
 // vs 30.8 ms summed over 5 shapes; the 128x128 tiles' extra L2 traffic per FLOP costs more than the
 // overlap gains. The staged epilogue beat register stores (dH 120B-n2048 446 vs 380 TFLOP/s).
-GemmConfig gather(int tile_m, int tile_n, int cluster) {
+// dW1 and dW2 (no activation, plain bf16 rows) leave their staging tiles to TMA stores the warps do
+// not wait for: at the H100's power cap 120B-n2048 dW2 4.29 -> 3.88 ms, dW1 7.63 -> 7.42 (16 of 16
+// shape x round pairs faster, 1-11%).
+GemmConfig gather(GemmKind kind, int tile_m, int tile_n, int cluster) {
   GemmConfig c;
   c.family = GemmFamily::Gather;
   c.schedule = GemmSchedule::Cooperative;
   c.tile_m = tile_m;
   c.tile_n = tile_n;
   c.stages = 4;
-  c.epilogue = GemmEpilogue::Warp;
+  c.epilogue = kind == GemmKind::Dw1 || kind == GemmKind::Dw2 ? GemmEpilogue::Tma : GemmEpilogue::Warp;
   c.cluster = cluster;
   return c;
 }
@@ -109,24 +112,24 @@ GemmConfig choose_gemm_config(GemmKind kind, const ExpertShape& s, const GpuTrai
       // FP8, 2x1 clusters multicasting W1 (twice bf16's bytes per FLOP): 30B-n1024 2.844 -> 2.429 ms,
       // qwen3-30b-a3b 2.480 -> 2.114, olmoe-1b-7b 3.001 -> 2.700, 120B-n2048 5.326 -> 5.245;
       // 7B-n1024 0.419 -> 0.430 (+2.6%, noise level).
-      c = gather(128, 256, s.fp8 ? 2 : 1);
+      c = gather(kind, 128, 256, s.fp8 ? 2 : 1);
       c.band = band_of(kind, s, c);
       break;
     case GemmKind::Dh:
       // 2x1 clusters multicasting W2: +22% at gpt-oss-20b when chosen; even (within 1%) with today's
       // producer, which leaves it as the kernel with half the L2 traffic for B.
-      c = gather(128, 256, 2);
+      c = gather(kind, 128, 256, 2);
       c.band = band_of(kind, s, c);
       break;
     case GemmKind::Dw2:
       // 2x1 clusters multicasting A' (pairs of m-tiles): 120B-n2048 4.00 -> 3.92 ms, gpt-oss-20b 4.20 -> 3.86.
-      c = gather(128, 256, 2);
+      c = gather(kind, 128, 256, 2);
       break;
     case GemmKind::Dw1:
       // 256x128 puts dH (loaded with TMA) on the long side: 549 vs 460 TFLOP/s for 128x256 at 120B-n2048;
       // clusters multicast dH (pairs of n-tiles): 8.40 -> 8.02 ms there. Its kernel's producer is wide
       // (56 registers, shuffles 8 deep): -1.2% to -6.6% on the four benchmark shapes against 40 / 4 deep.
-      c = gather(256, 128, 2);
+      c = gather(kind, 256, 128, 2);
       break;
     case GemmKind::Down:
     case GemmKind::Dx:

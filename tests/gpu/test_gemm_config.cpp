@@ -147,7 +147,7 @@ TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
 // layer's set of them: each item parsed by the rules above, a bad item named.
 TEST(GemmConfig, ConfigListsAndTheLayersSet) {
   const auto list = lc::parse_gemm_config_list(
-      "dx=cutlass:pingpong:128x192:auto:tma:c2:rN,dw1=gather:coop:256x128:s4:warp:c2:b8,"
+      "dx=cutlass:pingpong:128x192:auto:tma:c2:rN,dw1=gather:coop:256x128:s4:tma:c2:b8,"
       "dx=cutlass:pingpong:128x192:auto:tma:c1x2");
   ASSERT_EQ(list.size(), 3u);
   EXPECT_EQ(list[0].kind, GemmKind::Dx);
@@ -164,7 +164,7 @@ TEST(GemmConfig, ConfigListsAndTheLayersSet) {
 
   const lc::LayerGemmConfigs none = lc::layer_gemm_configs_from("");
   for (GemmKind kind : lc::kGemmKinds) EXPECT_EQ(none[kind], nullptr);
-  const lc::LayerGemmConfigs set = lc::layer_gemm_configs_from("dw1=gather:coop:256x128:s4:warp:c2:b8");
+  const lc::LayerGemmConfigs set = lc::layer_gemm_configs_from("dw1=gather:coop:256x128:s4:tma:c2:b8");
   ASSERT_NE(set[GemmKind::Dw1], nullptr);
   EXPECT_EQ(set[GemmKind::Dw1]->band, 8);
   EXPECT_EQ(set[GemmKind::Dx], nullptr);
@@ -190,8 +190,8 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
     int64_t d, n;
     const char *up, *down, *dh, *dw2, *dx, *dw1;
   };
-  const char* const kDw2 = "gather:coop:128x256:s4:warp:c2:m132";
-  const char* const kDw1 = "gather:coop:256x128:s4:warp:c2:m132";
+  const char* const kDw2 = "gather:coop:128x256:s4:tma:c2:m132";
+  const char* const kDw1 = "gather:coop:256x128:s4:tma:c2:m132";
   // down and dx: 1x2 clusters where d makes an even number of 192-wide n-tiles (1536: 8, 4096: 22),
   // 2x1 where odd (2048: 11, 2880: 15).
   const char* const k1x2 = "cutlass:pingpong:128x192:auto:tma:c1x2:m132";
@@ -330,24 +330,24 @@ TEST(GemmHeuristics, ResolveRefusesByName) {
                {"up GEMM config 'gather:pingpong:128x128:s6:warp:c1'", "not compiled",
                 "compiled for up: gather:coop:128x256:s4:warp:c1"});
   expect_error(resolve(GemmKind::Up, "gather:coop:128x256:s4:warp:c2"), {"not compiled"});
-  expect_error(resolve(GemmKind::Dw1, "gather:coop:128x256:s4:warp:c2"),
-               {"compiled for dw1: gather:coop:256x128:s4:warp:c2"});
+  expect_error(resolve(GemmKind::Dw1, "gather:coop:128x256:s4:tma:c2"),
+               {"compiled for dw1: gather:coop:256x128:s4:tma:c2"});
   const lc::ExpertShape transposed{64, 128, 128, true, true};
-  const lc::GemmConfig dw1_hf = lc::parse_gemm_config("gather:coop:256x128:s4:warp:c2");
+  const lc::GemmConfig dw1_hf = lc::parse_gemm_config("gather:coop:256x128:s4:tma:c2");
   expect_error([&] { lc::resolve_gemm_config(GemmKind::Dw1, transposed, 8, kH200, &dw1_hf); },
-               {"dw1 GEMM config 'gather:coop:256x128:s4:warp:c2' (transposed weights: dw2's kernel): not compiled",
-                "compiled for dw2: gather:coop:128x256:s4:warp:c2"});
+               {"dw1 GEMM config 'gather:coop:256x128:s4:tma:c2' (transposed weights: dw2's kernel): not compiled",
+                "compiled for dw2: gather:coop:128x256:s4:tma:c2"});
   expect_error(resolve(GemmKind::Down, "gather:coop:128x256:s4:warp:c1"),
                {"compiled for down: cutlass:pingpong:128x192:auto:tma:c1x2, cutlass:pingpong:128x192:auto:tma:c2"});
   expect_error(resolve(GemmKind::Dx, "cutlass:coop:128x256:auto:tma:c2"),
                {"compiled for dx: cutlass:pingpong:128x192:auto:tma:c1x2, cutlass:pingpong:128x192:auto:tma:c2"});
   expect_error(resolve(GemmKind::Dx, "cutlass:pingpong:128x192:auto:tma:c2x2"), {"not compiled"});
   // Not valid for the kind or the shape.
-  const lc::GemmConfig dw2_b4 = lc::parse_gemm_config("gather:coop:128x256:s4:warp:c2:b4");
+  const lc::GemmConfig dw2_b4 = lc::parse_gemm_config("gather:coop:128x256:s4:tma:c2:b4");
   EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dw2, s, 8, kH200, &dw2_b4).band, 4);  // row units: the kernel clamps
   expect_error(resolve(GemmKind::Down, "cutlass:pingpong:128x192:auto:tma:c1x2:b4"),
                {"band (bK) applies to the gather kinds only"});
-  expect_error(resolve(GemmKind::Dw1, "gather:coop:256x128:s4:warp:c2:rN"), {"rN", "cutlass kinds only"});
+  expect_error(resolve(GemmKind::Dw1, "gather:coop:256x128:s4:tma:c2:rN"), {"rN", "cutlass kinds only"});
   EXPECT_NO_THROW(resolve(GemmKind::Dx, "cutlass:pingpong:128x192:auto:tma:c2:rN")());
   expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2:m1"),
                {"max_ctas must be at least the cluster size 2"});
@@ -357,7 +357,7 @@ TEST(GemmHeuristics, ResolveRefusesByName) {
   expect_error(resolve(GemmKind::Up, "gather:coop:128x256:s4:warp:c1", 2000), {"E = 2000", "at most 1024"});
   expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2", 1025), {"E = 1025"});
   // The varlen-K kinds and CUTLASS keep no per-expert table: any E.
-  EXPECT_NO_THROW(resolve(GemmKind::Dw1, "gather:coop:256x128:s4:warp:c2", 4096)());
+  EXPECT_NO_THROW(resolve(GemmKind::Dw1, "gather:coop:256x128:s4:tma:c2", 4096)());
   EXPECT_NO_THROW(resolve(GemmKind::Down, "cutlass:pingpong:128x192:auto:tma:c2", 4096)());
   // Fields set directly rather than parsed.
   lc::GemmConfig c = lc::compiled_gemm_configs(GemmKind::Up).front();

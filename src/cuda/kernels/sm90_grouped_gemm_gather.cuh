@@ -65,12 +65,9 @@ namespace leanmoe::cuda::kernels::sm90 {
 // epilogue after them. A k-tile is 128 bytes of each K-major row: 64 bf16 values, or with kFp8 128
 // e4m3 codes, exactly one 128-deep scale block (docs/DESIGN.md "FP8"); stage layouts, swizzle and
 // descriptors are the same bytes either way.
-template <int kTileM_, int kTileN_, int kStages_, bool kFp8_ = false, bool kTmaStore_ = false>
+template <int kTileM_, int kTileN_, int kStages_, bool kFp8_ = false>
 struct GatherTile {
   static constexpr bool kFp8 = kFp8_;
-  // dW1 / dW2: the epilogue stores through TMA (store_dw_rows_tma) instead of the warps' own
-  // 16-byte stores (store_dw_rows_warp_staged); the same staging tiles.
-  static constexpr bool kTmaStore = kTmaStore_;
   static constexpr int kElemBytes = kFp8 ? 1 : 2;
   static constexpr int kTileM = kTileM_, kTileN = kTileN_, kStages = kStages_, kTileK = 128 / kElemBytes;
   static constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
@@ -96,9 +93,6 @@ using GatherTile128x256 = GatherTile<128, 256, 4>;
 // operand (dH, loaded with TMA) is the M side: 32 KB by TMA and 16 KB of gathered X rows by
 // cp.async per k-tile, instead of 16 KB and 32 KB at 128 x 256.
 using GatherTile256x128 = GatherTile<256, 128, 4>;
-// dW2 and dW1 with the TMA-store epilogue (GemmConfig epilogue `tma`).
-using GatherTile128x256TmaStore = GatherTile<128, 256, 4, false, true>;
-using GatherTile256x128TmaStore = GatherTile<256, 128, 4, false, true>;
 // FP8 up and dH: 128 x 256 x 128, the same 48 KB stages (the A rows 128 codes deep).
 using GatherTile128x256Fp8 = GatherTile<128, 256, 4, true>;
 
@@ -219,7 +213,7 @@ struct Fp8ScaleRefs {
 // dW2: A' as [R rows, n cols], box {64, 64} (MN-major as dH's W2). Encoded on the host per launch
 // (expert_gemms.cu). kCluster: launched with 2x1 clusters (see the top). Act: the activation of
 // up's and dH's epilogues (activation.cuh); void for dW1, dW2. kTransposed: the weights' layout.
-// tma_out (Tile::kTmaStore only): dW as [E][M][N] bf16, box {32, 16, 1}, 64-byte swizzle.
+// tma_out (dW1, dW2; store_dw_rows_tma): dW as [E][M][N] bf16, box {32, 16, 1}, 64-byte swizzle.
 template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     gather_grouped_gemm_kernel(const GemmArgsOf<Tile> args, const __grid_constant__ CUtensorMap tma_operand,
@@ -233,7 +227,6 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                 "bf16 up runs without clusters; FP8 up, dH, dW2, dW1 in 2x1 clusters");
   static_assert(std::is_void_v<Act> == is_varlen_k(kKind), "up and dH apply an activation, dW1 and dW2 none");
   static_assert(!(kTransposed && is_varlen_k(kKind)), "transposed weights change dW1's and dW2's roles, not kernel");
-  static_assert(!Tile::kTmaStore || is_varlen_k(kKind), "the TMA-store epilogue is dW1's and dW2's");
   constexpr int kTileM = Tile::kTileM, kTileN = Tile::kTileN, kTileK = Tile::kTileK, kStages = Tile::kStages;
   constexpr bool kVarlenK = is_varlen_k(kKind);
   constexpr bool kBKMajor = b_is_k_major(kKind, kTransposed);
@@ -530,7 +523,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                                        kVarlenK ? kMNBlockBytes : 16, 1024);
     const uint64_t desc_b0 = smem_desc(smem_base + Tile::kABytes, kBKMajor ? 16 : kMNBlockBytes, 1024);
     int item = 0;  // stream position of tile i's first k-tile
-    uint32_t stores = 0;  // Tile::kTmaStore: this warp's TMA stores so far (store_dw_rows_tma)
+    uint32_t stores = 0;  // dW1 / dW2: this warp's TMA stores so far (store_dw_rows_tma)
     for (int i = 0; first_tile() + i * tile_stride() < total_tiles; ++i) {
       const int t = first_tile() + i * tile_stride();
       const int num_k = num_k_of(t);
@@ -629,10 +622,8 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       for (int s = 0; s < Tile::kSlices; ++s) {
         const int64_t m0 = tile.m0 + Tile::slice_row(cwg, s) * 64;
         const uint32_t staging = smem_base + kStages * Tile::kStageBytes + cwg * Tile::kStagingBytes;
-        if constexpr (kVarlenK && Tile::kTmaStore)
+        if constexpr (kVarlenK)
           store_dw_rows_tma<kTileN>(&tma_out, dims, acc[s], m0, tile.n_tile, tile.expert, staging, stores);
-        else if constexpr (kVarlenK)
-          store_dw_rows_warp_staged<kTileN>(args, dims, acc[s], m0, tile.n_tile, tile.expert, staging);
         else if constexpr (kKind == GemmKind::Up)
           store_up_rows_warp_staged<Act, kTileN, kTransposed, Tile::kFp8>(args, acc[s], m0, tile.row_end, tile.n_tile,
                                                                           tile.expert, staging, out_q);
@@ -642,7 +633,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       }
     }
     // The TMA stores read this CTA's shared memory: none may still be in flight when it exits.
-    if constexpr (Tile::kTmaStore)
+    if constexpr (kVarlenK)
       if (lane == 0) bulk_wait_group_all();
   }
   // No CTA leaves while its peer may still multicast into it or arrive on its barriers.

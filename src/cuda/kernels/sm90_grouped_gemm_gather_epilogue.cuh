@@ -650,39 +650,6 @@ __device__ __forceinline__ void prefetch_h_row_l2(const GemmArgs& args, int64_t 
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g + n), "r"(bytes) : "memory");
 }
 
-// ---- dW1 / dW2: 32 columns of the warp's 16 rows of dW at a time through the first of its tiles
-//      (rows past M and columns past N not stored). ----
-template <int kTileN>
-__device__ __forceinline__ void store_dw_rows_warp_staged(const GemmArgs& args, const ProblemDims& dims,
-                                                          const float (&acc)[kTileN / 2], int64_t m0, int n_tile,
-                                                          int expert, uint32_t staging) {
-  const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3, q = lane % 4;
-  bf16* const out = args.out + int64_t(expert) * dims.out_expert_stride;
-  const int64_t n0 = int64_t(n_tile) * kTileN, row0 = m0 + warp_in_wg * 16;
-  const uint32_t tile = staging + warp_in_wg * kWarpStagingBytes;
-#pragma unroll
-  for (int c = 0; c < kTileN / 32; ++c) {
-    if (n0 + 32 * c >= dims.N) break;  // the last column tile of an N that is not a multiple of kTileN
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int bl = 0; bl < 4; ++bl) {
-        const int b = 4 * c + bl;
-        st_shared_b32(tile + warp_tile_offset(lane / 4 + 8 * h, bl) + 4 * q,
-                      pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]));
-      }
-    __syncwarp();
-    const int64_t col = n0 + 32 * c + 8 * q;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int row = lane / 4 + 8 * j;
-      const uint4 v = ld_shared_v4(tile + warp_tile_offset(row, q));
-      if (row0 + row < dims.M && col < dims.N) *reinterpret_cast<uint4*>(out + (row0 + row) * dims.N + col) = v;
-    }
-    __syncwarp();  // the next chunk overwrites the tile
-  }
-}
-
 // ---- dW1 / dW2 by TMA store: each 16x32 chunk of the warp's rows goes through one of its three
 //      staging tiles (stmatrix; the tile's swizzle is TMA's 64-byte one, warp_tile_offset) and one
 //      TMA store into dW viewed as [E][M][N] (out_map: rows past M and columns past N are not
