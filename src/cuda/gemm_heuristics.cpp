@@ -13,8 +13,8 @@ namespace {
 // vs 30.8 ms summed over 5 shapes; the 128x128 tiles' extra L2 traffic per FLOP costs more than the
 // overlap gains. The staged epilogue beat register stores (dH 120B-n2048 446 vs 380 TFLOP/s).
 // dW1 and dW2 (no activation, plain bf16 rows) leave their staging tiles to TMA stores the warps do
-// not wait for: at the H100's power cap 120B-n2048 dW2 4.29 -> 3.88 ms, dW1 7.63 -> 7.42 (16 of 16
-// shape x round pairs faster, 1-11%).
+// not wait for: at the H100's power cap 120B-n2048 dW2 3.90 -> 3.84 ms, dW1 7.56 -> 7.49, 7B-n256
+// dW1 0.638 -> 0.604; even at 30B-n1024.
 GemmConfig gather(GemmKind kind, int tile_m, int tile_n, int cluster) {
   GemmConfig c;
   c.family = GemmFamily::Gather;
