@@ -2,8 +2,8 @@
 # `set -uo pipefail`: the frame such calls share. Sets FINAL (the folder that comes back: $OUT), S
 # (FINAL/summary.txt, emptied), B and L (fresh folders for the unpacked binaries and the logs; the
 # logs go back as FINAL/logs.tar.gz at exit); defines say (echo, also into S), cap N (N seconds, or
-# what is left of BUDGET, default 560, at least 5) and unpack NAME=FILE.xz ... (binaries into B);
-# then sources scripts/device_env.sh.
+# what is left of BUDGET, default 560, at least 5), unpack NAME=FILE.xz ... (binaries into B) and
+# layer_rounds (below); then sources scripts/device_env.sh.
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"; S=$FINAL/summary.txt; : > "$S"
 B="$(mktemp -d)"; L="$(mktemp -d)"
 trap 'tar czf "$FINAL/logs.tar.gz" -C "$L" . 2>/dev/null' EXIT
@@ -13,5 +13,27 @@ cap() { local left=$((budget - SECONDS)); [ $left -lt 5 ] && left=5; [ $1 -lt $l
 unpack() {
   local x
   for x in "$@"; do xz -dc "${x#*=}" > "$B/${x%%=*}" && chmod +x "$B/${x%%=*}" || say "MISSING ${x#*=}"; done
+}
+# layer_rounds ROUNDS ROWS NAME... (ROWS comma-separated): `$B/leanmoe bench` of each grid row under
+# each named variant's flags (the caller's associative array V: NAME -> flags, "" for the default),
+# graph replays at the steady state (bench/steady_iters.py), the variants' order rotated by one per
+# round; logs and JSON into L, a line per run into S, then the medians over the rounds (bench/layer_ab.py).
+layer_rounds() {
+  local rounds=$1 rows=$2 r c k v warm iters
+  shift 2
+  local names=("$@")
+  for ((r = 1; r <= rounds; ++r)); do
+    for c in ${rows//,/ }; do
+      read -r warm iters < <(python3 bench/steady_iters.py "$c")
+      for ((k = 0; k < ${#names[@]}; ++k)); do
+        v=${names[$(((r + k) % ${#names[@]}))]}
+        # shellcheck disable=SC2086  # the variant's flags split into words
+        timeout "$(cap 60)" "$B/leanmoe" bench --config "$c" --router topk_then_softmax --graph --iters "$iters" \
+          --warmup "$warm" ${V[$v]} --json "$L/layer_r${r}_${c}_$v.json" > "$L/layer_r${r}_${c}_$v.txt" 2>&1
+        say "r$r $c $v rc=$? $(grep -E "^$c" "$L/layer_r${r}_${c}_$v.txt" | awk '{print $9, $10, $13, $14}') (t=$SECONDS)"
+      done
+    done
+  done
+  python3 bench/layer_ab.py "$L" | grep 'median of' | tee -a "$S"
 }
 source scripts/device_env.sh

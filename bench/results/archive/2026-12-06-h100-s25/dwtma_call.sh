@@ -24,16 +24,4 @@ for r in 1 2; do
   say "dW alone at the cap, round $r rc=$?:"; grep -E '\| (dw1|dw2) ' $L/gemms_r$r.txt | tee -a $S
 done
 declare -A V=([default]="" [tma]="--gemm-config dw1=$G:256x128:s4:tma:c2,dw2=$G:128x256:s4:tma:c2")
-names=(default tma)
-for r in 1 2 3; do
-  for c in 120B-n2048 30B-n1024; do
-    read -r warm iters < <(python3 bench/steady_iters.py "$c")
-    for k in 0 1; do
-      v=${names[$(((r + k) % 2))]}
-      timeout $(cap 60) $B/leanmoe bench --config $c --router topk_then_softmax --graph --iters $iters --warmup $warm \
-        ${V[$v]} --json $L/layer_r${r}_${c}_$v.json > $L/layer_r${r}_${c}_$v.txt 2>&1
-      say "r$r $c $v rc=$? $(grep -E "^$c" $L/layer_r${r}_${c}_$v.txt | awk '{print $9, $10, $13, $14}') (t=$SECONDS)"
-    done
-  done
-done
-python3 bench/layer_ab.py $L | tail -4 | tee -a $S
+layer_rounds 3 120B-n2048,30B-n1024 default tma
