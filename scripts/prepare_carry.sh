@@ -121,8 +121,8 @@ first=$((tree + son + size)); second=$((tree + vs))
 if [ "$first" -gt "$limit" ] && [ $((first - archive)) -le "$limit" ] && [ "$second" -le "$limit" ]; then
   # The archive's logs are what the SETUP call can leave behind: out of the tree for that call alone.
   [ "$size" -gt 0 ] && keep_cache
-  echo "prepare_carry: over 64 MiB in one call: two calls on one warm machine, the first ($((first / 1024 / 1024)) MiB)" \
-       "with bench/results/archive ($((archive / 1024 / 1024)) MiB) moved out of the tree for it" >&2
+  echo "prepare_carry: over 64 MiB in one call: two calls on one warm machine; the first is $((first / 1024 / 1024)) MiB," \
+       "$(((first - archive) / 1024 / 1024)) with bench/results/archive moved out of the tree for it" >&2
   echo "call 1: mv bench/results/archive /tmp/leanmoe-archive; then carry [\".carry/sonicmoe\"$([ "$size" -gt 0 ] && echo ', ".carry/vs/quack_cache.tar.xz"')];" \
        "command: SETUP=1 CONFIGS=<rows> bash bench/vs_sonic.sh; then mv /tmp/leanmoe-archive bench/results/archive"
   echo 'call 2 (within the idle time): carry [".carry/vs"]; command: SONIC_CARRY=/tmp/sonic_carry STEADY=1' \
