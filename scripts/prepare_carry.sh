@@ -118,16 +118,11 @@ fi
 # SonicMoE (installed into /tmp, its rows compiled) first, then leanmoe, which finds the install there.
 [ "$size" -gt 0 ] && [ $((tree - archive + son + size)) -gt "$limit" ] && drop_cache $((tree - archive + son))
 first=$((tree + son + size)); second=$((tree + vs))
-if [ "$first" -gt "$limit" ] && [ $((first - archive)) -le "$limit" ] && [ "$second" -le "$limit" ]; then
-  # The archive's logs are what the SETUP call can leave behind: out of the tree for that call alone.
-  [ "$size" -gt 0 ] && keep_cache
-  echo "prepare_carry: over 64 MiB in one call: two calls on one warm machine; the first is $((first / 1024 / 1024)) MiB," \
-       "$(((first - archive) / 1024 / 1024)) with bench/results/archive moved out of the tree for it" >&2
-  echo "call 1: mv bench/results/archive /tmp/leanmoe-archive; then carry [\".carry/sonicmoe\"$([ "$size" -gt 0 ] && echo ', ".carry/vs/quack_cache.tar.xz"')];" \
-       "command: SETUP=1 CONFIGS=<rows> bash bench/vs_sonic.sh; then mv /tmp/leanmoe-archive bench/results/archive"
-  echo 'call 2 (within the idle time): carry [".carry/vs"]; command: SONIC_CARRY=/tmp/sonic_carry STEADY=1' \
-       '[FP8=1] CONFIGS=<rows> bash bench/vs_sonic.sh'
-  exit 0
+# The archive's logs are what the SETUP call can leave behind: out of the tree for that call alone.
+move=""
+if [ "$first" -gt "$limit" ] && [ $((first - archive)) -le "$limit" ]; then
+  move=" (bench/results/archive moved out of the tree)"
+  first=$((first - archive))
 fi
 if [ "$first" -gt "$limit" ] || [ "$second" -gt "$limit" ]; then
   echo "prepare_carry: over the 64 MiB limit, also split in two calls ($((first / 1024 / 1024)) and" \
@@ -135,9 +130,9 @@ if [ "$first" -gt "$limit" ] || [ "$second" -gt "$limit" ]; then
   exit 1
 fi
 [ "$size" -gt 0 ] && keep_cache
-echo "prepare_carry: over 64 MiB in one call: two calls on one warm machine, $((first / 1024 / 1024)) MiB then" \
+echo "prepare_carry: over 64 MiB in one call: two calls on one warm machine, $((first / 1024 / 1024)) MiB$move then" \
      "$((second / 1024 / 1024)) MiB" >&2
-echo "call 1: carry [\".carry/sonicmoe\"$([ "$size" -gt 0 ] && echo ', ".carry/vs/quack_cache.tar.xz"')];" \
-     "command: SETUP=1 CONFIGS=<rows> bash bench/vs_sonic.sh (installs SonicMoE into /tmp, compiles the rows)"
+echo "call 1: ${move:+mv bench/results/archive /tmp/leanmoe-archive; then }carry [\".carry/sonicmoe\"$([ "$size" -gt 0 ] && echo ', ".carry/vs/quack_cache.tar.xz"')];" \
+     "command: SETUP=1 CONFIGS=<rows> bash bench/vs_sonic.sh (installs SonicMoE into /tmp, compiles the rows)${move:+; then mv /tmp/leanmoe-archive bench/results/archive}"
 echo 'call 2 (within the idle time): carry [".carry/vs"]; command: SONIC_CARRY=/tmp/sonic_carry STEADY=1' \
      '[FP8=1] CONFIGS=<rows> bash bench/vs_sonic.sh'
