@@ -82,7 +82,7 @@ dim3 grid_for(const RoutedRows& rows, const ExpertShape& s, int tile_m, int tile
   tile.tile_m = tile_m;
   tile.tile_n = tile_n;
   const int64_t n_tiles = gemm_column_tiles(kKind, s, tile);
-  if constexpr (kernels::is_varlen_k(kKind)) {
+  if constexpr (is_varlen_k(kKind)) {
     const kernels::ProblemDims dims = kernels::problem_dims<kKind>(s.d, s.n, s.width());
     return dim3(static_cast<unsigned>(ceil_div(dims.M, tile_m)), static_cast<unsigned>(n_tiles),
                 static_cast<unsigned>(rows.E));
@@ -192,7 +192,7 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels:
     return count;
   }();
   int64_t cluster_tiles = 0;
-  if constexpr (kernels::is_varlen_k(kKind)) {  // dW1 pairs n-tiles, dW2 m-tiles (tile_at)
+  if constexpr (is_varlen_k(kKind)) {  // dW1 pairs n-tiles, dW2 m-tiles (tile_at)
     const int64_t m = args.m_tiles, n = args.n_tiles;
     cluster_tiles = rows.E * (kKind == GemmKind::Dw2 ? (m + 1) / 2 * n : m * ((n + 1) / 2));
   } else {
@@ -253,7 +253,7 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   // The TMA-store epilogue's output: dW as [E][M][N], 16 x 32 boxes in the staging tiles' 64-byte
   // swizzle (store_dw_rows_tma).
   CUtensorMap out_map{};
-  if constexpr (kernels::is_varlen_k(kKind)) {
+  if constexpr (is_varlen_k(kKind)) {
     const kernels::ProblemDims dims = kernels::problem_dims<kKind>(s.d, s.n, s.width());
     const int64_t out_dims[3] = {dims.N, dims.M, rows.E}, out_strides[2] = {dims.N, dims.out_expert_stride};
     const int box[3] = {32, 16, 1};
@@ -300,7 +300,7 @@ struct GatherKernel {
 template <GemmKind kKind, class Tile, bool kCluster, bool kTransposed, size_t... I>
 std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I...>) {
   std::array<GatherLaunch, kNumActivations> launches{};
-  if constexpr (kernels::is_varlen_k(kKind)) {
+  if constexpr (is_varlen_k(kKind)) {
     if constexpr (!kTransposed) launches.fill(&launch_gather<kKind, Tile, kCluster, void, false>);
   } else {
     launches = {&launch_gather<kKind, Tile, kCluster, kernels::DeviceActivation<act::kAll[I]>, kTransposed>...};
@@ -315,13 +315,13 @@ GatherKernel gather_kernel() {
   c.tile_m = Tile::kTileM;
   c.tile_n = Tile::kTileN;
   c.stages = Tile::kStages;
-  c.epilogue = kernels::is_varlen_k(kKind) ? GemmEpilogue::Tma : GemmEpilogue::Warp;  // dW: store_dw_rows_tma
+  c.epilogue = is_varlen_k(kKind) ? GemmEpilogue::Tma : GemmEpilogue::Warp;  // dW: store_dw_rows_tma
   c.cluster = kCluster ? 2 : 1;
   // FP8 reads K-major weights in either layout (the launchers take the K-major copy): up's kernel is
   // the HF layout's (W1 [E, W, d]), dH's the transposed layout's (W2t [E, n, d]).
   constexpr bool kFp8Transposed = Tile::kFp8 && kKind == GemmKind::Dh;
   GatherLaunch no_bias_gate_up = nullptr;
-  if constexpr (!kernels::is_varlen_k(kKind))
+  if constexpr (!is_varlen_k(kKind))
     no_bias_gate_up = &launch_gather<kKind, Tile, kCluster, kernels::NoBiasGateUp<kernels::SwiGLU>, kFp8Transposed>;
   constexpr auto activations = std::make_index_sequence<kNumActivations>();
   if constexpr (Tile::kFp8) {
@@ -376,17 +376,17 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
             cudaStream_t stream, const char* what, const ExpertFunction& fn = {},  // fn: up and dH only
             const Fp8Scales* fp8 = nullptr) {
   // up and dH run in the shape's precision; dW1 and dW2 stay bf16 on an FP8 shape (runs_fp8).
-  if (!kernels::is_varlen_k(kKind)) require_precision(s, fp8 != nullptr, what);
-  if (!kernels::is_varlen_k(kKind) && activation_is_gated(fn.activation) != s.gated)
+  if (!is_varlen_k(kKind)) require_precision(s, fp8 != nullptr, what);
+  if (!is_varlen_k(kKind) && activation_is_gated(fn.activation) != s.gated)
     throw leanmoe::Error(std::string(what) + ": activation " + activation_name(fn.activation) + " is " +
                          (s.gated ? "plain" : "gated") + " but the shape says " + (s.gated ? "gated" : "plain"));
   if (fn.interleaved && !s.gated)
     throw leanmoe::Error(std::string(what) + ": interleaved applies to a gated activation only");
-  if (kernels::is_varlen_k(kKind) && s.transposed)  // dw1() and dw2() pass the kernel's own shape
+  if (is_varlen_k(kKind) && s.transposed)  // dw1() and dw2() pass the kernel's own shape
     throw leanmoe::Error(std::string(what) + ": internal: a varlen-K launch with the transposed layout");
   const GemmConfig config = resolve_gemm_config(kKind, s, rows.E, current_gpu(), requested);
   if (rows.E <= 0) return;
-  if (!kernels::is_varlen_k(kKind) && rows.rows_capacity <= 0) return;
+  if (!is_varlen_k(kKind) && rows.rows_capacity <= 0) return;
   args.expert_offsets = rows.expert_offsets;
   args.row_token = rows.row_token;
   args.row_gate = rows.row_gate;

@@ -23,6 +23,10 @@ namespace leanmoe::cuda {
 enum class GemmKind { Up, Down, Dh, Dw2, Dx, Dw1 };
 inline constexpr GemmKind kGemmKinds[] = {GemmKind::Up, GemmKind::Down, GemmKind::Dh,
                                           GemmKind::Dw2, GemmKind::Dx, GemmKind::Dw1};
+// Up and dH are "varlen-M": the rows of an expert are the M dimension (A operand row-major with K
+// contiguous). dW2 and dW1 are "varlen-K": the rows of an expert are the reduction dimension (both
+// operands have M resp. N contiguous).
+constexpr bool is_varlen_k(GemmKind k) { return k == GemmKind::Dw2 || k == GemmKind::Dw1; }
 const char* gemm_kind_name(GemmKind kind);  // "up", "down", "dh", "dw2", "dx", "dw1"
 // The kind named `name`; throws leanmoe::Error listing the names otherwise.
 GemmKind parse_gemm_kind(std::string_view name);

@@ -22,7 +22,7 @@ GemmConfig gather(GemmKind kind, int tile_m, int tile_n, int cluster) {
   c.tile_m = tile_m;
   c.tile_n = tile_n;
   c.stages = 4;
-  c.epilogue = kind == GemmKind::Dw1 || kind == GemmKind::Dw2 ? GemmEpilogue::Tma : GemmEpilogue::Warp;
+  c.epilogue = is_varlen_k(kind) ? GemmEpilogue::Tma : GemmEpilogue::Warp;
   c.cluster = cluster;
   return c;
 }

@@ -15,10 +15,8 @@ namespace leanmoe::cuda::kernels {
 
 using bf16 = __nv_bfloat16;
 
-// Up and dH are "varlen-M": the rows of an expert are the M dimension (A operand row-major with K
-// contiguous). dW2 and dW1 are "varlen-K": the rows of an expert are the reduction dimension (both
-// operands have M resp. N contiguous). (Down and dx, the other two, run on CUTLASS.)
-constexpr bool is_varlen_k(GemmKind k) { return k == GemmKind::Dw2 || k == GemmKind::Dw1; }
+// Up and dH are "varlen-M", dW2 and dW1 "varlen-K" (is_varlen_k, gemm_config.h). (Down and dx, the
+// other two, run on CUTLASS.)
 // Operand A is a token-indexed tensor (X or dO) read through row_token.
 constexpr bool gathers_a(GemmKind k) { return k == GemmKind::Up || k == GemmKind::Dh || k == GemmKind::Dw2; }
 constexpr bool gathers_b(GemmKind k) { return k == GemmKind::Dw1; }
