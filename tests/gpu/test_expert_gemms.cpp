@@ -700,31 +700,31 @@ TEST(ExpertGemms, DwStoresSameBitsOnAnyGrid) {
       dh(random_bf16(size_t(rt.R) * 2 * n, 1.f, rng)), ap(random_bf16(size_t(rt.R) * n, 1.f, rng)),
       dw(size_t(E) * 2 * n * d);
   for (bool transposed : {false, true})
-    for (lc::GemmKind kind : {lc::GemmKind::Dw1, lc::GemmKind::Dw2})
-      {
-        const lc::ExpertShape s{T, d, n, true, transposed};
-        // The kernel that runs the kind in this layout (dW1 on dW2's with transposed weights).
-        const bool dw1_kernel = lc::gemm_kernel_kind(kind, s) == lc::GemmKind::Dw1;
-        const std::string tile = dw1_kernel ? "gather:coop:256x128:s4:tma:c2" : "gather:coop:128x256:s4:tma:c2";
-        SCOPED_TRACE(std::string(lc::gemm_kind_name(kind)) + (transposed ? " transposed " : " hf ") + tile);
-        const size_t count = size_t(E) * (kind == lc::GemmKind::Dw1 ? 2 * n * d : d * n);
-        auto run = [&](const std::string& ctas) {
-          const lc::GemmConfig c = lc::parse_gemm_config(tile + ctas);
-          dw.poison();
-          if (kind == lc::GemmKind::Dw1)
-            lc::dw1(rows, s, dh.ptr, x.ptr, dw.ptr, nullptr, &c);
-          else
-            lc::dw2(rows, s, dout.ptr, ap.ptr, dw.ptr, nullptr, &c);
-          EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-          return dw.download(count);
-        };
-        const std::vector<bf16> full = run("");
-        for (int launch = 0; launch < 2; ++launch) {
-          const std::vector<bf16> few = run(":m6");
-          ASSERT_EQ(full.size(), few.size());
-          EXPECT_EQ(std::memcmp(full.data(), few.data(), full.size() * sizeof(bf16)), 0) << "launch " << launch;
-        }
+    for (lc::GemmKind kind : {lc::GemmKind::Dw1, lc::GemmKind::Dw2}) {
+      const lc::ExpertShape s{T, d, n, true, transposed};
+      // The heuristic's configuration (the kernel that runs the kind in this layout: dW1 on dW2's
+      // with transposed weights), capped at 6 CTAs.
+      lc::GemmConfig few_ctas = lc::resolve_gemm_config(kind, s, E, lc::current_gpu(), nullptr);
+      few_ctas.max_ctas = 6;
+      SCOPED_TRACE(std::string(lc::gemm_kind_name(kind)) + (transposed ? " transposed " : " hf ") +
+                   lc::to_string(few_ctas));
+      const size_t count = size_t(E) * (kind == lc::GemmKind::Dw1 ? 2 * n * d : d * n);
+      auto run = [&](const lc::GemmConfig* c) {
+        dw.poison();
+        if (kind == lc::GemmKind::Dw1)
+          lc::dw1(rows, s, dh.ptr, x.ptr, dw.ptr, nullptr, c);
+        else
+          lc::dw2(rows, s, dout.ptr, ap.ptr, dw.ptr, nullptr, c);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        return dw.download(count);
+      };
+      const std::vector<bf16> full = run(nullptr);
+      for (int launch = 0; launch < 2; ++launch) {
+        const std::vector<bf16> few = run(&few_ctas);
+        ASSERT_EQ(full.size(), few.size());
+        EXPECT_EQ(std::memcmp(full.data(), few.data(), full.size() * sizeof(bf16)), 0) << "launch " << launch;
       }
+    }
 }
 
 // A configuration that is not compiled, or not valid for the kind, is refused by name before any
