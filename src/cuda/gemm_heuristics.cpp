@@ -108,7 +108,8 @@ GemmConfig choose_gemm_config(GemmKind kind, const ExpertShape& s, const GpuTrai
     // FP8 (s.fp8) up and dH: the same tile, schedule and band on the FP8 kernel (128x256 with 128-deep
     // k-tiles, compiled_gemm_configs(kind, true): its one configuration per kind), both in 2x1 clusters.
     case GemmKind::Up:
-      // bf16, no cluster: multicasting W1 never paid (7B-n256 481 vs 500 TFLOP/s, the others within 1%).
+      // bf16, no cluster: multicasting W1 gains at most 2% (gpt-oss-20b 7.83 -> 7.69 ms at the H100's cap)
+      // and loses up to 6% (sparse-T16k-d4096-n1024-E256 4.30 -> 4.56: odd m-tile counts leave a CTA idle).
       // FP8, 2x1 clusters multicasting W1 (twice bf16's bytes per FLOP): 30B-n1024 2.844 -> 2.429 ms,
       // qwen3-30b-a3b 2.480 -> 2.114, olmoe-1b-7b 3.001 -> 2.700, 120B-n2048 5.326 -> 5.245;
       // 7B-n1024 0.419 -> 0.430 (+2.6%, noise level).
