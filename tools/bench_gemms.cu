@@ -7,7 +7,11 @@
 //   leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]
 //                       [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]
 //                       [--precision bf16|fp8[,...]] [--iters N] [--warmup N] [--warm-seconds S] [--digest]
+//                       [--routing uniform|contiguous]
 //
+// --routing contiguous: every expert's rows are runs of consecutive tokens (bench_data.cuh
+// contiguous_topk_tokens), a diagnostic of the gathered rows' access pattern; the shape column then
+// reads NAME/contiguous.
 // --warm-seconds S: before each timing, untimed launches until S seconds have passed (after the
 // --warmup ones), so that each configuration is timed at the GPU's power cap as a training step runs
 // it (2 is enough on the H200; default 0: only --warmup).
@@ -126,9 +130,12 @@ Requested parse_requested(const std::string& list) {
 void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::string>& only, const Requested& requested,
                  const std::vector<bool>& layouts, const std::vector<bool>& precisions, bool interleaved,
                  const lc::GpuTraits& gpu,
-                 int iters, int warmup, int warm_seconds, bool digest) {
+                 int iters, int warmup, int warm_seconds, bool digest, bool contiguous) {
   const int64_t T = c.T, d = c.d, n = c.n, E = c.E, K = c.K, R = T * K;
-  const auto tokens_of = leanmoe::tools::uniform_topk_tokens(T, E, K, 1234);
+  if (contiguous && E % K) throw std::runtime_error(c.name + ": --routing contiguous needs E a multiple of K");
+  const std::string name = contiguous ? c.name + "/contiguous" : c.name;
+  const auto tokens_of = contiguous ? leanmoe::tools::contiguous_topk_tokens(T, E, K)
+                                    : leanmoe::tools::uniform_topk_tokens(T, E, K, 1234);
   const std::vector<int32_t> offsets = leanmoe::tools::expert_offsets_of(tokens_of);
   std::vector<int32_t> row_token;
   for (const auto& rows : tokens_of) row_token.insert(row_token.end(), rows.begin(), rows.end());
@@ -243,7 +250,7 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
           for (const auto& o : g.outputs) check_cuda(cudaMemset(o.ptr, 0, o.bytes), "cudaMemset");
           use_fp8 ? g.launch_fp8(s, want, quant) : g.launch(s, want);
           check_cuda(cudaDeviceSynchronize(), "GEMM launch");
-          std::printf("| %s | %s | %s | %s |", c.name.c_str(), layout.c_str(), lc::gemm_kind_name(g.kind), ran.c_str());
+          std::printf("| %s | %s | %s | %s |", name.c_str(), layout.c_str(), lc::gemm_kind_name(g.kind), ran.c_str());
           for (const auto& o : g.outputs)
             if (o.bytes) std::printf(" %s %016llx", o.name, digest_of(o));
           std::printf(" |\n");
@@ -253,7 +260,7 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
         const double ms = leanmoe::tools::median_launch_ms(
             iters, warmup, [&](int) { use_fp8 ? g.launch_fp8(s, want, quant) : g.launch(s, want); }, "GEMM launches",
             warm_seconds);
-        std::printf("| %s | %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", c.name.c_str(),
+        std::printf("| %s | %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", name.c_str(),
                     layout.c_str(), (long long)T, (long long)d, (long long)n, (long long)E, (long long)K,
                     lc::gemm_kind_name(g.kind), ran.c_str(), ms, g.flops / (ms * 1e9));
         std::fflush(stdout);
@@ -294,7 +301,7 @@ int main(int argc, char** argv) {
     int iters = 20, warmup = 3, warm_seconds = 0;
     std::vector<bool> layouts = {false};  // transposed?
     std::vector<bool> precisions = {false};  // fp8?
-    bool interleaved = false, digest = false;
+    bool interleaved = false, digest = false, contiguous = false;
     for (int i = 1; i < argc; ++i) {
       const std::string flag = argv[i];
       if (flag == "--interleaved") {
@@ -309,6 +316,7 @@ int main(int argc, char** argv) {
         std::printf("leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]\n"
                     "                    [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]\n"
                     "                    [--precision bf16|fp8[,...]] [--iters N] [--warmup N] [--warm-seconds S] [--digest]\n"
+                    "                    [--routing uniform|contiguous]\n"
                     "shapes: %s\nCONFIG: family:schedule:MxN:stages:epilogue:cM[xN][:bBAND][:rN][:dyn][:mMAX_CTAS], e.g. "
                     "gather:coop:128x256:s4:warp:c2:b8 (docs/kernels.md; with --layout transposed dw1 and dw2 run "
                     "each other's); compiled:\n",
@@ -320,7 +328,7 @@ int main(int argc, char** argv) {
         return 0;
       }
       static const std::set<std::string> kValued = {"--shape", "--config", "--gemms", "--layout", "--precision",
-                                                    "--iters", "--warmup", "--warm-seconds"};
+                                                    "--iters", "--warmup", "--warm-seconds", "--routing"};
       if (!kValued.count(flag)) throw std::runtime_error("unknown flag " + flag + " (see --help)");
       const std::string v = leanmoe::tools::flag_value(argc, argv, i);
       if (flag == "--shape") shape_list = v;
@@ -328,7 +336,11 @@ int main(int argc, char** argv) {
       else if (flag == "--gemms") only = split_commas(v);
       else if (flag == "--layout") layouts = parse_layouts(v);
       else if (flag == "--precision") precisions = parse_precisions(v);
-      else if (flag == "--iters") iters = leanmoe::tools::to_count(flag, v);
+      else if (flag == "--routing") {
+        if (v != "uniform" && v != "contiguous")
+          throw std::runtime_error("--routing: '" + v + "' is neither uniform nor contiguous");
+        contiguous = v == "contiguous";
+      } else if (flag == "--iters") iters = leanmoe::tools::to_count(flag, v);
       else if (flag == "--warmup") warmup = leanmoe::tools::to_count(flag, v, 0);
       else warm_seconds = leanmoe::tools::to_count(flag, v, 0);
     }
@@ -370,7 +382,8 @@ int main(int argc, char** argv) {
                   "|---|---|---|---|---|---|---|---|---|---|---|\n");
     }
     for (const auto& s : shapes)
-      bench_shape(s, only, requested, layouts, precisions, interleaved, gpu, iters, warmup, warm_seconds, digest);
+      bench_shape(s, only, requested, layouts, precisions, interleaved, gpu, iters, warmup, warm_seconds, digest,
+                  contiguous);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "leanmoe_bench_gemms: %s\n", e.what());
