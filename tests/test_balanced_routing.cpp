@@ -2,10 +2,12 @@
 // experts per token, exactly T*K/E rows per expert, deterministic in the seed, random sets of tokens
 // per expert; the rule it needs, named when a shape breaks it. (The CLI's refusal and a CPU run of
 // the layer under it are ctest's leanmoe_bench_balanced_* tests.)
+// Also the contiguous routing of `leanmoe_bench_gemms --routing contiguous`.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <set>
+#include <tuple>
 
 #include "../tools/balanced_routing.h"  // a tool's header: tests reach it by path
 #include "expect_error.h"
@@ -68,4 +70,29 @@ TEST(BalancedRouting, RuleNamesWhatTheShapeBreaks) {
   EXPECT_NE(tools::balanced_routing_rule(4096, 4, 8, 1), "");  // K > E
   expect_error([] { tools::balanced_routing(100, 64, 6, 0); }, {"E = 64", "multiple of K = 6"});
   expect_error([] { tools::balanced_routing(10, 64, 8, 0); }, {"T*K = 80", "a multiple of E"});
+}
+
+// leanmoe_bench_gemms --routing contiguous: K distinct experts per token, every token routed K times,
+// each expert's tokens ascending in K runs of consecutive tokens (T*K/E rows where E divides T; T not
+// a multiple of E leaves the runs one token longer or shorter); E not a multiple of K is named.
+TEST(ContiguousRouting, RunsOfConsecutiveTokens) {
+  for (const auto& [T, E, K] : {std::tuple<int64_t, int64_t, int64_t>{1024, 64, 8}, {32768, 64, 4}, {100, 8, 2}}) {
+    SCOPED_TRACE("T " + std::to_string(T) + " E " + std::to_string(E) + " K " + std::to_string(K));
+    const auto tokens_of = tools::contiguous_topk_tokens(T, E, K);
+    ASSERT_EQ(int64_t(tokens_of.size()), E);
+    std::vector<std::set<int32_t>> experts_of(static_cast<size_t>(T));
+    for (int64_t e = 0; e < E; ++e) {
+      const auto& rows = tokens_of[size_t(e)];
+      if (T % E == 0) EXPECT_EQ(int64_t(rows.size()), T * K / E) << "expert " << e;
+      EXPECT_TRUE(std::is_sorted(rows.begin(), rows.end())) << "expert " << e;
+      int64_t runs = 0;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        runs += i == 0 || rows[i] != rows[i - 1] + 1;
+        experts_of[size_t(rows[i])].insert(int32_t(e));
+      }
+      EXPECT_LE(runs, K) << "expert " << e;
+    }
+    for (int64_t t = 0; t < T; ++t) ASSERT_EQ(int64_t(experts_of[size_t(t)].size()), K) << "token " << t;
+  }
+  expect_error([] { tools::contiguous_topk_tokens(64, 6, 4); }, {"contiguous routing", "E = 6", "multiple of K = 4"});
 }

@@ -1,3 +1,4 @@
+// Routings the benchmarks hand to the kernels instead of a router's.
 // `leanmoe bench --routing balanced`: a routing in which every expert receives exactly T*K/E rows, a
 // whole number of tiles, handed to the layer as routing given. The expert GEMMs then run with no
 // partial tile and no rounding work: the measured reference for what token rounding could save on
@@ -43,6 +44,21 @@ inline std::vector<int32_t> balanced_routing(int64_t T, int64_t E, int64_t K, ui
     for (int64_t i = 0; i < T; ++i) ids[size_t(perm[size_t(i)] * K + k)] = int32_t((i % per_residue) * K + k);
   }
   return ids;
+}
+
+// A diagnostic routing (leanmoe_bench_gemms --routing contiguous): token t's slot k takes expert
+// (b + k·E/K) mod E, b = t·E/T its block, so every expert's rows are K runs of T/E consecutive tokens
+// (T·K/E rows each, K distinct experts per token). The gathered X / dO rows are then read in address
+// order, as a row range would be: against the uniform routing it separates what the gather's scattered
+// rows cost from what the kernel's structure costs. Needs E a multiple of K (leanmoe::Error
+// otherwise).
+inline std::vector<std::vector<int32_t>> contiguous_topk_tokens(int64_t T, int64_t E, int64_t K) {
+  if (K > E || E % K)
+    throw Error("contiguous routing: E = " + std::to_string(E) + " must be a multiple of K = " + std::to_string(K));
+  std::vector<std::vector<int32_t>> tokens_of(static_cast<size_t>(E));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t k = 0; k < K; ++k) tokens_of[size_t((t * E / T + k * (E / K)) % E)].push_back(int32_t(t));
+  return tokens_of;
 }
 
 }  // namespace leanmoe::tools

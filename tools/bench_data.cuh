@@ -75,18 +75,6 @@ inline std::vector<std::vector<int32_t>> uniform_topk_tokens(int64_t T, int64_t 
   return tokens_of;
 }
 
-// A diagnostic routing (leanmoe_bench_gemms --routing contiguous): token t's slot k takes expert
-// (b + k·E/K) mod E, b = t·E/T its block, so every expert's rows are K runs of T/E consecutive tokens
-// (T·K/E rows each, K distinct experts per token). The gathered X / dO rows are then read in address
-// order, as a row range would be: against the uniform routing it separates what the gather's scattered
-// rows cost from what the kernel's structure costs. Needs E a multiple of K.
-inline std::vector<std::vector<int32_t>> contiguous_topk_tokens(int64_t T, int64_t E, int64_t K) {
-  std::vector<std::vector<int32_t>> tokens_of(E);
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t k = 0; k < K; ++k) tokens_of[(t * E / T + k * (E / K)) % E].push_back(int32_t(t));
-  return tokens_of;
-}
-
 // expert_offsets [E + 1] of those rows.
 inline std::vector<int32_t> expert_offsets_of(const std::vector<std::vector<int32_t>>& tokens_of) {
   std::vector<int32_t> off{0};
