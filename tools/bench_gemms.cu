@@ -1,15 +1,16 @@
 // leanmoe_bench_gemms: times each of the six expert grouped GEMMs (src/cuda/expert_gemms.h) on
 // its own, on the named shapes of tools/configs.cpp, so a kernel change can be judged GEMM by GEMM (the
 // layer benchmark `leanmoe bench` only sees forward and backward totals). Routing is uniform
-// random top-K (each token picks K distinct experts), rows sorted by expert as the backend does;
-// inputs are filled on the device with a hash (no host copy of multi-GB weights).
+// random top-K (each token picks K distinct experts; --routing contiguous below), rows sorted by
+// expert as the backend does; inputs are filled on the device with a hash (no host copy of multi-GB
+// weights).
 //
 //   leanmoe_bench_gemms [--shape NAME[,NAME...]|grid] [--config KIND=CONFIG[,KIND=CONFIG...]]
 //                       [--gemms up,down,dh,dw2,dx,dw1] [--layout hf|transposed[,...]] [--interleaved]
 //                       [--precision bf16|fp8[,...]] [--iters N] [--warmup N] [--warm-seconds S] [--digest]
 //                       [--routing uniform|contiguous]
 //
-// --routing contiguous: every expert's rows are runs of consecutive tokens (bench_data.cuh
+// --routing contiguous: every expert's rows are runs of consecutive tokens (balanced_routing.h
 // contiguous_topk_tokens), a diagnostic of the gathered rows' access pattern; the shape column then
 // reads NAME/contiguous.
 // --warm-seconds S: before each timing, untimed launches until S seconds have passed (after the
