@@ -2,8 +2,8 @@
 # `set -uo pipefail`: the frame such calls share. Sets FINAL (the folder that comes back: $OUT), S
 # (FINAL/summary.txt, emptied), B and L (fresh folders for the unpacked binaries and the logs; the
 # logs go back as FINAL/logs.tar.gz at exit); defines say (echo, also into S), cap N (N seconds, or
-# what is left of BUDGET, default 560, at least 5), unpack NAME=FILE.xz ... (binaries into B) and
-# layer_rounds (below); then sources scripts/device_env.sh.
+# what is left of BUDGET, default 560, at least 5), unpack NAME=FILE.xz ... (binaries into B),
+# gpu_tests, gemm_rounds and layer_rounds (below); then sources scripts/device_env.sh.
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"; S=$FINAL/summary.txt; : > "$S"
 B="$(mktemp -d)"; L="$(mktemp -d)"
 trap 'tar czf "$FINAL/logs.tar.gz" -C "$L" . 2>/dev/null' EXIT
@@ -13,6 +13,37 @@ cap() { local left=$((budget - SECONDS)); [ $left -lt 5 ] && left=5; [ $1 -lt $l
 unpack() {
   local x
   for x in "$@"; do xz -dc "${x#*=}" > "$B/${x%%=*}" && chmod +x "$B/${x%%=*}" || say "MISSING ${x#*=}"; done
+}
+# gpu_tests FILTER [SANITIZED]: $B/gt (leanmoe_gpu_tests) on the gtest FILTER, the verdict and any
+# failures into S; then memcheck and racecheck on the tests SANITIZED names. Logs into L.
+gpu_tests() {
+  timeout "$(cap 150)" "$B/gt" --gtest_filter="$1" > "$L/gpu_tests.log" 2>&1
+  say "tests rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/gpu_tests.log" | tr '\n' ' ') (t=$SECONDS)"
+  grep -E '^\[  FAILED  \]' "$L/gpu_tests.log" | head -5 | tee -a "$S"
+  [ -n "${2:-}" ] || return 0
+  timeout "$(cap 90)" compute-sanitizer --tool memcheck "$B/gt" --gtest_filter="$2" > "$L/memcheck.log" 2>&1
+  say "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$L/memcheck.log" | tail -1) (t=$SECONDS)"
+  timeout "$(cap 90)" compute-sanitizer --tool racecheck "$B/gt" --gtest_filter="$2" > "$L/racecheck.log" 2>&1
+  say "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$L/racecheck.log" | tail -1) (t=$SECONDS)"
+}
+# gemm_rounds ROUNDS NAME ARGS...: $B/bg (leanmoe_bench_gemms) ROUNDS times with ARGS, each round's
+# rows into S and its output into L/NAME_rR.txt; in even rounds the --config list is reversed, so each
+# kind's configurations run in the other order.
+gemm_rounds() {
+  local rounds=$1 name=$2 r i
+  shift 2
+  local args=("$@")
+  for ((r = 1; r <= rounds; ++r)); do
+    local run=("${args[@]}")
+    for ((i = 0; i + 1 < ${#run[@]}; ++i)); do
+      if [ "${run[$i]}" = --config ] && [ $((r % 2)) = 0 ]; then
+        run[i + 1]=$(echo "${run[i + 1]}" | tr ',' '\n' | tac | paste -sd,)
+      fi
+    done
+    timeout "$(cap 120)" "$B/bg" "${run[@]}" > "$L/${name}_r$r.txt" 2>&1
+    say "$name r$r rc=$? (t=$SECONDS)"
+    grep -E '^\| ' "$L/${name}_r$r.txt" | grep -v '^| shape' | tee -a "$S"
+  done
 }
 # layer_rounds ROUNDS ROWS NAME... (ROWS comma-separated): `$B/leanmoe bench` of each grid row under
 # each named variant's flags (the caller's associative array V: NAME -> flags, "" for the default),

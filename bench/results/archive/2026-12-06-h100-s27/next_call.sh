@@ -15,26 +15,17 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
 source scripts/device_call.sh
 unpack gt=.carry/k32q2/leanmoe_gpu_tests.xz bg=.carry/k32q2/leanmoe_bench_gemms.xz leanmoe=.carry/k32q2/leanmoe.xz
 say "next $(cat .carry/k32q2/commit); $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader)"
-for r in uniform contiguous contiguous uniform; do
-  timeout "$(cap 60)" "$B/bg" --shape 120B-n2048,gpt-oss-20b,olmoe-1b-7b --gemms dw2,up,dh,dw1 --routing $r --iters 20 \
-    --warmup 3 --warm-seconds 2 > "$L/routing_$r.txt" 2>&1
-  say "$r rc=$? (t=$SECONDS)"; grep -E '^\| ' "$L/routing_$r.txt" | grep -v '^| shape' | tee -a "$S"
+for pass in 1 2; do  # the routings by turns
+  for r in uniform contiguous; do
+    gemm_rounds 1 "routing_${r}_$pass" --shape 120B-n2048,gpt-oss-20b,olmoe-1b-7b --gemms dw2,up,dh,dw1 --routing $r \
+      --iters 20 --warmup 3 --warm-seconds 2
+  done
 done
-timeout "$(cap 150)" "$B/gt" --gtest_filter='ExpertGemms*:GemmHeuristics.*:GemmConfig*' > "$L/gpu_tests.log" 2>&1
-say "tests rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/gpu_tests.log" | tr '\n' ' ') (t=$SECONDS)"
-F='ExpertGemms/DwConfig.RaggedAndFewCtas/*s8*'
-timeout "$(cap 60)" compute-sanitizer --tool memcheck "$B/gt" --gtest_filter="$F" > "$L/memcheck.log" 2>&1
-say "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$L/memcheck.log" | tail -1) (t=$SECONDS)"
-timeout "$(cap 60)" compute-sanitizer --tool racecheck "$B/gt" --gtest_filter="$F" > "$L/racecheck.log" 2>&1
-say "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$L/racecheck.log" | tail -1) (t=$SECONDS)"
+gpu_tests 'ExpertGemms*:GemmHeuristics.*:GemmConfig*' 'ExpertGemms/DwConfig.RaggedAndFewCtas/*s8*'
 G=gather:coop
 A1=$G:256x128:s4:tma:c2; B1=$G:256x128:s8:tma:c2; A2=$G:128x256:s4:tma:c2; B2=$G:128x256:s8:tma:c2
-for r in 1 2; do
-  if [ $r = 1 ]; then cfg="dw1=$A1,dw1=$B1,dw2=$A2,dw2=$B2"; else cfg="dw1=$B1,dw1=$A1,dw2=$B2,dw2=$A2"; fi
-  timeout "$(cap 80)" "$B/bg" --shape 120B-n2048,30B-n1024,gpt-oss-20b,olmoe-1b-7b --gemms dw1,dw2 --iters 20 --warmup 3 \
-    --warm-seconds 2 --config "$cfg" > "$L/dw_r$r.txt" 2>&1
-  say "dw alone r$r rc=$? (t=$SECONDS)"; grep -E '^\| ' "$L/dw_r$r.txt" | grep -v '^| shape' | tee -a "$S"
-done
+gemm_rounds 2 dw --shape 120B-n2048,30B-n1024,gpt-oss-20b,olmoe-1b-7b --gemms dw1,dw2 --iters 20 --warmup 3 \
+  --warm-seconds 2 --config "dw1=$A1,dw1=$B1,dw2=$A2,dw2=$B2"
 declare -A V=([s4]="" [s8]="--gemm-config dw1=$B1,dw2=$B2")
 [ $((budget - SECONDS)) -gt 60 ] && layer_rounds 2 120B-n2048,30B-n1024 s4 s8
 say "done t=$SECONDS"
