@@ -16,7 +16,7 @@
 // --warm-seconds S: before each timing, untimed launches until S seconds have passed (after the
 // --warmup ones), so that each configuration is timed at the GPU's power cap as a training step runs
 // it (2 is enough on the H200; default 0: only --warmup). The process's first row is timed twice
-// and the first timing dropped (it ran 4-11% slow even so).
+// and the first timing dropped (it ran 4-11% slow even so; cuda_bench.h median_launch_ms).
 // --layout: the weights' layout (hf: W1 [E, 2n, d], W2 [E, d, n]; transposed: gpt-oss's [E, d, 2n],
 // [E, n, d], dW1 and dW2 written so); a list times each GEMM in every layout in turn (interleaved
 // rounds for an A/B). --interleaved: W1's gate/up rows (columns) alternate, as gpt-oss's. The expert
@@ -259,13 +259,9 @@ void bench_shape(const leanmoe::tools::BenchShape& c, const std::vector<std::str
           std::fflush(stdout);
           continue;
         }
-        const auto launch = [&](int) { use_fp8 ? g.launch_fp8(s, want, quant) : g.launch(s, want); };
-        // A process's first timing ran 4-11% slow at the power cap even after --warm-seconds 2
-        // (docs/kernels.md "The dW epilogue by TMA store"): it is taken twice, the first dropped.
-        static bool first_timing = true;
-        if (first_timing) leanmoe::tools::median_launch_ms(iters, warmup, launch, "GEMM launches", warm_seconds);
-        first_timing = false;
-        const double ms = leanmoe::tools::median_launch_ms(iters, warmup, launch, "GEMM launches", warm_seconds);
+        const double ms = leanmoe::tools::median_launch_ms(
+            iters, warmup, [&](int) { use_fp8 ? g.launch_fp8(s, want, quant) : g.launch(s, want); }, "GEMM launches",
+            warm_seconds);
         std::printf("| %s | %s | %lld | %lld | %lld | %lld | %lld | %s | %s | %.3f | %.1f |\n", name.c_str(),
                     layout.c_str(), (long long)T, (long long)d, (long long)n, (long long)E, (long long)K,
                     lc::gemm_kind_name(g.kind), ran.c_str(), ms, g.flops / (ms * 1e9));
