@@ -3,7 +3,7 @@
 # (FINAL/summary.txt, emptied), B and L (fresh folders for the unpacked binaries and the logs; the
 # logs go back as FINAL/logs.tar.gz at exit); defines say (echo, also into S), cap N (N seconds, or
 # what is left of BUDGET, default 560, at least 5), unpack NAME=FILE.xz ... (binaries into B),
-# gpu_tests, gemm_rounds and layer_rounds (below); then sources scripts/device_env.sh.
+# gpu_tests, gemm_rounds, ncu_ms and layer_rounds (below); then sources scripts/device_env.sh.
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"; S=$FINAL/summary.txt; : > "$S"
 B="$(mktemp -d)"; L="$(mktemp -d)"
 trap 'tar czf "$FINAL/logs.tar.gz" -C "$L" . 2>/dev/null' EXIT
@@ -15,16 +15,19 @@ unpack() {
   for x in "$@"; do xz -dc "${x#*=}" > "$B/${x%%=*}" && chmod +x "$B/${x%%=*}" || say "MISSING ${x#*=}"; done
 }
 # gpu_tests FILTER [SANITIZED]: $B/gt (leanmoe_gpu_tests) on the gtest FILTER, the verdict and any
-# failures into S; then memcheck and racecheck on the tests SANITIZED names. Logs into L.
+# failures into S; then memcheck and racecheck on the tests SANITIZED names. Logs into L (L/gpu_tests_N.log
+# for the N-th call).
+gpu_tests_calls=0
 gpu_tests() {
-  timeout "$(cap 150)" "$B/gt" --gtest_filter="$1" > "$L/gpu_tests.log" 2>&1
-  say "tests rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/gpu_tests.log" | tr '\n' ' ') (t=$SECONDS)"
-  grep -E '^\[  FAILED  \]' "$L/gpu_tests.log" | head -5 | tee -a "$S"
+  local n=$((++gpu_tests_calls))  # each call its own logs
+  timeout "$(cap 150)" "$B/gt" --gtest_filter="$1" > "$L/gpu_tests_$n.log" 2>&1
+  say "tests rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/gpu_tests_$n.log" | tr '\n' ' ') (t=$SECONDS)"
+  grep -E '^\[  FAILED  \]' "$L/gpu_tests_$n.log" | head -5 | tee -a "$S"
   [ -n "${2:-}" ] || return 0
-  timeout "$(cap 90)" compute-sanitizer --tool memcheck "$B/gt" --gtest_filter="$2" > "$L/memcheck.log" 2>&1
-  say "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$L/memcheck.log" | tail -1) (t=$SECONDS)"
-  timeout "$(cap 90)" compute-sanitizer --tool racecheck "$B/gt" --gtest_filter="$2" > "$L/racecheck.log" 2>&1
-  say "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$L/racecheck.log" | tail -1) (t=$SECONDS)"
+  timeout "$(cap 90)" compute-sanitizer --tool memcheck "$B/gt" --gtest_filter="$2" > "$L/memcheck_$n.log" 2>&1
+  say "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$L/memcheck_$n.log" | tail -1) (t=$SECONDS)"
+  timeout "$(cap 90)" compute-sanitizer --tool racecheck "$B/gt" --gtest_filter="$2" > "$L/racecheck_$n.log" 2>&1
+  say "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$L/racecheck_$n.log" | tail -1) (t=$SECONDS)"
 }
 # gemm_rounds ROUNDS NAME ARGS...: $B/bg (leanmoe_bench_gemms) ROUNDS times with ARGS, each round's
 # rows into S and its output into L/NAME_rR.txt; in even rounds the --config list is reversed, so each
@@ -44,6 +47,17 @@ gemm_rounds() {
     say "$name r$r rc=$? (t=$SECONDS)"
     grep -E '^\| ' "$L/${name}_r$r.txt" | grep -v '^| shape' | tee -a "$S"
   done
+}
+# ncu_ms NAME BIN ARGS...: one launch of the gather kernel by $B/BIN (leanmoe_bench_gemms ARGS, after a
+# warm-up launch) under ncu at base clocks: its gpu__time_duration into S as "ncu NAME ...", the log
+# into L/ncu_NAME.txt. Fixed clocks and no power cap: about 1% run to run (s28), against the steady
+# state's 2-5%.
+ncu_ms() {
+  local name=$1 bin=$2
+  shift 2
+  timeout "$(cap 30)" ncu --metrics gpu__time_duration.sum -k regex:gather_grouped_gemm --launch-skip 1 -c 1 \
+    "$B/$bin" "$@" --iters 1 --warmup 1 > "$L/ncu_$name.txt" 2>&1
+  say "ncu $name rc=$? $(grep -E 'gpu__time_duration' "$L/ncu_$name.txt" | awk '{print $(NF-1), $NF}') (t=$SECONDS)"
 }
 # layer_rounds ROUNDS ROWS NAME... (ROWS comma-separated): `$B/leanmoe bench` of each grid row under
 # each named variant's flags (the caller's associative array V: NAME -> flags, "" for the default),

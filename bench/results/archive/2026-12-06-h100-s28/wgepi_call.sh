@@ -15,28 +15,15 @@ say "wgepi $(cat .carry/wgepi/commit); $(nvidia-smi --query-gpu=name,driver_vers
 T='ExpertGemms.RaggedWithEmptyExpert:ExpertGemms.SingleToken:ExpertGemms.OneExpertTakesAllRows:ExpertGemms.ManyExperts'
 T="$T:ExpertGemms.WideExperts:ExpertGemms.TransposedWeights:ExpertGemms.FewPersistentCtas:ExpertGemms.TileBands"
 T="$T:ExpertGemms.DwStoresSameBitsOnAnyGrid:ExpertGemms.EveryActivationLayoutAndBias:ExpertGemms.GptOssExpertFunction"
-timeout "$(cap 45)" "$B/gt" --gtest_filter="$T" > "$L/gpu_tests.log" 2>&1
-say "tests rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/gpu_tests.log" | tr '\n' ' ') (t=$SECONDS)"
-grep -E '^\[  FAILED  \]' "$L/gpu_tests.log" | head -5 | tee -a "$S"
+gpu_tests "$T"
 for shape in 120B-n2048 30B-n1024 gpt-oss-20b; do
   for g in dw1 dw2; do
-    for p in p0 new; do
-      timeout "$(cap 20)" ncu --metrics gpu__time_duration.sum -k regex:gather_grouped_gemm --launch-skip 1 -c 1 \
-        "$B/$p" --shape $shape --gemms $g --iters 1 --warmup 1 > "$L/ncu_${shape}_${g}_$p.txt" 2>&1
-      say "ncu $shape $g $p rc=$? $(grep -E 'gpu__time_duration' "$L/ncu_${shape}_${g}_$p.txt" | awk '{print $(NF-1), $NF}') (t=$SECONDS)"
-    done
+    for p in p0 new; do ncu_ms "${shape}_${g}_$p" $p --shape $shape --gemms $g; done
   done
 done
 for g in dw1 dw2; do
-  timeout "$(cap 20)" ncu --metrics gpu__time_duration.sum -k regex:gather_grouped_gemm --launch-skip 1 -c 1 \
-    "$B/p5" --shape 120B-n2048 --gemms $g --iters 1 --warmup 1 > "$L/ncu_p5_$g.txt" 2>&1
-  say "ncu 120B-n2048 $g p5 rc=$? $(grep -E 'gpu__time_duration' "$L/ncu_p5_$g.txt" | awk '{print $(NF-1), $NF}') (t=$SECONDS)"
-  timeout "$(cap 20)" ncu --metrics gpu__time_duration.sum -k regex:gather_grouped_gemm --launch-skip 1 -c 1 \
-    "$B/p0" --shape 120B-n2048 --layout transposed --gemms $g --iters 1 --warmup 1 > "$L/ncu_t_$g.txt" 2>&1
-  say "ncu 120B-n2048 transposed $g p0 rc=$? $(grep -E 'gpu__time_duration' "$L/ncu_t_$g.txt" | awk '{print $(NF-1), $NF}') (t=$SECONDS)"
+  ncu_ms "120B-n2048_${g}_p5" p5 --shape 120B-n2048 --gemms $g
+  ncu_ms "120B-n2048_transposed_${g}_p0" p0 --shape 120B-n2048 --layout transposed --gemms $g
 done
-timeout "$(cap 40)" compute-sanitizer --tool racecheck "$B/gt" --gtest_filter=ExpertGemms.DwStoresSameBitsOnAnyGrid > "$L/racecheck.log" 2>&1
-say "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$L/racecheck.log" | tail -1) (t=$SECONDS)"
-timeout "$(cap 30)" compute-sanitizer --tool memcheck "$B/gt" --gtest_filter=ExpertGemms.DwStoresSameBitsOnAnyGrid > "$L/memcheck.log" 2>&1
-say "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$L/memcheck.log" | tail -1) (t=$SECONDS)"
+gpu_tests ExpertGemms.DwStoresSameBitsOnAnyGrid ExpertGemms.DwStoresSameBitsOnAnyGrid  # + memcheck, racecheck
 say "done t=$SECONDS"
