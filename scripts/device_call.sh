@@ -50,8 +50,8 @@ gemm_rounds() {
 }
 # ncu_ms NAME BIN ARGS...: one launch of the gather kernel by $B/BIN (leanmoe_bench_gemms ARGS, after a
 # warm-up launch) under ncu at base clocks: its gpu__time_duration into S as "ncu NAME ...", the log
-# into L/ncu_NAME.txt. Fixed clocks and no power cap: about 1% run to run (s28), against the steady
-# state's 2-5%.
+# into L/ncu_NAME.txt. Fixed clocks and no power cap: about 1% run to run, against the steady
+# state's 2-5% (docs/kernels.md "Where dW1's time goes").
 ncu_ms() {
   local name=$1 bin=$2
   shift 2
