@@ -65,7 +65,7 @@ ncu_ms() {
 # round; logs and JSON into L, a line per run into S, then the medians over the rounds (bench/layer_ab.py).
 # A variant NAME with its own binary $B/leanmoe_NAME (unpack leanmoe_NAME=...) runs that binary.
 layer_rounds() {
-  local rounds=$1 rows=$2 r c k v warm iters
+  local rounds=$1 rows=$2 r c k v warm iters bin
   shift 2
   local names=("$@")
   for ((r = 1; r <= rounds; ++r)); do
@@ -73,7 +73,7 @@ layer_rounds() {
       read -r warm iters < <(python3 bench/steady_iters.py "$c")
       for ((k = 0; k < ${#names[@]}; ++k)); do
         v=${names[$(((r + k) % ${#names[@]}))]}
-        local bin=$B/leanmoe; [ -x "$B/leanmoe_$v" ] && bin=$B/leanmoe_$v
+        bin=$B/leanmoe; [ -x "$B/leanmoe_$v" ] && bin=$B/leanmoe_$v
         # shellcheck disable=SC2086  # the variant's flags split into words
         timeout "$(cap 60)" "$bin" bench --config "$c" --router topk_then_softmax --graph --iters "$iters" \
           --warmup "$warm" ${V[$v]} --json "$L/layer_r${r}_${c}_$v.json" > "$L/layer_r${r}_${c}_$v.txt" 2>&1
