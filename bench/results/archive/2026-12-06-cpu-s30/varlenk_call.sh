@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared in session 30 for a session with device time: branch varlenk (f178029 = main b33031f +
+# Prepared in session 30 for a session with device time: branch varlenk (2346eb4 = main b33031f +
 # wgepi + dw1t + the one-kernel refactor: dW1 and dW2 both on dW2's 128x256 kernel, the gathered
 # operand along M, dW stored transposed where the layout wants it; the 256x128 dW1 kernel gone)
 # against main. The whole GPU suite of varlenk; memcheck and racecheck on the dW tests; ncu at base
