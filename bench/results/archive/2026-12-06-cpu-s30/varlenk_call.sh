@@ -19,11 +19,11 @@ unpack gt=.carry/vk/gt.xz vk=.carry/vk/bg_vk.xz p0=.carry/wgc/bg_p0.xz leanmoe_v
 say "$(cat .carry/vk/commit); $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader)"
 part() { [ -z "${PART:-}" ] || [ "$PART" = "$1" ]; }
 if part tests; then
-timeout "$(cap 240)" "$B/gt" > "$L/gpu_suite.log" 2>&1
-say "suite rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/gpu_suite.log" | tr '\n' ' ') (t=$SECONDS)"
-grep -E '^\[  FAILED  \]' "$L/gpu_suite.log" | head -5 | tee -a "$S"
-gpu_tests ExpertGemms.DwStoresSameBitsOnAnyGrid:ExpertGemms.TransposedWeights \
-  ExpertGemms.DwStoresSameBitsOnAnyGrid:ExpertGemms.TransposedWeights  # + memcheck, racecheck
+  timeout "$(cap 240)" "$B/gt" > "$L/gpu_suite.log" 2>&1
+  say "suite rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/gpu_suite.log" | tr '\n' ' ') (t=$SECONDS)"
+  grep -E '^\[  FAILED  \]' "$L/gpu_suite.log" | head -5 | tee -a "$S"
+  gpu_tests ExpertGemms.DwStoresSameBitsOnAnyGrid:ExpertGemms.TransposedWeights \
+    ExpertGemms.DwStoresSameBitsOnAnyGrid:ExpertGemms.TransposedWeights  # + memcheck, racecheck
 fi
 part timing || { say "done t=$SECONDS"; exit 0; }
 for shape in 120B-n2048 30B-n1024 gpt-oss-20b; do
@@ -36,7 +36,7 @@ done
 declare -A V=([p0]="" [vk]="")
 layer_rounds 2 120B-n2048,30B-n1024,gpt-oss-20b p0 vk
 V=([p0]="--layout transposed" [vk]="--layout transposed")
-L0=$L; L=$L/transposed; mkdir -p "$L"  # layer_ab.py reads one variant set per folder
+L0=$L; L=$L/transposed; mkdir -p "$L"  # its layer_r<R>_gpt-oss-20b_<v> files would overwrite the HF ones
 layer_rounds 2 gpt-oss-20b p0 vk
 L=$L0
 say "done t=$SECONDS"
