@@ -250,13 +250,13 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
   } else if (rows.rows_capacity > 0)
     map = kKind == GemmKind::Dw1 ? operand_tensor_map(args.a, rows.rows_capacity, s.width(), 64, 64, kFp8, what)
                                  : operand_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, kFp8, what);
-  // The TMA-store epilogue's output: dW as [E][M][N], 16 x 32 boxes in the staging tiles' 64-byte
+  // The TMA-store epilogue's output: dW as [E][M][N], 64 x 32 boxes in the staging tiles' 64-byte
   // swizzle (store_dw_rows_tma).
   CUtensorMap out_map{};
   if constexpr (is_varlen_k(kKind)) {
     const kernels::ProblemDims dims = kernels::problem_dims<kKind>(s.d, s.n, s.width());
     const int64_t out_dims[3] = {dims.N, dims.M, rows.E}, out_strides[2] = {dims.N, dims.out_expert_stride};
-    const int box[3] = {32, 16, 1};
+    const int box[3] = {32, 64, 1};
     out_map = operand_tensor_map(args.out, 3, out_dims, out_strides, box, false, what, CU_TENSOR_MAP_SWIZZLE_64B);
   }
   kernels::GemmArgsOf<Tile> kernel_args{};

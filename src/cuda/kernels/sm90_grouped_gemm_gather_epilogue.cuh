@@ -650,20 +650,26 @@ __device__ __forceinline__ void prefetch_h_row_l2(const GemmArgs& args, int64_t 
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g + n), "r"(bytes) : "memory");
 }
 
-// ---- dW1 / dW2 by TMA store: each 16x32 chunk of the warp's rows goes through one of its three
-//      staging tiles (stmatrix; the tile's swizzle is TMA's 64-byte one, warp_tile_offset) and one
-//      TMA store into dW viewed as [E][M][N] (out_map: rows past M and columns past N are not
-//      written). The warp does not wait for the store: a tile is written again three chunks later,
-//      after its lane 0 saw at most two of its stores still reading shared memory; `stores` counts
-//      the warp's stores across tiles (the rotation). ----
+// ---- dW1 / dW2 by TMA store, per consumer warpgroup: each 64x32 chunk of the warpgroup's 64-row
+//      slice goes through one of its three 4 KB staging tiles (each warp stmatrix-es its 16 rows
+//      into its quarter; the quarters stacked are one 64-row box in TMA's 64-byte swizzle,
+//      warp_tile_offset) and one TMA store, issued by the warpgroup's first thread, into dW viewed as
+//      [E][M][N] (out_map: rows past M and columns past N are not written). A tile is written again
+//      three chunks later, after that thread saw at most two of its stores still reading shared
+//      memory; `stores` counts the warpgroup's stores across tiles (the rotation). One 4 KB store per
+//      chunk instead of a 1 KB store per warp: a quarter of the TMA operations, which the producer's
+//      loads of the next tile queue behind (without its epilogue dW1 ran 6% faster, dW2 8%:
+//      docs/kernels.md "Where dW1's time goes"). ----
 template <int kTileN>
 __device__ __forceinline__ void store_dw_rows_tma(const CUtensorMap* out_map, const ProblemDims& dims,
                                                   const float (&acc)[kTileN / 2], int64_t m0, int n_tile, int expert,
                                                   uint32_t staging, uint32_t& stores) {
   const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
-  const int64_t n0 = int64_t(n_tile) * kTileN, row0 = m0 + warp_in_wg * 16;
-  if (row0 >= dims.M) return;  // the warp's rows all past M (the last row tile): nothing to store
-  const uint32_t tiles = staging + warp_in_wg * kWarpStagingBytes;
+  // Named barrier 1 + the consumer warpgroup (1, 2): the warpgroup's 128 threads only.
+  const int barrier = threadIdx.x / 128;
+  const bool issuer = warp_in_wg == 0 && lane == 0;
+  const int64_t n0 = int64_t(n_tile) * kTileN;
+  if (m0 >= dims.M) return;  // the slice's rows all past M (the last row tile): the same for the warpgroup
 #pragma unroll
   for (int c = 0; c < kTileN / 32; ++c) {
     if (n0 + 32 * c >= dims.N) break;  // the last column tile of an N that is not a multiple of kTileN
@@ -675,14 +681,14 @@ __device__ __forceinline__ void store_dw_rows_tma(const CUtensorMap* out_map, co
         const int b = 4 * c + bl;
         v[h][bl] = pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]);
       }
-    const uint32_t tile = tiles + (stores % 3) * kWarpTileBytes;
-    if (lane == 0) bulk_wait_group_read<2>();  // the store that last read this tile has read it
-    __syncwarp();
-    store_fragment_tile(tile, v);
+    const uint32_t tile = staging + (stores % 3) * 4 * kWarpTileBytes;
+    if (issuer) bulk_wait_group_read<2>();  // the store that last read this tile has read it
+    named_barrier_sync(barrier, 128);
+    store_fragment_tile(tile + warp_in_wg * kWarpTileBytes, v);
     fence_proxy_async_smem();  // the generic-proxy writes, visible to the TMA unit's reads
-    __syncwarp();
-    if (lane == 0) {
-      tma_store_3d(out_map, tile, int(n0 + 32 * c), int(row0), expert);
+    named_barrier_sync(barrier, 128);
+    if (issuer) {
+      tma_store_3d(out_map, tile, int(n0 + 32 * c), int(m0), expert);
       bulk_commit_group();
     }
     ++stores;
