@@ -251,13 +251,15 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
     map = kKind == GemmKind::Dw1 ? operand_tensor_map(args.a, rows.rows_capacity, s.width(), 64, 64, kFp8, what)
                                  : operand_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, kFp8, what);
   // The TMA-store epilogue's output: dW as [E][M][N], 64 x 32 boxes in the staging tiles' 64-byte
-  // swizzle (store_dw_rows_tma).
+  // swizzle; kTransposed: as [E][N][M], 32 x 64 boxes, 128-byte swizzle (store_dw_rows_tma).
   CUtensorMap out_map{};
   if constexpr (is_varlen_k(kKind)) {
     const kernels::ProblemDims dims = kernels::problem_dims<kKind>(s.d, s.n, s.width());
-    const int64_t out_dims[3] = {dims.N, dims.M, rows.E}, out_strides[2] = {dims.N, dims.out_expert_stride};
-    const int box[3] = {32, 64, 1};
-    out_map = operand_tensor_map(args.out, 3, out_dims, out_strides, box, false, what, CU_TENSOR_MAP_SWIZZLE_64B);
+    const int64_t out_dims[3] = {kTransposed ? dims.M : dims.N, kTransposed ? dims.N : dims.M, rows.E},
+                  out_strides[2] = {kTransposed ? dims.M : dims.N, dims.out_expert_stride};
+    const int box[3] = {kTransposed ? 64 : 32, kTransposed ? 32 : 64, 1};
+    out_map = operand_tensor_map(args.out, 3, out_dims, out_strides, box, false, what,
+                                 kTransposed ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
   }
   kernels::GemmArgsOf<Tile> kernel_args{};
   if constexpr (kFp8)
@@ -300,8 +302,8 @@ struct GatherKernel {
 template <GemmKind kKind, class Tile, bool kCluster, bool kTransposed, size_t... I>
 std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I...>) {
   std::array<GatherLaunch, kNumActivations> launches{};
-  if constexpr (is_varlen_k(kKind)) {
-    if constexpr (!kTransposed) launches.fill(&launch_gather<kKind, Tile, kCluster, void, false>);
+  if constexpr (is_varlen_k(kKind)) {  // kTransposed: dW stored [E][N][M] (dW2's kernel only)
+    if constexpr (!kTransposed || kKind == GemmKind::Dw2) launches.fill(&launch_gather<kKind, Tile, kCluster, void, kTransposed>);
   } else {
     launches = {&launch_gather<kKind, Tile, kCluster, kernels::DeviceActivation<act::kAll[I]>, kTransposed>...};
   }
@@ -374,7 +376,7 @@ void require_precision(const ExpertShape& s, bool fp8_launcher, const char* what
 template <GemmKind kKind>
 void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const GemmConfig* requested,
             cudaStream_t stream, const char* what, const ExpertFunction& fn = {},  // fn: up and dH only
-            const Fp8Scales* fp8 = nullptr) {
+            const Fp8Scales* fp8 = nullptr, bool store_transposed = false) {
   // up and dH run in the shape's precision; dW1 and dW2 stay bf16 on an FP8 shape (runs_fp8).
   if (!is_varlen_k(kKind)) require_precision(s, fp8 != nullptr, what);
   if (!is_varlen_k(kKind) && activation_is_gated(fn.activation) != s.gated)
@@ -401,7 +403,7 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
       // (FP8 kernels read K-major weights in either layout: s.transposed changes nothing there.)
       const bool default_path = fn.activation == Activation::swiglu && !fn.interleaved && args.b1 == nullptr &&
                                 (!s.transposed || fp8);
-      const auto& launches = s.transposed ? kernel.launch_transposed : kernel.launch;
+      const auto& launches = s.transposed || store_transposed ? kernel.launch_transposed : kernel.launch;
       (default_path && kernel.no_bias_gate_up ? kernel.no_bias_gate_up
                                               : launches[static_cast<size_t>(fn.activation)])(
           rows, s, args, fp8 ? *fp8 : Fp8Scales{}, config, stream, what);
@@ -444,6 +446,10 @@ const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8) {
     for (GemmKind k : kGemmKinds) {
       std::vector<GemmConfig> configs = cutlass_gemm_configs(k, fp8_table);
       for (const GatherKernel& kernel : gather_kernels(k, fp8_table)) configs.push_back(kernel.config);
+      // dW1's kernel also runs on dW2's (run_dw: G along M, dW stored transposed); dW1's cannot store
+      // dW2's layout.
+      if (k == GemmKind::Dw1)
+        for (const GatherKernel& kernel : gather_kernels(GemmKind::Dw2, fp8_table)) configs.push_back(kernel.config);
       per_kind.push_back(configs);
     }
     return per_kind;
@@ -564,19 +570,36 @@ void dh_act_bwd_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFu
   launch<GemmKind::Dh>(rows, s, args, config, stream, "dh_act_bwd_fp8", fn, &scales);
 }
 
-void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,
-         cudaStream_t stream, const GemmConfig* config) {
-  if (s.transposed) {  // dW2ᵀ [n, d] = A'ᵀ·dO[tok]: dW1's GEMM with dH -> A' (width n), X -> dO
-    // Resolved under its own name (a refusal names dw2), then launched with the kernel's shape.
-    const GemmConfig c = resolve_gemm_config(GemmKind::Dw2, s, rows.E, current_gpu(), config);
-    GemmArgs args = make_args(a_prime, d_out);
-    args.out = static_cast<kernels::bf16*>(dw2);
-    launch<GemmKind::Dw1>(rows, {s.T, s.d, s.n, /*gated=*/false}, args, &c, stream, "dw2");
+namespace {
+// dW1 and dW2 (HF layout; transposed: swapped, as gemm_kernel_kind says): dW = Gᵀ·P per expert over
+// its routed rows, G the gathered rows (X, dO; width d), P the plain rows (dH, A'; width p = W, n).
+// dW is [E][p][d] (p_major: dW1, transposed dW2) or [E][d][p]. Either varlen-K kernel runs either:
+// dW2's (128x256, G along M) stores [E][d][p] and, transposed, [E][p][d]; dW1's (256x128, G along N)
+// stores [E][p][d] only. The configuration (resolved under the asked kind) picks the kernel.
+void run_dw(GemmKind asked, const RoutedRows& rows, const ExpertShape& s, int64_t p, bool p_major, const void* g,
+            const void* plain, void* out, cudaStream_t stream, const GemmConfig* config, const char* what) {
+  const GemmConfig c = resolve_gemm_config(asked, s, rows.E, current_gpu(), config);
+  const ExpertShape kernel_shape{s.T, s.d, p, /*gated=*/false};
+  const bool dw2_kernel = std::any_of(gather_kernels(GemmKind::Dw2, false).begin(), gather_kernels(GemmKind::Dw2, false).end(),
+                                      [&](const GatherKernel& k) { return k.config.same_kernel(c); });
+  if (dw2_kernel) {
+    GemmArgs args = make_args(g, plain);
+    args.out = static_cast<kernels::bf16*>(out);
+    launch<GemmKind::Dw2>(rows, kernel_shape, args, &c, stream, what, {}, nullptr, /*store_transposed=*/p_major);
     return;
   }
-  GemmArgs args = make_args(d_out, a_prime);
-  args.out = static_cast<kernels::bf16*>(dw2);
-  launch<GemmKind::Dw2>(rows, s, args, config, stream, "dw2");
+  if (!p_major)
+    throw leanmoe::Error(std::string(what) + " GEMM config '" + to_string(c) +
+                         "': dW1's kernel stores [E][p][d] only; this layout needs dW2's kernel (128x256)");
+  GemmArgs args = make_args(plain, g);
+  args.out = static_cast<kernels::bf16*>(out);
+  launch<GemmKind::Dw1>(rows, kernel_shape, args, &c, stream, what);
+}
+}  // namespace
+
+void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,
+         cudaStream_t stream, const GemmConfig* config) {
+  run_dw(GemmKind::Dw2, rows, s, s.n, /*p_major=*/s.transposed, d_out, a_prime, dw2, stream, config, "dw2");
 }
 
 void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
@@ -588,16 +611,7 @@ void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, con
 
 void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* x, void* dw1,
          cudaStream_t stream, const GemmConfig* config) {
-  if (s.transposed) {  // dW1ᵀ [d, W] = X[tok]ᵀ·dH: dW2's GEMM with dO -> X, A' -> dH (n -> W)
-    const GemmConfig c = resolve_gemm_config(GemmKind::Dw1, s, rows.E, current_gpu(), config);
-    GemmArgs args = make_args(x, dh);
-    args.out = static_cast<kernels::bf16*>(dw1);
-    launch<GemmKind::Dw2>(rows, {s.T, s.d, s.width(), /*gated=*/false}, args, &c, stream, "dw1");
-    return;
-  }
-  GemmArgs args = make_args(dh, x);
-  args.out = static_cast<kernels::bf16*>(dw1);
-  launch<GemmKind::Dw1>(rows, s, args, config, stream, "dw1");
+  run_dw(GemmKind::Dw1, rows, s, s.width(), /*p_major=*/!s.transposed, x, dh, dw1, stream, config, "dw1");
 }
 
 // FP8: both weight layouts reach the kernel K-major (the caller passes the copy named in expert_gemms.h),

@@ -226,10 +226,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   static_assert(kCluster == (kKind != GemmKind::Up || Tile::kFp8),
                 "bf16 up runs without clusters; FP8 up, dH, dW2, dW1 in 2x1 clusters");
   static_assert(std::is_void_v<Act> == is_varlen_k(kKind), "up and dH apply an activation, dW1 and dW2 none");
-  static_assert(!(kTransposed && is_varlen_k(kKind)), "transposed weights change dW1's and dW2's roles, not kernel");
+  // Varlen-K: kTransposed stores dW as [E][N][M] (dW2's kernel computing the HF layout's dW1).
+  static_assert(!(kTransposed && kKind == GemmKind::Dw1), "dW1's kernel stores [E][M][N] only");
   constexpr int kTileM = Tile::kTileM, kTileN = Tile::kTileN, kTileK = Tile::kTileK, kStages = Tile::kStages;
   constexpr bool kVarlenK = is_varlen_k(kKind);
-  constexpr bool kBKMajor = b_is_k_major(kKind, kTransposed);
+  constexpr bool kBKMajor = b_is_k_major(kKind, kTransposed && !is_varlen_k(kKind));
   // FP8: up with W1 [E, W, d] and dH with W2t [E, n, d], both K-major (FP8 wgmma reads no other).
   static_assert(!Tile::kFp8 || (!kVarlenK && kBKMajor), "FP8 runs up and dH on K-major weights");
   constexpr int kProducerThreads = 128;
@@ -623,7 +624,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         const int64_t m0 = tile.m0 + Tile::slice_row(cwg, s) * 64;
         const uint32_t staging = smem_base + kStages * Tile::kStageBytes + cwg * Tile::kStagingBytes;
         if constexpr (kVarlenK)
-          store_dw_rows_tma<kTileN>(&tma_out, dims, acc[s], m0, tile.n_tile, tile.expert, staging, stores);
+          store_dw_rows_tma<kTileN, kTransposed>(&tma_out, dims, acc[s], m0, tile.n_tile, tile.expert, staging, stores);
         else if constexpr (kKind == GemmKind::Up)
           store_up_rows_warp_staged<Act, kTileN, kTransposed, Tile::kFp8>(args, acc[s], m0, tile.row_end, tile.n_tile,
                                                                           tile.expert, staging, out_q);

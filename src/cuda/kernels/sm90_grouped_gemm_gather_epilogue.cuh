@@ -660,7 +660,10 @@ __device__ __forceinline__ void prefetch_h_row_l2(const GemmArgs& args, int64_t 
 //      chunk instead of a 1 KB store per warp: a quarter of the TMA operations, which the producer's
 //      loads of the next tile queue behind (without its epilogue dW1 ran 6% faster, dW2 8%:
 //      docs/kernels.md "Where dW1's time goes"). ----
-template <int kTileN>
+// kTransposedOut: dW stored [E][N][M] (the HF layout's dW1 from dW2's kernel arrangement, M = d):
+// each warp's 16x32 fragment goes through stmatrix .trans into the chunk tile as 32 N-rows of the
+// slice's 64 M values (128 bytes, TMA's 128-byte swizzle), one box {64, 32, 1}.
+template <int kTileN, bool kTransposedOut>
 __device__ __forceinline__ void store_dw_rows_tma(const CUtensorMap* out_map, const ProblemDims& dims,
                                                   const float (&acc)[kTileN / 2], int64_t m0, int n_tile, int expert,
                                                   uint32_t staging, uint32_t& stores) {
@@ -684,11 +687,20 @@ __device__ __forceinline__ void store_dw_rows_tma(const CUtensorMap* out_map, co
     const uint32_t tile = staging + (stores % 3) * 4 * kWarpTileBytes;
     if (issuer) bulk_wait_group_read<2>();  // the store that last read this tile has read it
     named_barrier_sync(barrier, 128);
-    store_fragment_tile(tile + warp_in_wg * kWarpTileBytes, v);
+    if constexpr (kTransposedOut) {
+      // Lane l: N row l of the chunk; the 16-byte M block 2·warp + h of that row, swizzled.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) stmatrix_x4_trans(tile + lane * 128 + (((2 * warp_in_wg + h) ^ (lane & 7)) << 4), v[h]);
+    } else {
+      store_fragment_tile(tile + warp_in_wg * kWarpTileBytes, v);
+    }
     fence_proxy_async_smem();  // the generic-proxy writes, visible to the TMA unit's reads
     named_barrier_sync(barrier, 128);
     if (issuer) {
-      tma_store_3d(out_map, tile, int(n0 + 32 * c), int(m0), expert);
+      if constexpr (kTransposedOut)
+        tma_store_3d(out_map, tile, int(m0), int(n0 + 32 * c), expert);
+      else
+        tma_store_3d(out_map, tile, int(n0 + 32 * c), int(m0), expert);
       bulk_commit_group();
     }
     ++stores;

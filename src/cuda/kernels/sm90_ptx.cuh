@@ -203,6 +203,13 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, const uint32_t (&v)[4
                "r"(v[2]), "r"(v[3])
                : "memory");
 }
+// stmatrix_x4 with .trans: each 8x8 matrix lands transposed (lane l still addresses row l%8 of
+// matrix l/8, a row of the stored, transposed matrix).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, const uint32_t (&v)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]),
+               "r"(v[1]), "r"(v[2]), "r"(v[3])
+               : "memory");
+}
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&v)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
