@@ -192,9 +192,8 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels:
     return count;
   }();
   int64_t cluster_tiles = 0;
-  if constexpr (is_varlen_k(kKind)) {  // dW1 pairs n-tiles, dW2 m-tiles (tile_at)
-    const int64_t m = args.m_tiles, n = args.n_tiles;
-    cluster_tiles = rows.E * (kKind == GemmKind::Dw2 ? (m + 1) / 2 * n : m * ((n + 1) / 2));
+  if constexpr (is_varlen_k(kKind)) {  // pairs of m-tiles (tile_at)
+    cluster_tiles = rows.E * ((args.m_tiles + 1) / 2 * args.n_tiles);
   } else {
     const dim3 pairs = grid_for<kKind>(rows, s, 2 * Tile::kTileM, Tile::kTileN);  // (256-row pair slots, n-tiles)
     cluster_tiles = int64_t(pairs.x) * pairs.y;
@@ -213,7 +212,7 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels:
 
 // The gather kernel, persistent: at most one CTA per SM and config.max_ctas, never more than tiles.
 // The operand loaded with TMA: the weights (varlen-M; kTransposed: stored [E, d, W] and [E, n, d])
-// or the row-range operand (varlen-K: dH for dW1, A' for dW2, over the rows_capacity rows the caller
+// or the row-range operand (varlen-K: A' for dW2, dH for dW1, over the rows_capacity rows the caller
 // allocated; none: every expert is empty, no k-tile is loaded and the kernel only stores zero gradients).
 // FP8 (Tile::kFp8): the codes' scales, the output quantized in the epilogue (none: null codes),
 // and the TMA maps over e4m3 codes (128-code boxes along K).
@@ -248,8 +247,7 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
     else
       map = operand_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, kFp8, what);
   } else if (rows.rows_capacity > 0)
-    map = kKind == GemmKind::Dw1 ? operand_tensor_map(args.a, rows.rows_capacity, s.width(), 64, 64, kFp8, what)
-                                 : operand_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, kFp8, what);
+    map = operand_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, kFp8, what);
   // The TMA-store epilogue's output: dW as [E][M][N], 64 x 32 boxes in the staging tiles' 64-byte
   // swizzle; kTransposed: as [E][N][M], 32 x 64 boxes, 128-byte swizzle (store_dw_rows_tma).
   CUtensorMap out_map{};
@@ -281,8 +279,8 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
 }
 
 // One compiled configuration of the gather kernel: up and dH one instantiation per activation and
-// weight layout (launch[activation], launch_transposed[activation]), dW1 and dW2 one for all
-// (launch only: with transposed weights they exchange roles, gemm_kernel_kind).
+// weight layout (launch[activation], launch_transposed[activation]); dW one for all, launch storing dW
+// as [E][M][N], launch_transposed as [E][N][M] (run_dw).
 using GatherLaunch = void (*)(const RoutedRows&, const ExpertShape&, GemmArgs, const Fp8Scales&, const GemmConfig&,
                               cudaStream_t, const char*);
 constexpr size_t kNumActivations = std::size(act::kAll);
@@ -302,8 +300,8 @@ struct GatherKernel {
 template <GemmKind kKind, class Tile, bool kCluster, bool kTransposed, size_t... I>
 std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I...>) {
   std::array<GatherLaunch, kNumActivations> launches{};
-  if constexpr (is_varlen_k(kKind)) {  // kTransposed: dW stored [E][N][M] (dW2's kernel only)
-    if constexpr (!kTransposed || kKind == GemmKind::Dw2) launches.fill(&launch_gather<kKind, Tile, kCluster, void, kTransposed>);
+  if constexpr (is_varlen_k(kKind)) {
+    launches.fill(&launch_gather<kKind, Tile, kCluster, void, kTransposed>);
   } else {
     launches = {&launch_gather<kKind, Tile, kCluster, kernels::DeviceActivation<act::kAll[I]>, kTransposed>...};
   }
@@ -347,13 +345,12 @@ const std::vector<GatherKernel>& gather_kernels(GemmKind kind, bool fp8) {
   static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, sm90::GatherTile128x256, false>()};
   static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, sm90::GatherTile128x256, true>()};
   static const std::vector<GatherKernel> dw2 = {gather_kernel<GemmKind::Dw2, sm90::GatherTile128x256, true>()};
-  static const std::vector<GatherKernel> dw1 = {gather_kernel<GemmKind::Dw1, sm90::GatherTile256x128, true>()};
   static const std::vector<GatherKernel> none;
   switch (kind) {
     case GemmKind::Up: return up;
     case GemmKind::Dh: return dh;
-    case GemmKind::Dw2: return dw2;
-    case GemmKind::Dw1: return dw1;
+    case GemmKind::Dw2:
+    case GemmKind::Dw1: return dw2;  // one varlen-K kernel for both (run_dw)
     default: return none;
   }
 }
@@ -430,11 +427,6 @@ const char* expert_gemms_unsupported(const ExpertShape& s) {
   return "";
 }
 
-GemmKind gemm_kernel_kind(GemmKind kind, const ExpertShape& s) {
-  if (!s.transposed) return kind;
-  return kind == GemmKind::Dw1 ? GemmKind::Dw2 : kind == GemmKind::Dw2 ? GemmKind::Dw1 : kind;
-}
-
 int64_t gemm_column_tiles(GemmKind kind, const ExpertShape& s, const GemmConfig& config) {
   const int64_t columns = kind == GemmKind::Up || kind == GemmKind::Dh || kind == GemmKind::Dw2 ? s.n : s.d;
   return ceil_div(columns, kind == GemmKind::Up && s.gated ? config.tile_n / 2 : config.tile_n);
@@ -446,10 +438,6 @@ const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8) {
     for (GemmKind k : kGemmKinds) {
       std::vector<GemmConfig> configs = cutlass_gemm_configs(k, fp8_table);
       for (const GatherKernel& kernel : gather_kernels(k, fp8_table)) configs.push_back(kernel.config);
-      // dW1's kernel also runs on dW2's (run_dw: G along M, dW stored transposed); dW1's cannot store
-      // dW2's layout.
-      if (k == GemmKind::Dw1)
-        for (const GatherKernel& kernel : gather_kernels(GemmKind::Dw2, fp8_table)) configs.push_back(kernel.config);
       per_kind.push_back(configs);
     }
     return per_kind;
@@ -462,16 +450,12 @@ bool runs_fp8(GemmKind kind, const ExpertShape& s) {
   return s.fp8 && kind != GemmKind::Dw1 && kind != GemmKind::Dw2;
 }
 
-GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, const GpuTraits& gpu,
+GemmConfig resolve_gemm_config(GemmKind kind, const ExpertShape& s, int64_t E, const GpuTraits& gpu,
                                const GemmConfig* requested) {
-  const GemmKind kind = gemm_kernel_kind(asked, s);
   const GemmConfig chosen = choose_gemm_config(kind, s, gpu);
   GemmConfig c = requested ? *requested : chosen;
   auto fail = [&](const std::string& rule) {
-    const std::string runs =
-        kind == asked ? "" : std::string(" (transposed weights: ") + gemm_kind_name(kind) + "'s kernel)";
-    throw leanmoe::Error(std::string(gemm_kind_name(asked)) + " GEMM config '" + to_string(c) + "'" + runs + ": " +
-                         rule);
+    throw leanmoe::Error(std::string(gemm_kind_name(kind)) + " GEMM config '" + to_string(c) + "': " + rule);
   };
   const std::vector<GemmConfig>& compiled = compiled_gemm_configs(kind, runs_fp8(kind, s));
   if (std::none_of(compiled.begin(), compiled.end(), [&](const GemmConfig& k) { return k.same_kernel(c); })) {
@@ -571,29 +555,19 @@ void dh_act_bwd_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFu
 }
 
 namespace {
-// dW1 and dW2 (HF layout; transposed: swapped, as gemm_kernel_kind says): dW = Gᵀ·P per expert over
-// its routed rows, G the gathered rows (X, dO; width d), P the plain rows (dH, A'; width p = W, n).
-// dW is [E][p][d] (p_major: dW1, transposed dW2) or [E][d][p]. Either varlen-K kernel runs either:
-// dW2's (128x256, G along M) stores [E][d][p] and, transposed, [E][p][d]; dW1's (256x128, G along N)
-// stores [E][p][d] only. The configuration (resolved under the asked kind) picks the kernel.
+// dW1 and dW2: dW = Gᵀ·P per expert over its routed rows, G the gathered rows (X, dO; width d), P
+// the plain rows (dH, A'; width p = W, n), on one kernel (128x256, G along M, P by TMA along N). dW is
+// [E][d][p] (the HF layout's dW2, the transposed layout's dW1) or, p_major, [E][p][d] (the HF
+// layout's dW1, the transposed layout's dW2: the kernel's transposed store). Against a separate
+// 256x128 kernel with G along N for [E][p][d], both at base clocks (docs/kernels.md "Where dW1's time
+// goes"): dW1 7.41 vs 7.35 ms at 120B-n2048, 3.74 vs 3.75 at 30B-n1024, 7.40 vs 7.48 at gpt-oss-20b.
 void run_dw(GemmKind asked, const RoutedRows& rows, const ExpertShape& s, int64_t p, bool p_major, const void* g,
             const void* plain, void* out, cudaStream_t stream, const GemmConfig* config, const char* what) {
   const GemmConfig c = resolve_gemm_config(asked, s, rows.E, current_gpu(), config);
-  const ExpertShape kernel_shape{s.T, s.d, p, /*gated=*/false};
-  const bool dw2_kernel = std::any_of(gather_kernels(GemmKind::Dw2, false).begin(), gather_kernels(GemmKind::Dw2, false).end(),
-                                      [&](const GatherKernel& k) { return k.config.same_kernel(c); });
-  if (dw2_kernel) {
-    GemmArgs args = make_args(g, plain);
-    args.out = static_cast<kernels::bf16*>(out);
-    launch<GemmKind::Dw2>(rows, kernel_shape, args, &c, stream, what, {}, nullptr, /*store_transposed=*/p_major);
-    return;
-  }
-  if (!p_major)
-    throw leanmoe::Error(std::string(what) + " GEMM config '" + to_string(c) +
-                         "': dW1's kernel stores [E][p][d] only; this layout needs dW2's kernel (128x256)");
-  GemmArgs args = make_args(plain, g);
+  GemmArgs args = make_args(g, plain);
   args.out = static_cast<kernels::bf16*>(out);
-  launch<GemmKind::Dw1>(rows, kernel_shape, args, &c, stream, what);
+  launch<GemmKind::Dw2>(rows, {s.T, s.d, p, /*gated=*/false}, args, &c, stream, what, {}, nullptr,
+                        /*store_transposed=*/p_major);
 }
 }  // namespace
 
