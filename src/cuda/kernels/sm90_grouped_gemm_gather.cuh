@@ -16,9 +16,10 @@
 //     128 + 1 arrivals on its "full" mbarrier.
 //   - warpgroups 1 and 2, the consumers (setmaxnreg up to 232): wgmma from the stage, then release
 //     it on its "empty" mbarrier (lane 0 of each warp, after the warp's wgmmas reading it retired).
-// Cooperative schedule: both consumers share each kTileM x kTileN tile (kTileM/2 rows each); the epilogue is not overlapped with MMAs, but the producer
-// keeps loading the next tile meanwhile. Both sides walk one stream of k-tiles per CTA (all k-tiles
-// of its tile t = blockIdx.x, then of t + gridDim.x, ...); item i of the stream uses stage
+// Cooperative schedule: both consumers share each 128 x kTileN tile (64 rows each); the epilogue
+// is not overlapped with MMAs, but the producer keeps loading the next tile meanwhile. Both sides
+// walk one stream of k-tiles per CTA (all k-tiles of its tile t = blockIdx.x, then of
+// t + gridDim.x, ...); item i of the stream uses stage
 // i % kStages. Varlen-K tiles have a varying number of k-tiles (ceil(rows_e / 64), 0 for an empty
 // expert: no item, the epilogue stores zeros).
 //
@@ -75,16 +76,13 @@ struct GatherTile {
   // Per consumer warpgroup: three [16 rows][32 columns] bf16 tiles (1 KB each) for each of its 4 warps.
   static constexpr int kStagingBytes = 4 * kWarpStagingBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStagingBytes + 1024;  // + alignment slack to 1024 B
-  // 64-row slices per consumer warpgroup (its half of the tile's rows), each kTileN/2 fp32
-  // accumulators per thread; slice s of consumer warpgroup cwg is 64-row slice slice_row(cwg, s).
-  static constexpr int kSlices = kTileM / 128;
-  static constexpr __host__ __device__ int slice_row(int cwg, int s) { return cwg * kSlices + s; }
-  static_assert(kTileM == 128 || kTileM == 256);
-  static_assert(kSlices * kTileN / 2 <= 128, "accumulators must leave room for the epilogue in 232 registers");
+  // Consumer warpgroup cwg takes the tile's 64-row slice cwg: kTileN/2 fp32 accumulators per thread.
+  static_assert(kTileM == 128, "two consumer warpgroups of 64 rows");
+  static_assert(kTileN / 2 <= 128, "accumulators must leave room for the epilogue in 232 registers");
   // + the static tile table (4 KB) and the mbarriers, within the 227 KB an SM gives one CTA.
   static_assert(kSmemBytes + (kMaxGemmExperts + 1) * 4 + kStages * 16 <= 227 * 1024);
   // FP8 promotes each k-block's sum per 128-column half of a 64-row slice (fp8_mainloop).
-  static_assert(!kFp8 || (kTileM == 128 && kTileN == 256), "the FP8 tile is 128 x 256");
+  static_assert(!kFp8 || kTileN == 256, "the FP8 tile is 128 x 256");
 };
 // 4 x 48 KB stages + 2 x 12 KB staging + 1 KB = 222208 B; 128 accumulators per consumer thread.
 using GatherTile128x256 = GatherTile<128, 256, 4>;
@@ -217,7 +215,6 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                                const __grid_constant__ CUtensorMap tma_out) {
   static_assert(kKind == GemmKind::Up || kKind == GemmKind::Dh || kKind == GemmKind::Dw2,
                 "dW1 runs on dW2's kernel (expert_gemms.cu run_dw)");
-  static_assert(Tile::kTileM == 128 || is_varlen_k(kKind), "varlen-M tiles are 128 rows (the A gather, the tile table)");
   // What is compiled (docs/kernels.md): up without clusters, dH and dW with them; the other
   // branch of each is not written.
   // FP8 up runs in 2x1 clusters too (they multicast its W1 tile's two halves, as dH's W2t).
@@ -503,11 +500,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         Barrier::arrive(&empty_bar[stage]);
       }
     };
-    float acc[Tile::kSlices][kTileN / 2];
+    float acc[kTileN / 2];
     // Stage 0's wgmma descriptors (sm90_ptx.cuh smem_desc), advanced per stage and k-step in the
-    // mainloop. A: this warpgroup's first 64-row slice, 64 K-major rows or one 64-wide MN block
+    // mainloop. A: this warpgroup's 64-row slice, 64 K-major rows or one 64-wide MN block
     // (8 KB either way; varlen-K MN-major, else K-major); B: K-major or MN-major as kBKMajor.
-    const uint64_t desc_a0 = smem_desc(smem_base + Tile::slice_row(cwg, 0) * kMNBlockBytes,
+    const uint64_t desc_a0 = smem_desc(smem_base + cwg * kMNBlockBytes,
                                        kVarlenK ? kMNBlockBytes : 16, 1024);
     const uint64_t desc_b0 = smem_desc(smem_base + Tile::kABytes, kBKMajor ? 16 : kMNBlockBytes, 1024);
     int item = 0;  // stream position of tile i's first k-tile
@@ -517,9 +514,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       const int num_k = num_k_of(t);
       if constexpr (!kVarlenK) item = i * num_k;  // the same; keeps `item` dead across the epilogue
 #pragma unroll
-      for (int s = 0; s < Tile::kSlices; ++s)
-#pragma unroll
-        for (int j = 0; j < kTileN / 2; ++j) acc[s][j] = 0.f;
+      for (int j = 0; j < kTileN / 2; ++j) acc[j] = 0.f;
       if constexpr (Tile::kFp8) {
         // Per k-tile (one 128-deep scale block) and 128-column half h, the wgmmas sum into a fresh
         // 64-register part, then acc += part · s_a(row) · s_b(column group): the promotion in fp32
@@ -558,7 +553,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
               for (int c = 0; c < 2; ++c) scale[i][c] = sa[i] * sb[2 * h + c];
             // Register j: row lane/4 + 8·((j/2) % 2), column 8·(j/4) + 2·(lane%4) + j%2 of the half.
 #pragma unroll
-            for (int j = 0; j < 64; ++j) acc[0][64 * h + j] += part[j] * scale[(j >> 1) & 1][j >> 5];
+            for (int j = 0; j < 64; ++j) acc[64 * h + j] += part[j] * scale[(j >> 1) & 1][j >> 5];
           }
           // Both halves' wgmmas retired: the stage is free.
           if (lane == 0) release(stage);
@@ -576,29 +571,23 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           const uint32_t stage_bytes = uint32_t(stage) * Tile::kStageBytes;
           const uint64_t desc_a = smem_desc_advance(desc_a0, stage_bytes);
           const uint64_t desc_b = smem_desc_advance(desc_b0, stage_bytes);
-#pragma unroll
-          for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+          fence_registers(acc);
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < kTileK / 16; ++kk) {
             // A k16 step is 32 B along a K-major row or 16 k-rows (2048 B) of an MN-major tile.
             constexpr uint32_t kStepA = kVarlenK ? 2048 : 32, kStepB = kBKMajor ? 32 : 2048;
-#pragma unroll
-            for (int s = 0; s < Tile::kSlices; ++s)  // slice s: the next 8 KB of A
-              wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(
-                  acc[s], smem_desc_advance(desc_a, s * kMNBlockBytes + kk * kStepA),
-                  smem_desc_advance(desc_b, kk * kStepB));
+            wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(acc, smem_desc_advance(desc_a, kk * kStepA),
+                                                                  smem_desc_advance(desc_b, kk * kStepB));
           }
           wgmma_commit();
           // Keep one k-tile of wgmmas in flight; the one before it has retired: release its stage.
           wgmma_wait<1>();
-#pragma unroll
-          for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+          fence_registers(acc);
           if (kt > 0 && lane == 0) release((item - 1) % kStages);
         }
         wgmma_wait<0>();
-#pragma unroll
-        for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+        fence_registers(acc);
         if (num_k > 0 && lane == 0) release((item - 1) % kStages);
       }
 
@@ -606,19 +595,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       const OutputTile tile = tile_at(t);
       Fp8RowsOut out_q{};  // FP8: A / dH also quantized when asked (args.out_q.codes)
       if constexpr (Tile::kFp8) out_q = args.out_q;
-#pragma unroll
-      for (int s = 0; s < Tile::kSlices; ++s) {
-        const int64_t m0 = tile.m0 + Tile::slice_row(cwg, s) * 64;
-        const uint32_t staging = smem_base + kStages * Tile::kStageBytes + cwg * Tile::kStagingBytes;
-        if constexpr (kVarlenK)
-          store_dw_rows_tma<kTileN, kTransposed>(&tma_out, dims, acc[s], m0, tile.n_tile, tile.expert, staging, stores);
-        else if constexpr (kKind == GemmKind::Up)
-          store_up_rows_warp_staged<Act, kTileN, kTransposed, Tile::kFp8>(args, acc[s], m0, tile.row_end, tile.n_tile,
-                                                                          tile.expert, staging, out_q);
-        else
-          store_dh_rows_warp_staged<Act, kTileN, Tile::kFp8>(args, acc[s], m0, tile.row_end, tile.n_tile, staging,
-                                                             out_q);
-      }
+      const int64_t m0 = tile.m0 + cwg * 64;
+      const uint32_t staging = smem_base + kStages * Tile::kStageBytes + cwg * Tile::kStagingBytes;
+      if constexpr (kVarlenK)
+        store_dw_rows_tma<kTileN, kTransposed>(&tma_out, dims, acc, m0, tile.n_tile, tile.expert, staging, stores);
+      else if constexpr (kKind == GemmKind::Up)
+        store_up_rows_warp_staged<Act, kTileN, kTransposed, Tile::kFp8>(args, acc, m0, tile.row_end, tile.n_tile,
+                                                                        tile.expert, staging, out_q);
+      else
+        store_dh_rows_warp_staged<Act, kTileN, Tile::kFp8>(args, acc, m0, tile.row_end, tile.n_tile, staging, out_q);
     }
     // The TMA stores read this CTA's shared memory: none may still be in flight when it exits.
     if constexpr (kVarlenK)
