@@ -248,14 +248,15 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
       map = operand_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, kFp8, what);
   } else if (rows.rows_capacity > 0)
     map = operand_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, kFp8, what);
-  // The TMA-store epilogue's output: dW as [E][M][N], 64 x 32 boxes in the staging tiles' 64-byte
-  // swizzle; kTransposed: as [E][N][M], 32 x 64 boxes, 128-byte swizzle (store_dw_rows_tma).
+  // The TMA-store epilogue's output: dW as [E][M][N], one warp's 16 x 32 boxes in the staging tiles'
+  // 64-byte swizzle; kTransposed: as [E][N][M], one warpgroup's 32 x 64 boxes, 128-byte swizzle
+  // (store_dw_rows_tma).
   CUtensorMap out_map{};
   if constexpr (is_varlen_k(kKind)) {
     const kernels::ProblemDims dims = kernels::problem_dims<kKind>(s.d, s.n, s.width());
     const int64_t out_dims[3] = {kTransposed ? dims.M : dims.N, kTransposed ? dims.N : dims.M, rows.E},
                   out_strides[2] = {kTransposed ? dims.M : dims.N, dims.out_expert_stride};
-    const int box[3] = {kTransposed ? 64 : 32, kTransposed ? 32 : 64, 1};
+    const int box[3] = {kTransposed ? 64 : 32, kTransposed ? 32 : 16, 1};
     out_map = operand_tensor_map(args.out, 3, out_dims, out_strides, box, false, what,
                                  kTransposed ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
   }
