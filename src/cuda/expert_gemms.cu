@@ -192,9 +192,8 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels:
     return count;
   }();
   int64_t cluster_tiles = 0;
-  if constexpr (is_varlen_k(kKind)) {  // dW1 pairs n-tiles, dW2 m-tiles (tile_at)
-    const int64_t m = args.m_tiles, n = args.n_tiles;
-    cluster_tiles = rows.E * (kKind == GemmKind::Dw2 ? (m + 1) / 2 * n : m * ((n + 1) / 2));
+  if constexpr (is_varlen_k(kKind)) {  // pairs of m-tiles (tile_at)
+    cluster_tiles = rows.E * ((args.m_tiles + 1) / 2 * args.n_tiles);
   } else {
     const dim3 pairs = grid_for<kKind>(rows, s, 2 * Tile::kTileM, Tile::kTileN);  // (256-row pair slots, n-tiles)
     cluster_tiles = int64_t(pairs.x) * pairs.y;
@@ -213,7 +212,7 @@ void launch_cluster(const RoutedRows& rows, const ExpertShape& s, const kernels:
 
 // The gather kernel, persistent: at most one CTA per SM and config.max_ctas, never more than tiles.
 // The operand loaded with TMA: the weights (varlen-M; kTransposed: stored [E, d, W] and [E, n, d])
-// or the row-range operand (varlen-K: dH for dW1, A' for dW2, over the rows_capacity rows the caller
+// or the row-range operand (varlen-K: A' for dW2, dH for dW1, over the rows_capacity rows the caller
 // allocated; none: every expert is empty, no k-tile is loaded and the kernel only stores zero gradients).
 // FP8 (Tile::kFp8): the codes' scales, the output quantized in the epilogue (none: null codes),
 // and the TMA maps over e4m3 codes (128-code boxes along K).
@@ -248,16 +247,18 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
     else
       map = operand_tensor_map(args.b, rows.E * s.d, s.n, 64, 64, kFp8, what);
   } else if (rows.rows_capacity > 0)
-    map = kKind == GemmKind::Dw1 ? operand_tensor_map(args.a, rows.rows_capacity, s.width(), 64, 64, kFp8, what)
-                                 : operand_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, kFp8, what);
-  // The TMA-store epilogue's output: dW as [E][M][N], 16 x 32 boxes in the staging tiles' 64-byte
-  // swizzle (store_dw_rows_tma).
+    map = operand_tensor_map(args.b, rows.rows_capacity, s.n, 64, 64, kFp8, what);
+  // The TMA-store epilogue's output: dW as [E][M][N], one warp's 16 x 32 boxes in the staging tiles'
+  // 64-byte swizzle; kTransposed: as [E][N][M], one warpgroup's 32 x 64 boxes, 128-byte swizzle
+  // (store_dw_rows_tma).
   CUtensorMap out_map{};
   if constexpr (is_varlen_k(kKind)) {
     const kernels::ProblemDims dims = kernels::problem_dims<kKind>(s.d, s.n, s.width());
-    const int64_t out_dims[3] = {dims.N, dims.M, rows.E}, out_strides[2] = {dims.N, dims.out_expert_stride};
-    const int box[3] = {32, 16, 1};
-    out_map = operand_tensor_map(args.out, 3, out_dims, out_strides, box, false, what, CU_TENSOR_MAP_SWIZZLE_64B);
+    const int64_t out_dims[3] = {kTransposed ? dims.M : dims.N, kTransposed ? dims.N : dims.M, rows.E},
+                  out_strides[2] = {kTransposed ? dims.M : dims.N, dims.out_expert_stride};
+    const int box[3] = {kTransposed ? 64 : 32, kTransposed ? 32 : 16, 1};
+    out_map = operand_tensor_map(args.out, 3, out_dims, out_strides, box, false, what,
+                                 kTransposed ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B);
   }
   kernels::GemmArgsOf<Tile> kernel_args{};
   if constexpr (kFp8)
@@ -279,8 +280,8 @@ void launch_gather(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, 
 }
 
 // One compiled configuration of the gather kernel: up and dH one instantiation per activation and
-// weight layout (launch[activation], launch_transposed[activation]), dW1 and dW2 one for all
-// (launch only: with transposed weights they exchange roles, gemm_kernel_kind).
+// weight layout (launch[activation], launch_transposed[activation]); dW one for all, launch storing dW
+// as [E][M][N], launch_transposed as [E][N][M] (run_dw).
 using GatherLaunch = void (*)(const RoutedRows&, const ExpertShape&, GemmArgs, const Fp8Scales&, const GemmConfig&,
                               cudaStream_t, const char*);
 constexpr size_t kNumActivations = std::size(act::kAll);
@@ -301,7 +302,7 @@ template <GemmKind kKind, class Tile, bool kCluster, bool kTransposed, size_t...
 std::array<GatherLaunch, kNumActivations> gather_launches(std::index_sequence<I...>) {
   std::array<GatherLaunch, kNumActivations> launches{};
   if constexpr (is_varlen_k(kKind)) {
-    if constexpr (!kTransposed) launches.fill(&launch_gather<kKind, Tile, kCluster, void, false>);
+    launches.fill(&launch_gather<kKind, Tile, kCluster, void, kTransposed>);
   } else {
     launches = {&launch_gather<kKind, Tile, kCluster, kernels::DeviceActivation<act::kAll[I]>, kTransposed>...};
   }
@@ -345,13 +346,12 @@ const std::vector<GatherKernel>& gather_kernels(GemmKind kind, bool fp8) {
   static const std::vector<GatherKernel> up = {gather_kernel<GemmKind::Up, sm90::GatherTile128x256, false>()};
   static const std::vector<GatherKernel> dh = {gather_kernel<GemmKind::Dh, sm90::GatherTile128x256, true>()};
   static const std::vector<GatherKernel> dw2 = {gather_kernel<GemmKind::Dw2, sm90::GatherTile128x256, true>()};
-  static const std::vector<GatherKernel> dw1 = {gather_kernel<GemmKind::Dw1, sm90::GatherTile256x128, true>()};
   static const std::vector<GatherKernel> none;
   switch (kind) {
     case GemmKind::Up: return up;
     case GemmKind::Dh: return dh;
-    case GemmKind::Dw2: return dw2;
-    case GemmKind::Dw1: return dw1;
+    case GemmKind::Dw2:
+    case GemmKind::Dw1: return dw2;  // one varlen-K kernel for both (run_dw)
     default: return none;
   }
 }
@@ -374,7 +374,7 @@ void require_precision(const ExpertShape& s, bool fp8_launcher, const char* what
 template <GemmKind kKind>
 void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const GemmConfig* requested,
             cudaStream_t stream, const char* what, const ExpertFunction& fn = {},  // fn: up and dH only
-            const Fp8Scales* fp8 = nullptr) {
+            const Fp8Scales* fp8 = nullptr, bool store_transposed = false) {
   // up and dH run in the shape's precision; dW1 and dW2 stay bf16 on an FP8 shape (runs_fp8).
   if (!is_varlen_k(kKind)) require_precision(s, fp8 != nullptr, what);
   if (!is_varlen_k(kKind) && activation_is_gated(fn.activation) != s.gated)
@@ -401,7 +401,7 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
       // (FP8 kernels read K-major weights in either layout: s.transposed changes nothing there.)
       const bool default_path = fn.activation == Activation::swiglu && !fn.interleaved && args.b1 == nullptr &&
                                 (!s.transposed || fp8);
-      const auto& launches = s.transposed ? kernel.launch_transposed : kernel.launch;
+      const auto& launches = s.transposed || store_transposed ? kernel.launch_transposed : kernel.launch;
       (default_path && kernel.no_bias_gate_up ? kernel.no_bias_gate_up
                                               : launches[static_cast<size_t>(fn.activation)])(
           rows, s, args, fp8 ? *fp8 : Fp8Scales{}, config, stream, what);
@@ -428,11 +428,6 @@ const char* expert_gemms_unsupported(const ExpertShape& s) {
   return "";
 }
 
-GemmKind gemm_kernel_kind(GemmKind kind, const ExpertShape& s) {
-  if (!s.transposed) return kind;
-  return kind == GemmKind::Dw1 ? GemmKind::Dw2 : kind == GemmKind::Dw2 ? GemmKind::Dw1 : kind;
-}
-
 int64_t gemm_column_tiles(GemmKind kind, const ExpertShape& s, const GemmConfig& config) {
   const int64_t columns = kind == GemmKind::Up || kind == GemmKind::Dh || kind == GemmKind::Dw2 ? s.n : s.d;
   return ceil_div(columns, kind == GemmKind::Up && s.gated ? config.tile_n / 2 : config.tile_n);
@@ -456,16 +451,12 @@ bool runs_fp8(GemmKind kind, const ExpertShape& s) {
   return s.fp8 && kind != GemmKind::Dw1 && kind != GemmKind::Dw2;
 }
 
-GemmConfig resolve_gemm_config(GemmKind asked, const ExpertShape& s, int64_t E, const GpuTraits& gpu,
+GemmConfig resolve_gemm_config(GemmKind kind, const ExpertShape& s, int64_t E, const GpuTraits& gpu,
                                const GemmConfig* requested) {
-  const GemmKind kind = gemm_kernel_kind(asked, s);
   const GemmConfig chosen = choose_gemm_config(kind, s, gpu);
   GemmConfig c = requested ? *requested : chosen;
   auto fail = [&](const std::string& rule) {
-    const std::string runs =
-        kind == asked ? "" : std::string(" (transposed weights: ") + gemm_kind_name(kind) + "'s kernel)";
-    throw leanmoe::Error(std::string(gemm_kind_name(asked)) + " GEMM config '" + to_string(c) + "'" + runs + ": " +
-                         rule);
+    throw leanmoe::Error(std::string(gemm_kind_name(kind)) + " GEMM config '" + to_string(c) + "': " + rule);
   };
   const std::vector<GemmConfig>& compiled = compiled_gemm_configs(kind, runs_fp8(kind, s));
   if (std::none_of(compiled.begin(), compiled.end(), [&](const GemmConfig& k) { return k.same_kernel(c); })) {
@@ -564,19 +555,26 @@ void dh_act_bwd_fp8(const RoutedRows& rows, const ExpertShape& s, const ExpertFu
   launch<GemmKind::Dh>(rows, s, args, config, stream, "dh_act_bwd_fp8", fn, &scales);
 }
 
+namespace {
+// dW1 and dW2: dW = Gᵀ·P per expert over its routed rows, G the gathered rows (X, dO; width d), P
+// the plain rows (dH, A'; width p = W, n), on one kernel (128x256, G along M, P by TMA along N). dW is
+// [E][d][p] (the HF layout's dW2, the transposed layout's dW1) or, p_major, [E][p][d] (the HF
+// layout's dW1, the transposed layout's dW2: the kernel's transposed store). Against a separate
+// 256x128 kernel with G along N for [E][p][d], both at base clocks (docs/kernels.md "Where dW1's time
+// goes"): dW1 7.41 vs 7.35 ms at 120B-n2048, 3.74 vs 3.75 at 30B-n1024, 7.40 vs 7.48 at gpt-oss-20b.
+void run_dw(GemmKind asked, const RoutedRows& rows, const ExpertShape& s, int64_t p, bool p_major, const void* g,
+            const void* plain, void* out, cudaStream_t stream, const GemmConfig* config, const char* what) {
+  const GemmConfig c = resolve_gemm_config(asked, s, rows.E, current_gpu(), config);
+  GemmArgs args = make_args(g, plain);
+  args.out = static_cast<kernels::bf16*>(out);
+  launch<GemmKind::Dw2>(rows, {s.T, s.d, p, /*gated=*/false}, args, &c, stream, what, {}, nullptr,
+                        /*store_transposed=*/p_major);
+}
+}  // namespace
+
 void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,
          cudaStream_t stream, const GemmConfig* config) {
-  if (s.transposed) {  // dW2ᵀ [n, d] = A'ᵀ·dO[tok]: dW1's GEMM with dH -> A' (width n), X -> dO
-    // Resolved under its own name (a refusal names dw2), then launched with the kernel's shape.
-    const GemmConfig c = resolve_gemm_config(GemmKind::Dw2, s, rows.E, current_gpu(), config);
-    GemmArgs args = make_args(a_prime, d_out);
-    args.out = static_cast<kernels::bf16*>(dw2);
-    launch<GemmKind::Dw1>(rows, {s.T, s.d, s.n, /*gated=*/false}, args, &c, stream, "dw2");
-    return;
-  }
-  GemmArgs args = make_args(d_out, a_prime);
-  args.out = static_cast<kernels::bf16*>(dw2);
-  launch<GemmKind::Dw2>(rows, s, args, config, stream, "dw2");
+  run_dw(GemmKind::Dw2, rows, s, s.n, /*p_major=*/s.transposed, d_out, a_prime, dw2, stream, config, "dw2");
 }
 
 void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* w1, void* dx_exp,
@@ -588,16 +586,7 @@ void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, con
 
 void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* x, void* dw1,
          cudaStream_t stream, const GemmConfig* config) {
-  if (s.transposed) {  // dW1ᵀ [d, W] = X[tok]ᵀ·dH: dW2's GEMM with dO -> X, A' -> dH (n -> W)
-    const GemmConfig c = resolve_gemm_config(GemmKind::Dw1, s, rows.E, current_gpu(), config);
-    GemmArgs args = make_args(x, dh);
-    args.out = static_cast<kernels::bf16*>(dw1);
-    launch<GemmKind::Dw2>(rows, {s.T, s.d, s.width(), /*gated=*/false}, args, &c, stream, "dw1");
-    return;
-  }
-  GemmArgs args = make_args(dh, x);
-  args.out = static_cast<kernels::bf16*>(dw1);
-  launch<GemmKind::Dw1>(rows, s, args, config, stream, "dw1");
+  run_dw(GemmKind::Dw1, rows, s, s.width(), /*p_major=*/!s.transposed, x, dh, dw1, stream, config, "dw1");
 }
 
 // FP8: both weight layouts reach the kernel K-major (the caller passes the copy named in expert_gemms.h),

@@ -31,8 +31,7 @@ struct RoutedRows {
 // transposed: the weights are stored W1 [E, d, W] and W2 [E, n, d] (gpt-oss), and dW1, dW2 are
 // wanted in that layout; else W1 [E, W, d], W2 [E, d, n] (the HF layout). The same kernels run
 // both: the layout flips the weight operand's major-ness in up, dH (the gather kernel's TMA
-// loads), down and dx (CUTLASS's B layout), and exchanges dW1's and dW2's kernels
-// (gemm_kernel_kind).
+// loads), down and dx (CUTLASS's B layout), and which dW the varlen-K kernel stores transposed.
 struct ExpertShape {
   int64_t T = 0, d = 0, n = 0;
   bool gated = true;
@@ -65,11 +64,6 @@ constexpr int kMaxGemmExperts = 1024;
 const std::vector<GemmConfig>& compiled_gemm_configs(GemmKind kind, bool fp8 = false);
 // Whether `kind` runs its FP8 kernel on s: s.fp8 for up, down, dh and dx (dW1, dW2 stay bf16).
 bool runs_fp8(GemmKind kind, const ExpertShape& s);
-// The kind whose compiled kernels run `kind` on s: kind itself, but with transposed weights dW1 is
-// wanted as [d, W] = X[tok]ᵀ·dH, which is dW2's GEMM (gathered A, row-range B by TMA, 128x256
-// tiles with the TMA operand on the long side, as dW1's 256x128 in the HF layout), and dW2 as
-// [n, d] = A'ᵀ·dO[tok], which is dW1's. A configuration for dw1 or dw2 is then one of the other's.
-GemmKind gemm_kernel_kind(GemmKind kind, const ExpertShape& s);
 // What the heuristics read of the GPU (gemm_heuristics.h): its SM count, and its DRAM bandwidth,
 // which decides whether down and dx may re-read their weight tiles (docs/kernels.md "Clusters for
 // down and dx by DRAM bandwidth").
@@ -83,7 +77,7 @@ struct GpuTraits {
 const GpuTraits& gpu_traits(int device);
 const GpuTraits& current_gpu();
 // What a launch of `kind` on this shape runs: `requested`'s kernel with its band and max_ctas, those
-// it leaves at 0 taken from choose_gemm_config(gemm_kernel_kind(kind, s), s, gpu), up's and dh's
+// it leaves at 0 taken from choose_gemm_config(kind, s, gpu), up's and dh's
 // band clamped to the column tiles;
 // or that heuristic config itself when `requested` is null. Throws leanmoe::Error naming the config
 // when it is not compiled for `kind` (listing those that are) or not valid for the shape (E above
@@ -147,7 +141,7 @@ void dh_act_bwd(const RoutedRows& rows, const ExpertShape& s, const ExpertFuncti
                 const GemmConfig* config = nullptr);
 
 // Backward 2: dW2_e = sum_{r in e} dO[row_token[r]]^T ⊗ A'[r]  -> bf16 [E, d, n] (varlen-K, gather along K),
-// or its transpose [E, n, d] with s.transposed (dW1's kernel, gemm_kernel_kind). Experts with no rows get zeros.
+// or its transpose [E, n, d] with s.transposed (the kernel's transposed store). Experts with no rows get zeros.
 void dw2(const RoutedRows& rows, const ExpertShape& s, const void* d_out, const void* a_prime, void* dw2,
          cudaStream_t stream, const GemmConfig* config = nullptr);
 
@@ -157,7 +151,8 @@ void dx_expert(const RoutedRows& rows, const ExpertShape& s, const void* dh, con
                cudaStream_t stream, void* workspace = nullptr, const GemmConfig* config = nullptr);
 
 // Backward 4: dW1_e = sum_{r in e} dH[r]^T ⊗ X[row_token[r]]  -> bf16 [E, W, d] (varlen-K, gather X),
-// or its transpose [E, d, W] with s.transposed (dW2's kernel). Experts with no rows get zeros.
+// or its transpose [E, d, W] with s.transposed. dW1 and dW2 run one kernel (gathered X or dO along M,
+// dH or A' by TMA along N), storing dW1 transposed in the HF layout. Experts with no rows get zeros.
 void dw1(const RoutedRows& rows, const ExpertShape& s, const void* dh, const void* x, void* dw1,
          cudaStream_t stream, const GemmConfig* config = nullptr);
 

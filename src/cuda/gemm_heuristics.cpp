@@ -123,14 +123,11 @@ GemmConfig choose_gemm_config(GemmKind kind, const ExpertShape& s, const GpuTrai
       c.band = band_of(kind, s, c);
       break;
     case GemmKind::Dw2:
-      // 2x1 clusters multicasting A' (pairs of m-tiles): 120B-n2048 4.00 -> 3.92 ms, gpt-oss-20b 4.20 -> 3.86.
-      c = gather(kind, 128, 256, 2);
-      break;
     case GemmKind::Dw1:
-      // 256x128 puts dH (loaded with TMA) on the long side: 549 vs 460 TFLOP/s for 128x256 at 120B-n2048;
-      // clusters multicast dH (pairs of n-tiles): 8.40 -> 8.02 ms there. Its kernel's producer is wide
-      // (56 registers, shuffles 8 deep): -1.2% to -6.6% on the four benchmark shapes against 40 / 4 deep.
-      c = gather(kind, 256, 128, 2);
+      // One kernel for both (expert_gemms.cu run_dw): the gathered operand along M, the plain one by
+      // TMA along N, 2x1 clusters multicasting it (pairs of m-tiles): dW2 at 120B-n2048 4.00 -> 3.92 ms,
+      // gpt-oss-20b 4.20 -> 3.86.
+      c = gather(kind, 128, 256, 2);
       break;
     case GemmKind::Down:
     case GemmKind::Dx:

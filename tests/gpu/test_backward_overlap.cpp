@@ -135,7 +135,7 @@ TEST(LayerGemmConfigs, TileOrderKeepsOutputsBitwise) {
   cuda::set_backward_overlap(sequential());
   const HostLayerOutputs ref = reference::run_backend(in, Device::cuda);
   cuda::set_layer_gemm_configs(cuda::layer_gemm_configs_from(
-      "dx=cutlass:pingpong:128x192:auto:tma:c2:rN,dw1=gather:coop:256x128:s4:tma:c2:b2,"
+      "dx=cutlass:pingpong:128x192:auto:tma:c2:rN,dw1=gather:coop:128x256:s4:tma:c2:b2,"
       "dw2=gather:coop:128x256:s4:tma:c2:b3"));
   for (const BackwardOverlap& o : {sequential(), overlapped(-1)}) {
     SCOPED_TRACE(o.overlapped ? "overlapped" : "sequential");

@@ -493,13 +493,11 @@ TEST(ExpertGemms, TransposedWeights) {
   run_case({64, 4, 2, 320, 576, -1, false}, {}, true);
 }
 
-// Configuration i of every kind (its last where a kind has fewer), run-time fields unset; with
-// transposed weights dw1's and dw2's are each other's (gemm_kernel_kind).
-Kernels compiled_configs(size_t i, bool transposed = false) {
+// Configuration i of every kind (its last where a kind has fewer), run-time fields unset.
+Kernels compiled_configs(size_t i) {
   Kernels k;
-  const lc::ExpertShape layout{1, 64, 64, true, transposed};
   for (lc::GemmKind kind : lc::kGemmKinds) {
-    const auto& compiled = lc::compiled_gemm_configs(lc::gemm_kernel_kind(kind, layout));
+    const auto& compiled = lc::compiled_gemm_configs(kind);
     k.config[static_cast<size_t>(kind)] = compiled[std::min(i, compiled.size() - 1)];
   }
   return k;
@@ -520,7 +518,7 @@ Kernels with_max_ctas(Kernels k, int ctas) {
 // tiles of several experts on a small case.
 TEST(ExpertGemms, FewPersistentCtas) {
   for (bool transposed : {false, true})
-    run_case({512, 16, 4, 256, 320, 5, false}, with_max_ctas(compiled_configs(0, transposed), 5), transposed);
+    run_case({512, 16, 4, 256, 320, 5, false}, with_max_ctas(compiled_configs(0), 5), transposed);
 }
 
 // Every compiled configuration of every kind (down, dx: CUTLASS ping-pong 128x192 in 1x2 and 2x1
@@ -531,15 +529,14 @@ TEST(ExpertGemms, FewPersistentCtas) {
 // cluster) walking every tile with many passes over the stages. The cluster kernels (dH, dW2, dW1,
 // CUTLASS) meet their dangerous cases here: an odd m-tile count, where rank 1's m-tile lies wholly past
 // the expert's rows yet must take part in every multicast and barrier (dH, CUTLASS 2x1); odd n- or
-// m-tile counts leaving rank 1 a tile past the edge (d = 320: 3 n-tiles of dW1 at 256x128, 3 m-tiles of
-// dW2 at 128x256; d <= 192: one 192-wide n-tile, so rank 1 of a CUTLASS 1x2 cluster lies wholly past
+// m-tile counts leaving rank 1 a tile past the edge (d = 320: 3 m-tiles of dW1 and dW2 at 128x256; d <= 192: one 192-wide n-tile, so rank 1 of a CUTLASS 1x2 cluster lies wholly past
 // d); partial last k-tiles loaded by each CTA alone; empty experts storing zeros in both CTAs (dW).
-// Both weight layouts (the transposed one: dH's K-major W2 halves multicast per CTA rank; dW1 on dW2's
-// kernel with N = 2n, dW2 on dW1's with M = n; down and dx with the other B major-ness).
+// Both weight layouts (the transposed one: dH's K-major W2 halves multicast per CTA rank; dW2 stored
+// transposed, dW1 not; down and dx with the other B major-ness).
 TEST(ExpertGemms, EveryCompiledConfig) {
   for (bool transposed : {false, true})
     for (size_t i = 0; i < max_compiled_configs(); ++i) {
-      const Kernels k = compiled_configs(i, transposed);
+      const Kernels k = compiled_configs(i);
       run_case({100, 8, 2, 192, 192, 3, false}, k, transposed);
       run_case({1, 4, 2, 128, 64, -1, false, false}, k, transposed);
       run_case({300, 4, 1, 64, 128, -1, true}, k, transposed);
@@ -564,7 +561,7 @@ TEST(ExpertGemms, EveryCompiledConfig) {
 TEST(ExpertGemms, TileBands) {
   for (bool transposed : {false, true})
     for (int band : {1, 2, 3}) {
-      Kernels k = compiled_configs(0, transposed);
+      Kernels k = compiled_configs(0);
       for (lc::GemmKind kind : {lc::GemmKind::Up, lc::GemmKind::Dh, lc::GemmKind::Dw1, lc::GemmKind::Dw2})
         k.config[static_cast<size_t>(kind)]->band = band;
       run_case({100, 8, 2, 192, 192, 3, false}, k, transposed);
@@ -579,7 +576,7 @@ TEST(ExpertGemms, TileBands) {
 TEST(ExpertGemms, CutlassTilesAlongN) {
   for (bool transposed : {false, true})
     for (size_t i = 0; i < max_compiled_configs(); ++i) {
-      Kernels k = compiled_configs(i, transposed);
+      Kernels k = compiled_configs(i);
       for (lc::GemmKind kind : {lc::GemmKind::Down, lc::GemmKind::Dx}) k.config[static_cast<size_t>(kind)]->raster_n = true;
       run_case({100, 8, 2, 192, 192, 3, false}, k, transposed);
       run_case({300, 4, 1, 64, 128, -1, true}, k, transposed);
@@ -757,9 +754,9 @@ TEST(ExpertGemms, LaunchersRefuseConfigsByName) {
   expect_refused("dh", "gather:coop:128x256:s4:warp:c1", "not compiled", [&](const lc::GemmConfig* c) {
     lc::dh_act_bwd(rows, s, {}, x.ptr, w2.ptr, h.ptr, h.ptr, a.ptr, ds.ptr, nullptr, c);
   });
-  expect_refused("dw1", "gather:coop:256x128:s4:tma:c2:rN", "rN (CUTLASS's tile order) applies to the cutlass",
+  expect_refused("dw1", "gather:coop:128x256:s4:tma:c2:rN", "rN (CUTLASS's tile order) applies to the cutlass",
                  [&](const lc::GemmConfig* c) { lc::dw1(rows, s, h.ptr, x.ptr, w1.ptr, nullptr, c); });
-  expect_refused("dw1", "gather:coop:256x128:s4:tma:c2:dyn", "not compiled",
+  expect_refused("dw1", "gather:coop:128x256:s4:tma:c2:dyn", "not compiled",
                  [&](const lc::GemmConfig* c) { lc::dw1(rows, s, h.ptr, x.ptr, w1.ptr, nullptr, c); });
   expect_refused("dx", "cutlass:pingpong:128x192:auto:tma64:c1x2:dyn", "not compiled",
                  [&](const lc::GemmConfig* c) { lc::dx_expert(rows, s, h.ptr, w1.ptr, y.ptr, nullptr, nullptr, c); });
@@ -769,10 +766,10 @@ TEST(ExpertGemms, LaunchersRefuseConfigsByName) {
                  [&](const lc::GemmConfig* c) { lc::down_proj(rows, s, a.ptr, w2.ptr, y.ptr, nullptr, nullptr, c); });
   expect_refused("dx", "cutlass:pingpong:128x128:auto:tma:c2", "compiled for dx: cutlass:pingpong:128x192:auto:tma:c1x2",
                  [&](const lc::GemmConfig* c) { lc::dx_expert(rows, s, h.ptr, w1.ptr, y.ptr, nullptr, nullptr, c); });
-  // Transposed weights: dW1 runs dW2's kernel, so dw1's own HF-layout configuration is not one of its.
+  // The dW tile is 128x256 in either layout (one kernel, run_dw).
   const lc::ExpertShape st{4, 64, 64, true, true};
   expect_refused("dw1, transposed", "gather:coop:256x128:s4:tma:c2",
-                 "(transposed weights: dw2's kernel): not compiled; compiled for dw2: gather:coop:128x256:s4:tma:c2",
+                 "not compiled; compiled for dw1: gather:coop:128x256:s4:tma:c2",
                  [&](const lc::GemmConfig* c) { lc::dw1(rows, st, h.ptr, x.ptr, w1.ptr, nullptr, c); });
   CUDA_OK(cudaDeviceSynchronize());
 }

@@ -147,7 +147,7 @@ TEST(GemmConfig, MalformedTextIsRefusedWithTheRule) {
 // layer's set of them: each item parsed by the rules above, a bad item named.
 TEST(GemmConfig, ConfigListsAndTheLayersSet) {
   const auto list = lc::parse_gemm_config_list(
-      "dx=cutlass:pingpong:128x192:auto:tma:c2:rN,dw1=gather:coop:256x128:s4:tma:c2:b8,"
+      "dx=cutlass:pingpong:128x192:auto:tma:c2:rN,dw1=gather:coop:128x256:s4:tma:c2:b8,"
       "dx=cutlass:pingpong:128x192:auto:tma:c1x2");
   ASSERT_EQ(list.size(), 3u);
   EXPECT_EQ(list[0].kind, GemmKind::Dx);
@@ -164,7 +164,7 @@ TEST(GemmConfig, ConfigListsAndTheLayersSet) {
 
   const lc::LayerGemmConfigs none = lc::layer_gemm_configs_from("");
   for (GemmKind kind : lc::kGemmKinds) EXPECT_EQ(none[kind], nullptr);
-  const lc::LayerGemmConfigs set = lc::layer_gemm_configs_from("dw1=gather:coop:256x128:s4:tma:c2:b8");
+  const lc::LayerGemmConfigs set = lc::layer_gemm_configs_from("dw1=gather:coop:128x256:s4:tma:c2:b8");
   ASSERT_NE(set[GemmKind::Dw1], nullptr);
   EXPECT_EQ(set[GemmKind::Dw1]->band, 8);
   EXPECT_EQ(set[GemmKind::Dx], nullptr);
@@ -191,7 +191,7 @@ TEST(GemmHeuristics, DefaultsOnTheBenchmarkShapes) {
     const char *up, *down, *dh, *dw2, *dx, *dw1;
   };
   const char* const kDw2 = "gather:coop:128x256:s4:tma:c2:m132";
-  const char* const kDw1 = "gather:coop:256x128:s4:tma:c2:m132";
+  const char* const kDw1 = kDw2;  // one kernel for both (expert_gemms.cu run_dw)
   // down and dx: 1x2 clusters where d makes an even number of 192-wide n-tiles (1536: 8, 4096: 22),
   // 2x1 where odd (2048: 11, 2880: 15).
   const char* const k1x2 = "cutlass:pingpong:128x192:auto:tma:c1x2:m132";
@@ -286,17 +286,14 @@ TEST(GemmHeuristics, Fp8UpAndDhRunIn2x1Clusters) {
   }
 }
 
-// Transposed weights run the same kernels; dW1 and dW2 exchange theirs (dW1ᵀ = X[tok]ᵀ·dH is dW2's
-// GEMM, dW2ᵀ = A'ᵀ·dO[tok] dW1's), so their configurations are each other's.
-TEST(GemmHeuristics, TransposedWeightsExchangeTheDwKernels) {
-  const lc::ExpertShape hf{32768, 2880, 2880}, t{32768, 2880, 2880, true, true};
-  for (GemmKind kind : lc::kGemmKinds) {
-    SCOPED_TRACE(lc::gemm_kind_name(kind));
-    EXPECT_EQ(lc::gemm_kernel_kind(kind, hf), kind);
-    const GemmKind other = kind == GemmKind::Dw1 ? GemmKind::Dw2 : kind == GemmKind::Dw2 ? GemmKind::Dw1 : kind;
-    EXPECT_EQ(lc::gemm_kernel_kind(kind, t), other);
-    EXPECT_EQ(lc::resolve_gemm_config(kind, t, 32, kH200, nullptr),
-              lc::resolve_gemm_config(other, hf, 32, kH200, nullptr));
+// dW1 and dW2 run one kernel in either weight layout (expert_gemms.cu run_dw): the same compiled
+// configurations and the same choice.
+TEST(GemmHeuristics, DwKindsShareOneKernel) {
+  EXPECT_EQ(lc::compiled_gemm_configs(GemmKind::Dw1), lc::compiled_gemm_configs(GemmKind::Dw2));
+  for (bool transposed : {false, true}) {
+    const lc::ExpertShape s{32768, 2880, 2880, true, transposed};
+    EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dw1, s, 32, kH200, nullptr),
+              lc::resolve_gemm_config(GemmKind::Dw2, s, 32, kH200, nullptr));
   }
 }
 
@@ -330,13 +327,9 @@ TEST(GemmHeuristics, ResolveRefusesByName) {
                {"up GEMM config 'gather:pingpong:128x128:s6:warp:c1'", "not compiled",
                 "compiled for up: gather:coop:128x256:s4:warp:c1"});
   expect_error(resolve(GemmKind::Up, "gather:coop:128x256:s4:warp:c2"), {"not compiled"});
-  expect_error(resolve(GemmKind::Dw1, "gather:coop:128x256:s4:tma:c2"),
-               {"compiled for dw1: gather:coop:256x128:s4:tma:c2"});
-  const lc::ExpertShape transposed{64, 128, 128, true, true};
-  const lc::GemmConfig dw1_hf = lc::parse_gemm_config("gather:coop:256x128:s4:tma:c2");
-  expect_error([&] { lc::resolve_gemm_config(GemmKind::Dw1, transposed, 8, kH200, &dw1_hf); },
-               {"dw1 GEMM config 'gather:coop:256x128:s4:tma:c2' (transposed weights: dw2's kernel): not compiled",
-                "compiled for dw2: gather:coop:128x256:s4:tma:c2"});
+  expect_error(resolve(GemmKind::Dw1, "gather:coop:256x128:s4:tma:c2"),
+               {"dw1 GEMM config 'gather:coop:256x128:s4:tma:c2': not compiled",
+                "compiled for dw1: gather:coop:128x256:s4:tma:c2"});
   expect_error(resolve(GemmKind::Down, "gather:coop:128x256:s4:warp:c1"),
                {"compiled for down: cutlass:pingpong:128x192:auto:tma:c1x2, cutlass:pingpong:128x192:auto:tma:c2"});
   expect_error(resolve(GemmKind::Dx, "cutlass:coop:128x256:auto:tma:c2"),
@@ -347,7 +340,7 @@ TEST(GemmHeuristics, ResolveRefusesByName) {
   EXPECT_EQ(lc::resolve_gemm_config(GemmKind::Dw2, s, 8, kH200, &dw2_b4).band, 4);  // row units: the kernel clamps
   expect_error(resolve(GemmKind::Down, "cutlass:pingpong:128x192:auto:tma:c1x2:b4"),
                {"band (bK) applies to the gather kinds only"});
-  expect_error(resolve(GemmKind::Dw1, "gather:coop:256x128:s4:tma:c2:rN"), {"rN", "cutlass kinds only"});
+  expect_error(resolve(GemmKind::Dw1, "gather:coop:128x256:s4:tma:c2:rN"), {"rN", "cutlass kinds only"});
   EXPECT_NO_THROW(resolve(GemmKind::Dx, "cutlass:pingpong:128x192:auto:tma:c2:rN")());
   expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2:m1"),
                {"max_ctas must be at least the cluster size 2"});
@@ -357,7 +350,7 @@ TEST(GemmHeuristics, ResolveRefusesByName) {
   expect_error(resolve(GemmKind::Up, "gather:coop:128x256:s4:warp:c1", 2000), {"E = 2000", "at most 1024"});
   expect_error(resolve(GemmKind::Dh, "gather:coop:128x256:s4:warp:c2", 1025), {"E = 1025"});
   // The varlen-K kinds and CUTLASS keep no per-expert table: any E.
-  EXPECT_NO_THROW(resolve(GemmKind::Dw1, "gather:coop:256x128:s4:tma:c2", 4096)());
+  EXPECT_NO_THROW(resolve(GemmKind::Dw1, "gather:coop:128x256:s4:tma:c2", 4096)());
   EXPECT_NO_THROW(resolve(GemmKind::Down, "cutlass:pingpong:128x192:auto:tma:c2", 4096)());
   // Fields set directly rather than parsed.
   lc::GemmConfig c = lc::compiled_gemm_configs(GemmKind::Up).front();

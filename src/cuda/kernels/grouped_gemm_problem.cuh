@@ -15,11 +15,10 @@ namespace leanmoe::cuda::kernels {
 
 using bf16 = __nv_bfloat16;
 
-// Up and dH are "varlen-M", dW2 and dW1 "varlen-K" (is_varlen_k, gemm_config.h). (Down and dx, the
-// other two, run on CUTLASS.)
+// Up and dH are "varlen-M", dW2 and dW1 "varlen-K" (is_varlen_k, gemm_config.h); both varlen-K GEMMs
+// run on dW2's kernel (expert_gemms.cu run_dw). (Down and dx, the other two, run on CUTLASS.)
 // Operand A is a token-indexed tensor (X or dO) read through row_token.
 constexpr bool gathers_a(GemmKind k) { return k == GemmKind::Up || k == GemmKind::Dh || k == GemmKind::Dw2; }
-constexpr bool gathers_b(GemmKind k) { return k == GemmKind::Dw1; }
 // Whether B is stored [N, K] (K contiguous) rather than [K, N]: a property of the kind and the
 // weights' layout. The HF layout's W1 [W, d] is up's B in K-major order and W2 [d, n] dH's in
 // MN-major order; the transposed layout (W1 [d, W], W2 [n, d]) flips both. The varlen-K kinds'
@@ -95,12 +94,11 @@ __host__ __device__ constexpr int64_t gemm_width(const GemmArgs& args) {
 
 template <GemmKind kKind>
 __host__ __device__ constexpr ProblemDims problem_dims(int64_t d, int64_t n, int64_t w) {
-  static_assert(kKind == GemmKind::Up || kKind == GemmKind::Dh || is_varlen_k(kKind), "a gather-kernel kind");
+  static_assert(kKind == GemmKind::Up || kKind == GemmKind::Dh || kKind == GemmKind::Dw2, "a gather-kernel kind");
   switch (kKind) {
     case GemmKind::Up: return {0, w, d, d, d, w * d, 0};
     case GemmKind::Dh: return {0, n, d, d, n, d * n, 0};
     case GemmKind::Dw2: return {d, n, 0, d, n, 0, d * n};
-    case GemmKind::Dw1: return {w, d, 0, w, d, 0, w * d};
     default: return {};
   }
 }

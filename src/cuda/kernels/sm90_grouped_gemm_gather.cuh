@@ -1,8 +1,9 @@
 // The gather kernel: the warp-specialised persistent grouped GEMM (sm_90a) of the four expert GEMMs
 // with a token-gathered operand, fused into its loads through row_token: the two varlen-M ones,
 // up (X[tok] · W1_eᵀ, activation epilogue) and dH (dO[tok] · W2_e, activation-backward epilogue),
-// and the two varlen-K ones, dW2_e = dO[tok]ᵀ · A' and dW1_e = dHᵀ · X[tok] (the expert's rows are
-// the reduction). (Down and dx gather nothing and run on CUTLASS: sm90_cutlass_grouped_gemm.cuh.)
+// and the varlen-K one, dW_e = G[tok]ᵀ · P over the expert's rows (the reduction): dW2 (G = dO, P = A')
+// and dW1 (G = X, P = dH; stored transposed, expert_gemms.cu run_dw). (Down and dx gather nothing
+// and run on CUTLASS: sm90_cutlass_grouped_gemm.cuh.)
 //   - warpgroup 0, the producer (setmaxnreg down to 40 registers). Varlen-M: thread 0 loads the
 //     weight tile with TMA (one 2D tensor map over all experts' weights, 128B swizzle: the layout
 //     the wgmma descriptors read), and all 128 threads gather the 128 A rows (X or dO through
@@ -15,14 +16,14 @@
 //     128 + 1 arrivals on its "full" mbarrier.
 //   - warpgroups 1 and 2, the consumers (setmaxnreg up to 232): wgmma from the stage, then release
 //     it on its "empty" mbarrier (lane 0 of each warp, after the warp's wgmmas reading it retired).
-// Cooperative schedule: both consumers share each kTileM x kTileN tile (kTileM/2 rows each: 64, or
-// 128 for the 256-row varlen-K tiles); the epilogue is not overlapped with MMAs, but the producer
-// keeps loading the next tile meanwhile. Both sides walk one stream of k-tiles per CTA (all k-tiles
-// of its tile t = blockIdx.x, then of t + gridDim.x, ...); item i of the stream uses stage
+// Cooperative schedule: both consumers share each 128 x kTileN tile (64 rows each); the epilogue
+// is not overlapped with MMAs, but the producer keeps loading the next tile meanwhile. Both sides
+// walk one stream of k-tiles per CTA (all k-tiles of its tile t = blockIdx.x, then of
+// t + gridDim.x, ...); item i of the stream uses stage
 // i % kStages. Varlen-K tiles have a varying number of k-tiles (ceil(rows_e / 64), 0 for an empty
 // expert: no item, the epilogue stores zeros).
 //
-// Cluster mode (kCluster: dH, dW2, dW1; up runs without): 2x1 clusters share the operand loaded
+// Cluster mode (kCluster: dH and dW; up runs without): 2x1 clusters share the operand loaded
 // with TMA. dH: the weight tile. Without clusters each CTA pulls its whole B tile from L2 per k-tile
 // (128x256x64: 32 KB of B + 16 KB of A = 48 KB; 132 CTAs at 600 TFLOP/s would need ~9 TB/s); with
 // them each CTA loads half of B with TMA .multicast::cluster into both CTAs (16 KB + 16 KB of A per
@@ -30,11 +31,10 @@
 // lock step: the schedule walks "cluster tiles" of 256 rows (two 128-row m-tiles of one expert;
 // CTA rank r takes m-tile 2p + r of pair p). A rank-1 m-tile past the expert's rows (odd m-tile
 // count) is still loaded (A zero-filled), multiplied and its stores skipped, because its CTA must
-// take part in every stage's multicast and barriers. Varlen-K (dW1, dW2): the row-range operand of
-// a k-tile (see tile_at for the pairing); as for dH, with that operand in place of the weights and a
-// pair of n-tiles (dW1) or m-tiles (dW2) in place of the m-tile pair; an expert's partial last
-// k-tile is loaded by each CTA alone with cp.async (both know it: same expert), expecting no TMA
-// bytes. The protocol per stage s, item i:
+// take part in every stage's multicast and barriers. Varlen-K (dW): the row-range operand of a
+// k-tile (see tile_at for the pairing); as for dH, with that operand in place of the weights; an
+// expert's partial last k-tile is loaded by each CTA alone with cp.async (both know it: same
+// expert), expecting no TMA bytes. The protocol per stage s, item i:
 //   full[s] (per CTA, 128 + 1 arrivals as above): the local thread 0 expects the FULL kBBytes; the
 //     two halves complete_tx on it from its own TMA and from the peer's (which may land before the
 //     expect: the tx count goes negative while the local arrivals are still pending, no completion).
@@ -76,23 +76,16 @@ struct GatherTile {
   // Per consumer warpgroup: three [16 rows][32 columns] bf16 tiles (1 KB each) for each of its 4 warps.
   static constexpr int kStagingBytes = 4 * kWarpStagingBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStagingBytes + 1024;  // + alignment slack to 1024 B
-  // 64-row slices per consumer warpgroup (its half of the tile's rows), each kTileN/2 fp32
-  // accumulators per thread; slice s of consumer warpgroup cwg is 64-row slice slice_row(cwg, s).
-  static constexpr int kSlices = kTileM / 128;
-  static constexpr __host__ __device__ int slice_row(int cwg, int s) { return cwg * kSlices + s; }
-  static_assert(kTileM == 128 || kTileM == 256);
-  static_assert(kSlices * kTileN / 2 <= 128, "accumulators must leave room for the epilogue in 232 registers");
+  // Consumer warpgroup cwg takes the tile's 64-row slice cwg: kTileN/2 fp32 accumulators per thread.
+  static_assert(kTileM == 128, "two consumer warpgroups of 64 rows");
+  static_assert(kTileN / 2 <= 128, "accumulators must leave room for the epilogue in 232 registers");
   // + the static tile table (4 KB) and the mbarriers, within the 227 KB an SM gives one CTA.
   static_assert(kSmemBytes + (kMaxGemmExperts + 1) * 4 + kStages * 16 <= 227 * 1024);
   // FP8 promotes each k-block's sum per 128-column half of a 64-row slice (fp8_mainloop).
-  static_assert(!kFp8 || (kTileM == 128 && kTileN == 256), "the FP8 tile is 128 x 256");
+  static_assert(!kFp8 || kTileN == 256, "the FP8 tile is 128 x 256");
 };
 // 4 x 48 KB stages + 2 x 12 KB staging + 1 KB = 222208 B; 128 accumulators per consumer thread.
 using GatherTile128x256 = GatherTile<128, 256, 4>;
-// The same bytes as 256 x 128, each consumer 128 x 128 (two slices). For dW1, whose contiguous
-// operand (dH, loaded with TMA) is the M side: 32 KB by TMA and 16 KB of gathered X rows by
-// cp.async per k-tile, instead of 16 KB and 32 KB at 128 x 256.
-using GatherTile256x128 = GatherTile<256, 128, 4>;
 // FP8 up and dH: 128 x 256 x 128, the same 48 KB stages (the A rows 128 codes deep).
 using GatherTile128x256Fp8 = GatherTile<128, 256, 4, true>;
 
@@ -105,11 +98,11 @@ using GatherTile128x256Fp8 = GatherTile<128, 256, 4, true>;
 // k-row's 16-byte chunks, so a warp instruction covers whole 256-byte (kExtent = 128) or 512-byte
 // (256) row segments; each thread issues 64 · kExtent / 8 / 128 = 8 or 16 copies per k-tile.
 //
-// Lean on purpose: 128 threads issue 32-48 KB per stage within 40 registers (dW1: 56). Per copy: a
+// Lean on purpose: 128 threads issue 32-48 KB per stage within 40 registers. Per copy: a
 // shuffle (gathered only), one 32x32->64-bit multiply-add for the address (an invalid row is clamped
 // to row 0: a valid address, not read) and the cp.async, whose swizzled destination is one of
 // kPeriod bases plus an immediate (row % 8 repeats every kPeriod passes, 1024 B per 8 rows). The
-// shuffles go in batches of kBatch (4; dW1 8) so that their latencies overlap instead of adding up
+// shuffles go in batches of kBatch (4) so that their latencies overlap instead of adding up
 // copy after copy.
 template <int kExtent, bool kGather, int kBatch>
 __device__ __forceinline__ void copy_k_rows(uint32_t dst, const bf16* src, int64_t ld, int64_t col0, int64_t cols,
@@ -209,34 +202,32 @@ struct Fp8ScaleRefs {
 // W cols], box {64, 64}, MN-major like dH's W2 above; dH: W2 as [E·n rows, d cols], box
 // {64, kTileN/2}, K-major like up's W1. (Columns of a tile past the expert's n read other
 // weights or TMA's zeros, into accumulator columns the epilogue neither stores nor sums.)
-// Varlen-K, the operand that is a plain row range (not gathered): dW1: dH as [R rows, 2n cols],
-// dW2: A' as [R rows, n cols], box {64, 64} (MN-major as dH's W2). Encoded on the host per launch
-// (expert_gemms.cu). kCluster: launched with 2x1 clusters (see the top). Act: the activation of
-// up's and dH's epilogues (activation.cuh); void for dW1, dW2. kTransposed: the weights' layout.
-// tma_out (dW1, dW2; store_dw_rows_tma): dW as [E][M][N] bf16, box {32, 16, 1}, 64-byte swizzle.
+// Varlen-K (dW2's kernel, run for dW1 too: expert_gemms.cu run_dw): the operand that is a plain
+// row range (not gathered, the N side): A' or dH as [R rows, p cols], box {64, 64} (MN-major as dH's
+// W2). Encoded on the host per launch (expert_gemms.cu). kCluster: launched with 2x1 clusters (see
+// the top). Act: the activation of up's and dH's epilogues (activation.cuh); void for dW.
+// kTransposed: varlen-M, the weights' layout; varlen-K, dW stored [E][N][M].
+// tma_out (dW; store_dw_rows_tma): dW as [E][M][N] bf16, box {32, 64, 1}, 64-byte swizzle;
+// kTransposed: as [E][N][M], box {64, 32, 1}, 128-byte swizzle.
 template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     gather_grouped_gemm_kernel(const GemmArgsOf<Tile> args, const __grid_constant__ CUtensorMap tma_operand,
                                const __grid_constant__ CUtensorMap tma_out) {
-  static_assert(kKind == GemmKind::Up || kKind == GemmKind::Dh || is_varlen_k(kKind));
-  static_assert(Tile::kTileM == 128 || is_varlen_k(kKind), "varlen-M tiles are 128 rows (the A gather, the tile table)");
-  // What is compiled (docs/kernels.md): up without clusters, dH, dW2 and dW1 with them; the other
+  static_assert(kKind == GemmKind::Up || kKind == GemmKind::Dh || kKind == GemmKind::Dw2,
+                "dW1 runs on dW2's kernel (expert_gemms.cu run_dw)");
+  // What is compiled (docs/kernels.md): up without clusters, dH and dW with them; the other
   // branch of each is not written.
   // FP8 up runs in 2x1 clusters too (they multicast its W1 tile's two halves, as dH's W2t).
   static_assert(kCluster == (kKind != GemmKind::Up || Tile::kFp8),
-                "bf16 up runs without clusters; FP8 up, dH, dW2, dW1 in 2x1 clusters");
-  static_assert(std::is_void_v<Act> == is_varlen_k(kKind), "up and dH apply an activation, dW1 and dW2 none");
-  static_assert(!(kTransposed && is_varlen_k(kKind)), "transposed weights change dW1's and dW2's roles, not kernel");
+                "bf16 up runs without clusters; FP8 up, dH and dW in 2x1 clusters");
+  static_assert(std::is_void_v<Act> == is_varlen_k(kKind), "up and dH apply an activation, dW none");
   constexpr int kTileM = Tile::kTileM, kTileN = Tile::kTileN, kTileK = Tile::kTileK, kStages = Tile::kStages;
   constexpr bool kVarlenK = is_varlen_k(kKind);
-  constexpr bool kBKMajor = b_is_k_major(kKind, kTransposed);
+  constexpr bool kBKMajor = b_is_k_major(kKind, kTransposed && !is_varlen_k(kKind));
   // FP8: up with W1 [E, W, d] and dH with W2t [E, n, d], both K-major (FP8 wgmma reads no other).
   static_assert(!Tile::kFp8 || (!kVarlenK && kBKMajor), "FP8 runs up and dH on K-major weights");
   constexpr int kProducerThreads = 128;
-  // dW1's producer is wide: 56 registers (the consumers 224) and its copies' shuffles in batches of
-  // 8 (the measurement: gemm_heuristics.cpp's dW1 rule; dW2 gained nothing, dH's epilogue needs 232).
-  constexpr bool kWideFeed = kKind == GemmKind::Dw1;
-  constexpr int kCopyBatch = kWideFeed ? 8 : 4;
+  constexpr int kCopyBatch = 4;  // varlen-K: shuffled source rows per batch of copies (8: no gain for dW2)
   // Releases per stage: lane 0 of each consumer warp, of both CTAs in cluster mode.
   constexpr int kReleases = 8 * (kCluster ? 2 : 1);
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -279,12 +270,11 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
   // band (n-unit, row unit), the row units fastest. band <= 1: one row unit at a time, n fastest
   // (the default: ~132 n-tiles run together, each reading all of the expert's X or dO columns once
   // per row unit); a band of B runs ~B row units x 132/B n-units together. In cluster mode the
-  // units of the side that is not multicast are pairs: dW1 (dH by TMA, the M side) pairs n-tiles, dW2 (A', the N
-  // side) pairs m-tiles; CTA rank r takes tile 2p + r of pair p (past the last tile: loads the
-  // shared half and zeros, stores nothing).
-  constexpr bool kPairN = kCluster && kVarlenK && !gathers_a(kKind), kPairM = kCluster && kVarlenK && gathers_a(kKind);
+  // row units are pairs of m-tiles (the N side, by TMA, is multicast); CTA rank r takes m-tile
+  // 2p + r of pair p (past the last tile: loads the shared half and zeros, stores nothing).
+  constexpr bool kPairM = kCluster && kVarlenK;
   const int m_units = kPairM ? (args.m_tiles + 1) / 2 : args.m_tiles;
-  const int n_units = kPairN ? (args.n_tiles + 1) / 2 : args.n_tiles;
+  const int n_units = args.n_tiles;
   const int total_slots = kVarlenK ? 0 : s_tile_prefix[E];
   const int total_tiles = kVarlenK ? E * m_units * n_units : total_slots * args.n_tiles;
   // The k-tiles of tile t (consumers need only these before the mainloop and resolve the rest of the
@@ -307,7 +297,6 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       m_tile = first + (r - first * n_units) % width;
       c.n_tile = (r - first * n_units) / width;
       if constexpr (kPairM) m_tile = 2 * m_tile + cta_rank();
-      if constexpr (kPairN) c.n_tile = 2 * c.n_tile + cta_rank();
     } else {
       const int band = t / (total_slots * args.band);
       const int width = min(args.band, args.n_tiles - band * args.band);  // the last band may be narrower
@@ -326,7 +315,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
 
   if (wg == 0) {
     // ---------------- producer ----------------
-    cutlass::arch::warpgroup_reg_dealloc<kWideFeed ? 56 : 40>();
+    cutlass::arch::warpgroup_reg_dealloc<40>();
     int item = 0;
     if constexpr (!kVarlenK) {
       // Thread tid copies 16-byte chunk tid%8 (8 k-values) of the tile's A rows tid/8 + 16i.
@@ -463,33 +452,29 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           const int stage = item % kStages;
           Barrier::wait(&empty_bar[stage], ((item / kStages) & 1) ^ 1);
           const uint32_t a_smem = smem_base + stage * Tile::kStageBytes, b_smem = a_smem + Tile::kABytes;
-          // The contiguous operand (dW1: dH, A side; dW2: A', B side) of a whole k-tile comes by TMA
+          // The contiguous operand (A' or dH, the B side) of a whole k-tile comes by TMA
           // (tma_operand maps it, see the kernel's comment), 64-column boxes; a partial last k-tile by
           // cp.async like the gathered one, which zero-fills the rows past the expert's: TMA would
           // read them (the next expert's rows, or unwritten rows past the routed ones, maybe NaN).
           const bool tma = first_row + kTileK <= tile.row_end;
-          constexpr int kTmaExtent = gathers_a(kKind) ? kTileN : kTileM;
           if (tid == 0) {
-            TxBarrier::arrive_and_expect_tx(&full_bar[stage], tma ? kTmaExtent * kTileK * 2 : 0);
+            TxBarrier::arrive_and_expect_tx(&full_bar[stage], tma ? kTileN * kTileK * 2 : 0);
             if (tma) {
-              const uint32_t dst = gathers_a(kKind) ? b_smem : a_smem;
-              const int col0 = int(gathers_a(kKind) ? n0 : tile.m0);
               // This CTA's half of the boxes, into both CTAs (see the top).
-              constexpr int kMyBoxes = kTmaExtent / 128;
+              constexpr int kMyBoxes = kTileN / 128;
 #pragma unroll
               for (int j = 0; j < kMyBoxes; ++j) {
                 const int blk = cta_rank() * kMyBoxes + j;
-                tma_load_2d_multicast(dst + blk * kMNBlockBytes, &tma_operand, &full_bar[stage], col0 + 64 * blk,
-                                      first_row, 0b11);
+                tma_load_2d_multicast(b_smem + blk * kMNBlockBytes, &tma_operand, &full_bar[stage],
+                                      int(n0) + 64 * blk, first_row, 0b11);
               }
             }
           }
-          if (gathers_a(kKind) || !tma)
-            copy_k_rows<kTileM, gathers_a(kKind), kCopyBatch>(a_smem, args.a, dims.lda, tile.m0, dims.M, first_row,
-                                                              tile.row_end, gathered);
-          if (gathers_b(kKind) || !tma)
-            copy_k_rows<kTileN, gathers_b(kKind), kCopyBatch>(b_smem, args.b, dims.ldb, n0, dims.N, first_row,
-                                                              tile.row_end, gathered);
+          copy_k_rows<kTileM, true, kCopyBatch>(a_smem, args.a, dims.lda, tile.m0, dims.M, first_row, tile.row_end,
+                                                gathered);
+          if (!tma)
+            copy_k_rows<kTileN, false, kCopyBatch>(b_smem, args.b, dims.ldb, n0, dims.N, first_row, tile.row_end,
+                                                   gathered);
           cutlass::arch::cpasync_barrier_arrive_noinc(&full_bar[stage]);
         }
       }
@@ -502,7 +487,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
     cp_async_wait<0>();
   } else {
     // ---------------- consumers ----------------
-    cutlass::arch::warpgroup_reg_alloc<kWideFeed ? 224 : 232>();
+    cutlass::arch::warpgroup_reg_alloc<232>();
     // Shuffled from lane 0 (as CUTLASS's canonical_warp_group_idx) so that the compiler knows it is
     // warp-uniform and keeps the descriptors below in uniform registers.
     const int cwg = __shfl_sync(0xffffffffu, wg - 1, 0);
@@ -515,23 +500,21 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
         Barrier::arrive(&empty_bar[stage]);
       }
     };
-    float acc[Tile::kSlices][kTileN / 2];
+    float acc[kTileN / 2];
     // Stage 0's wgmma descriptors (sm90_ptx.cuh smem_desc), advanced per stage and k-step in the
-    // mainloop. A: this warpgroup's first 64-row slice, 64 K-major rows or one 64-wide MN block
+    // mainloop. A: this warpgroup's 64-row slice, 64 K-major rows or one 64-wide MN block
     // (8 KB either way; varlen-K MN-major, else K-major); B: K-major or MN-major as kBKMajor.
-    const uint64_t desc_a0 = smem_desc(smem_base + Tile::slice_row(cwg, 0) * kMNBlockBytes,
+    const uint64_t desc_a0 = smem_desc(smem_base + cwg * kMNBlockBytes,
                                        kVarlenK ? kMNBlockBytes : 16, 1024);
     const uint64_t desc_b0 = smem_desc(smem_base + Tile::kABytes, kBKMajor ? 16 : kMNBlockBytes, 1024);
     int item = 0;  // stream position of tile i's first k-tile
-    uint32_t stores = 0;  // dW1 / dW2: this warp's TMA stores so far (store_dw_rows_tma)
+    uint32_t stores = 0;  // dW: this warpgroup's TMA stores so far (store_dw_rows_tma)
     for (int i = 0; first_tile() + i * tile_stride() < total_tiles; ++i) {
       const int t = first_tile() + i * tile_stride();
       const int num_k = num_k_of(t);
       if constexpr (!kVarlenK) item = i * num_k;  // the same; keeps `item` dead across the epilogue
 #pragma unroll
-      for (int s = 0; s < Tile::kSlices; ++s)
-#pragma unroll
-        for (int j = 0; j < kTileN / 2; ++j) acc[s][j] = 0.f;
+      for (int j = 0; j < kTileN / 2; ++j) acc[j] = 0.f;
       if constexpr (Tile::kFp8) {
         // Per k-tile (one 128-deep scale block) and 128-column half h, the wgmmas sum into a fresh
         // 64-register part, then acc += part · s_a(row) · s_b(column group): the promotion in fp32
@@ -570,7 +553,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
               for (int c = 0; c < 2; ++c) scale[i][c] = sa[i] * sb[2 * h + c];
             // Register j: row lane/4 + 8·((j/2) % 2), column 8·(j/4) + 2·(lane%4) + j%2 of the half.
 #pragma unroll
-            for (int j = 0; j < 64; ++j) acc[0][64 * h + j] += part[j] * scale[(j >> 1) & 1][j >> 5];
+            for (int j = 0; j < 64; ++j) acc[64 * h + j] += part[j] * scale[(j >> 1) & 1][j >> 5];
           }
           // Both halves' wgmmas retired: the stage is free.
           if (lane == 0) release(stage);
@@ -588,29 +571,23 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
           const uint32_t stage_bytes = uint32_t(stage) * Tile::kStageBytes;
           const uint64_t desc_a = smem_desc_advance(desc_a0, stage_bytes);
           const uint64_t desc_b = smem_desc_advance(desc_b0, stage_bytes);
-#pragma unroll
-          for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+          fence_registers(acc);
           wgmma_fence();
 #pragma unroll
           for (int kk = 0; kk < kTileK / 16; ++kk) {
             // A k16 step is 32 B along a K-major row or 16 k-rows (2048 B) of an MN-major tile.
             constexpr uint32_t kStepA = kVarlenK ? 2048 : 32, kStepB = kBKMajor ? 32 : 2048;
-#pragma unroll
-            for (int s = 0; s < Tile::kSlices; ++s)  // slice s: the next 8 KB of A
-              wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(
-                  acc[s], smem_desc_advance(desc_a, s * kMNBlockBytes + kk * kStepA),
-                  smem_desc_advance(desc_b, kk * kStepB));
+            wgmma_k16<kTileN, kVarlenK ? 1 : 0, kBKMajor ? 0 : 1>(acc, smem_desc_advance(desc_a, kk * kStepA),
+                                                                  smem_desc_advance(desc_b, kk * kStepB));
           }
           wgmma_commit();
           // Keep one k-tile of wgmmas in flight; the one before it has retired: release its stage.
           wgmma_wait<1>();
-#pragma unroll
-          for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+          fence_registers(acc);
           if (kt > 0 && lane == 0) release((item - 1) % kStages);
         }
         wgmma_wait<0>();
-#pragma unroll
-        for (int s = 0; s < Tile::kSlices; ++s) fence_registers(acc[s]);
+        fence_registers(acc);
         if (num_k > 0 && lane == 0) release((item - 1) % kStages);
       }
 
@@ -618,19 +595,15 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
       const OutputTile tile = tile_at(t);
       Fp8RowsOut out_q{};  // FP8: A / dH also quantized when asked (args.out_q.codes)
       if constexpr (Tile::kFp8) out_q = args.out_q;
-#pragma unroll
-      for (int s = 0; s < Tile::kSlices; ++s) {
-        const int64_t m0 = tile.m0 + Tile::slice_row(cwg, s) * 64;
-        const uint32_t staging = smem_base + kStages * Tile::kStageBytes + cwg * Tile::kStagingBytes;
-        if constexpr (kVarlenK)
-          store_dw_rows_tma<kTileN>(&tma_out, dims, acc[s], m0, tile.n_tile, tile.expert, staging, stores);
-        else if constexpr (kKind == GemmKind::Up)
-          store_up_rows_warp_staged<Act, kTileN, kTransposed, Tile::kFp8>(args, acc[s], m0, tile.row_end, tile.n_tile,
-                                                                          tile.expert, staging, out_q);
-        else
-          store_dh_rows_warp_staged<Act, kTileN, Tile::kFp8>(args, acc[s], m0, tile.row_end, tile.n_tile, staging,
-                                                             out_q);
-      }
+      const int64_t m0 = tile.m0 + cwg * 64;
+      const uint32_t staging = smem_base + kStages * Tile::kStageBytes + cwg * Tile::kStagingBytes;
+      if constexpr (kVarlenK)
+        store_dw_rows_tma<kTileN, kTransposed>(&tma_out, dims, acc, m0, tile.n_tile, tile.expert, staging, stores);
+      else if constexpr (kKind == GemmKind::Up)
+        store_up_rows_warp_staged<Act, kTileN, kTransposed, Tile::kFp8>(args, acc, m0, tile.row_end, tile.n_tile,
+                                                                        tile.expert, staging, out_q);
+      else
+        store_dh_rows_warp_staged<Act, kTileN, Tile::kFp8>(args, acc, m0, tile.row_end, tile.n_tile, staging, out_q);
     }
     // The TMA stores read this CTA's shared memory: none may still be in flight when it exits.
     if constexpr (kVarlenK)

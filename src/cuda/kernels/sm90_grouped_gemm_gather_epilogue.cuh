@@ -650,20 +650,35 @@ __device__ __forceinline__ void prefetch_h_row_l2(const GemmArgs& args, int64_t 
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(g + n), "r"(bytes) : "memory");
 }
 
-// ---- dW1 / dW2 by TMA store: each 16x32 chunk of the warp's rows goes through one of its three
-//      staging tiles (stmatrix; the tile's swizzle is TMA's 64-byte one, warp_tile_offset) and one
-//      TMA store into dW viewed as [E][M][N] (out_map: rows past M and columns past N are not
-//      written). The warp does not wait for the store: a tile is written again three chunks later,
-//      after its lane 0 saw at most two of its stores still reading shared memory; `stores` counts
-//      the warp's stores across tiles (the rotation). ----
-template <int kTileN>
+// ---- dW1 / dW2 by TMA store: each 32-column chunk of the warp's 16 rows goes through one of three
+//      staging tiles (the tile's swizzle is TMA's 64-byte one, warp_tile_offset) and one TMA store
+//      into dW viewed as [E][M][N] (out_map: rows past M and columns past N are not written). A tile
+//      is written again three chunks later, after the issuing thread saw at most two of its stores
+//      still reading shared memory; `stores` counts the stores across tiles (the rotation).
+// kTransposedOut: dW stored [E][N][M] (the HF layout's dW1, whose M is d): a row of the stored box
+// is 64 M values (128 bytes, TMA's 128-byte swizzle), the consumer warpgroup's four 16-row
+// fragments side by side, so the warpgroup stores together: each warp's fragment goes through
+// stmatrix .trans into the 4 KB chunk tile as 32 N-rows, then one box {64, 32, 1} issued by the
+// warpgroup's first thread after a named barrier. The plain store stays per warp: per warpgroup it
+// ran no faster (dW1 7.35 -> 7.37 ms at 120B-n2048) and cost the dW2 kernel ~2% in dW1's transposed
+// layout (7.24 -> 7.40 ms; docs/kernels.md "Where dW1's time goes"). ----
+template <int kTileN, bool kTransposedOut>
 __device__ __forceinline__ void store_dw_rows_tma(const CUtensorMap* out_map, const ProblemDims& dims,
                                                   const float (&acc)[kTileN / 2], int64_t m0, int n_tile, int expert,
                                                   uint32_t staging, uint32_t& stores) {
   const int lane = threadIdx.x & 31, warp_in_wg = (threadIdx.x >> 5) & 3;
-  const int64_t n0 = int64_t(n_tile) * kTileN, row0 = m0 + warp_in_wg * 16;
-  if (row0 >= dims.M) return;  // the warp's rows all past M (the last row tile): nothing to store
-  const uint32_t tiles = staging + warp_in_wg * kWarpStagingBytes;
+  const bool issuer = lane == 0 && (!kTransposedOut || warp_in_wg == 0);
+  const int64_t n0 = int64_t(n_tile) * kTileN, row0 = kTransposedOut ? m0 : m0 + warp_in_wg * 16;
+  if (row0 >= dims.M) return;  // the rows stored together all past M (the last row tile)
+  const uint32_t tiles = kTransposedOut ? staging : staging + warp_in_wg * kWarpStagingBytes;
+  const uint32_t tile_bytes = kTransposedOut ? 4 * kWarpTileBytes : kWarpTileBytes;
+  // Named barrier 1 + the consumer warpgroup (1, 2): the warpgroup's 128 threads only.
+  const auto sync = [] {
+    if constexpr (kTransposedOut)
+      named_barrier_sync(threadIdx.x / 128, 128);
+    else
+      __syncwarp();
+  };
 #pragma unroll
   for (int c = 0; c < kTileN / 32; ++c) {
     if (n0 + 32 * c >= dims.N) break;  // the last column tile of an N that is not a multiple of kTileN
@@ -675,14 +690,23 @@ __device__ __forceinline__ void store_dw_rows_tma(const CUtensorMap* out_map, co
         const int b = 4 * c + bl;
         v[h][bl] = pack_bf16x2(acc[4 * b + 2 * h], acc[4 * b + 2 * h + 1]);
       }
-    const uint32_t tile = tiles + (stores % 3) * kWarpTileBytes;
-    if (lane == 0) bulk_wait_group_read<2>();  // the store that last read this tile has read it
-    __syncwarp();
-    store_fragment_tile(tile, v);
+    const uint32_t tile = tiles + (stores % 3) * tile_bytes;
+    if (issuer) bulk_wait_group_read<2>();  // the store that last read this tile has read it
+    sync();
+    if constexpr (kTransposedOut) {
+      // Lane l: N row l of the chunk; the 16-byte M block 2·warp + h of that row, swizzled.
+#pragma unroll
+      for (int h = 0; h < 2; ++h) stmatrix_x4_trans(tile + lane * 128 + (((2 * warp_in_wg + h) ^ (lane & 7)) << 4), v[h]);
+    } else {
+      store_fragment_tile(tile, v);
+    }
     fence_proxy_async_smem();  // the generic-proxy writes, visible to the TMA unit's reads
-    __syncwarp();
-    if (lane == 0) {
-      tma_store_3d(out_map, tile, int(n0 + 32 * c), int(row0), expert);
+    sync();
+    if (issuer) {
+      if constexpr (kTransposedOut)
+        tma_store_3d(out_map, tile, int(m0), int(n0 + 32 * c), expert);
+      else
+        tma_store_3d(out_map, tile, int(n0 + 32 * c), int(row0), expert);
       bulk_commit_group();
     }
     ++stores;
