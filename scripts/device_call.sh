@@ -14,13 +14,15 @@ unpack() {
   local x
   for x in "$@"; do xz -dc "${x#*=}" > "$B/${x%%=*}" && chmod +x "$B/${x%%=*}" || say "MISSING ${x#*=}"; done
 }
-# gpu_tests FILTER [SANITIZED]: $B/gt (leanmoe_gpu_tests) on the gtest FILTER, the verdict and any
+# header COMMIT_FILE: the call's first summary line, what runs (the file's text) and on which GPU.
+header() { say "$(cat "$1"); $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader)"; }
+# gpu_tests FILTER [SANITIZED]: $B/gt (leanmoe_gpu_tests) on the gtest FILTER ('*': the whole suite), the verdict and any
 # failures into S; then memcheck and racecheck on the tests SANITIZED names. Logs into L (L/gpu_tests_N.log
 # for the N-th call).
 gpu_tests_calls=0
 gpu_tests() {
   local n=$((++gpu_tests_calls))  # each call its own logs
-  timeout "$(cap 150)" "$B/gt" --gtest_filter="$1" > "$L/gpu_tests_$n.log" 2>&1
+  timeout "$(cap 240)" "$B/gt" --gtest_filter="$1" > "$L/gpu_tests_$n.log" 2>&1
   say "tests rc=$? $(grep -E '^\[  (PASSED|FAILED) ' "$L/gpu_tests_$n.log" | tr '\n' ' ') (t=$SECONDS)"
   grep -E '^\[  FAILED  \]' "$L/gpu_tests_$n.log" | head -5 | tee -a "$S"
   [ -n "${2:-}" ] || return 0
@@ -82,5 +84,13 @@ layer_rounds() {
     done
   done
   python3 bench/layer_ab.py "$L" | grep 'median of' | tee -a "$S"
+}
+# in_logs_subdir DIR CMD...: CMD with L = L/DIR (made there), for runs whose log names would repeat
+# (e.g. layer_rounds of the same row in another layout).
+in_logs_subdir() {
+  local L="$L/$1"
+  mkdir -p "$L"
+  shift
+  "$@"
 }
 source scripts/device_env.sh
