@@ -561,7 +561,7 @@ namespace {
 // [E][d][p] (the HF layout's dW2, the transposed layout's dW1) or, p_major, [E][p][d] (the HF
 // layout's dW1, the transposed layout's dW2: the kernel's transposed store). Against a separate
 // 256x128 kernel with G along N for [E][p][d], both at base clocks (docs/kernels.md "Where dW1's time
-// goes"): dW1 7.41 vs 7.35 ms at 120B-n2048, 3.74 vs 3.75 at 30B-n1024, 7.40 vs 7.48 at gpt-oss-20b.
+// goes"): dW1 7.31 vs 7.36 ms at 120B-n2048, 3.74 vs 3.75 at 30B-n1024, 7.38 vs 7.40 at gpt-oss-20b.
 void run_dw(GemmKind asked, const RoutedRows& rows, const ExpertShape& s, int64_t p, bool p_major, const void* g,
             const void* plain, void* out, cudaStream_t stream, const GemmConfig* config, const char* what) {
   const GemmConfig c = resolve_gemm_config(asked, s, rows.E, current_gpu(), config);
