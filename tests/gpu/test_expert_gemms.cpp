@@ -529,8 +529,9 @@ TEST(ExpertGemms, FewPersistentCtas) {
 // cluster) walking every tile with many passes over the stages. The cluster kernels (dH, dW2, dW1,
 // CUTLASS) meet their dangerous cases here: an odd m-tile count, where rank 1's m-tile lies wholly past
 // the expert's rows yet must take part in every multicast and barrier (dH, CUTLASS 2x1); odd n- or
-// m-tile counts leaving rank 1 a tile past the edge (d = 320: 3 m-tiles of dW1 and dW2 at 128x256; d <= 192: one 192-wide n-tile, so rank 1 of a CUTLASS 1x2 cluster lies wholly past
-// d); partial last k-tiles loaded by each CTA alone; empty experts storing zeros in both CTAs (dW).
+// m-tile counts leaving rank 1 a tile past the edge (d = 320: 3 m-tiles of dW1 and dW2 at 128x256;
+// d <= 192: one 192-wide n-tile, so rank 1 of a CUTLASS 1x2 cluster lies wholly past d); partial
+// last k-tiles loaded by each CTA alone; empty experts storing zeros in both CTAs (dW).
 // Both weight layouts (the transposed one: dH's K-major W2 halves multicast per CTA rank; dW2 stored
 // transposed, dW1 not; down and dx with the other B major-ness).
 TEST(ExpertGemms, EveryCompiledConfig) {

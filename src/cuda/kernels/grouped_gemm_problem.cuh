@@ -17,8 +17,7 @@ using bf16 = __nv_bfloat16;
 
 // Up and dH are "varlen-M", dW2 and dW1 "varlen-K" (is_varlen_k, gemm_config.h); both varlen-K GEMMs
 // run on dW2's kernel (expert_gemms.cu run_dw). (Down and dx, the other two, run on CUTLASS.)
-// Operand A is a token-indexed tensor (X or dO) read through row_token.
-constexpr bool gathers_a(GemmKind k) { return k == GemmKind::Up || k == GemmKind::Dh || k == GemmKind::Dw2; }
+// Operand A of every gather-kernel kind is a token-indexed tensor (X or dO) read through row_token.
 // Whether B is stored [N, K] (K contiguous) rather than [K, N]: a property of the kind and the
 // weights' layout. The HF layout's W1 [W, d] is up's B in K-major order and W2 [d, n] dH's in
 // MN-major order; the transposed layout (W1 [d, W], W2 [n, d]) flips both. The varlen-K kinds'

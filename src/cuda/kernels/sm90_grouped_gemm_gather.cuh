@@ -207,8 +207,8 @@ struct Fp8ScaleRefs {
 // W2). Encoded on the host per launch (expert_gemms.cu). kCluster: launched with 2x1 clusters (see
 // the top). Act: the activation of up's and dH's epilogues (activation.cuh); void for dW.
 // kTransposed: varlen-M, the weights' layout; varlen-K, dW stored [E][N][M].
-// tma_out (dW; store_dw_rows_tma): dW as [E][M][N] bf16, box {32, 64, 1}, 64-byte swizzle;
-// kTransposed: as [E][N][M], box {64, 32, 1}, 128-byte swizzle.
+// tma_out (dW; store_dw_rows_tma): dW as [E][M][N] bf16, box {32, 16, 1} (a warp's chunk), 64-byte
+// swizzle; kTransposed: as [E][N][M], box {64, 32, 1} (a warpgroup's), 128-byte swizzle.
 template <GemmKind kKind, class Tile, bool kCluster, class Act, bool kTransposed>
 __global__ void __launch_bounds__(Tile::kThreads, 1)
     gather_grouped_gemm_kernel(const GemmArgsOf<Tile> args, const __grid_constant__ CUtensorMap tma_operand,
@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(Tile::kThreads, 1)
                                        kVarlenK ? kMNBlockBytes : 16, 1024);
     const uint64_t desc_b0 = smem_desc(smem_base + Tile::kABytes, kBKMajor ? 16 : kMNBlockBytes, 1024);
     int item = 0;  // stream position of tile i's first k-tile
-    uint32_t stores = 0;  // dW: this warpgroup's TMA stores so far (store_dw_rows_tma)
+    uint32_t stores = 0;  // dW: the TMA stores so far of this warp (transposed: warpgroup), store_dw_rows_tma
     for (int i = 0; first_tile() + i * tile_stride() < total_tiles; ++i) {
       const int t = first_tile() + i * tile_stride();
       const int num_k = num_k_of(t);
