@@ -374,7 +374,7 @@ void require_precision(const ExpertShape& s, bool fp8_launcher, const char* what
 template <GemmKind kKind>
 void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const GemmConfig* requested,
             cudaStream_t stream, const char* what, const ExpertFunction& fn = {},  // fn: up and dH only
-            const Fp8Scales* fp8 = nullptr, bool store_transposed = false) {
+            const Fp8Scales* fp8 = nullptr) {
   // up and dH run in the shape's precision; dW1 and dW2 stay bf16 on an FP8 shape (runs_fp8).
   if (!is_varlen_k(kKind)) require_precision(s, fp8 != nullptr, what);
   if (!is_varlen_k(kKind) && activation_is_gated(fn.activation) != s.gated)
@@ -382,8 +382,6 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
                          (s.gated ? "plain" : "gated") + " but the shape says " + (s.gated ? "gated" : "plain"));
   if (fn.interleaved && !s.gated)
     throw leanmoe::Error(std::string(what) + ": interleaved applies to a gated activation only");
-  if (is_varlen_k(kKind) && s.transposed)  // dw1() and dw2() pass the kernel's own shape
-    throw leanmoe::Error(std::string(what) + ": internal: a varlen-K launch with the transposed layout");
   const GemmConfig config = resolve_gemm_config(kKind, s, rows.E, current_gpu(), requested);
   if (rows.E <= 0) return;
   if (!is_varlen_k(kKind) && rows.rows_capacity <= 0) return;
@@ -401,7 +399,8 @@ void launch(const RoutedRows& rows, const ExpertShape& s, GemmArgs args, const G
       // (FP8 kernels read K-major weights in either layout: s.transposed changes nothing there.)
       const bool default_path = fn.activation == Activation::swiglu && !fn.interleaved && args.b1 == nullptr &&
                                 (!s.transposed || fp8);
-      const auto& launches = s.transposed || store_transposed ? kernel.launch_transposed : kernel.launch;
+      // Varlen-K (dW2's kernel, run_dw): the shape's transposed layout stores dW as [E][N][M].
+      const auto& launches = s.transposed ? kernel.launch_transposed : kernel.launch;
       (default_path && kernel.no_bias_gate_up ? kernel.no_bias_gate_up
                                               : launches[static_cast<size_t>(fn.activation)])(
           rows, s, args, fp8 ? *fp8 : Fp8Scales{}, config, stream, what);
@@ -567,8 +566,7 @@ void run_dw(GemmKind asked, const RoutedRows& rows, const ExpertShape& s, int64_
   const GemmConfig c = resolve_gemm_config(asked, s, rows.E, current_gpu(), config);
   GemmArgs args = make_args(g, plain);
   args.out = static_cast<kernels::bf16*>(out);
-  launch<GemmKind::Dw2>(rows, {s.T, s.d, p, /*gated=*/false}, args, &c, stream, what, {}, nullptr,
-                        /*store_transposed=*/p_major);
+  launch<GemmKind::Dw2>(rows, {s.T, s.d, p, /*gated=*/false, /*transposed=*/p_major}, args, &c, stream, what);
 }
 }  // namespace
 
