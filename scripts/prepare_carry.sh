@@ -44,7 +44,8 @@ fi
 # Binaries built here with the CUDA backend, OpenBLAS linked in statically (the H200's image has
 # none), and OpenBLAS's shared libraries xz-packed (36 MB -> 5 MB) for the python front built there.
 LEANMOE_BUILD_DIR=build-device LEANMOE_CUDA=ON bash scripts/build.sh -DLEANMOE_STATIC_BLAS=ON >&2
-blas="$(ldconfig -p | awk '/libopenblas\.so\.0 /{print $NF; exit}')"
+# No early exit in awk: under pipefail, ldconfig writing into a closed pipe fails the script (rc 141).
+blas="$(ldconfig -p | awk '/libopenblas\.so\.0 / && !found {print $NF; found = 1}')"
 libs="$(mktemp -d)"
 # shellcheck disable=SC2046  # one path per library
 cp -L "$blas" $(ldd "$blas" | awk '/gfortran|quadmath/{print $3}') "$libs/"
@@ -89,7 +90,8 @@ limit=$((64 * 1024 * 1024))
 # What travels: tracked and untracked-not-ignored files, plus the carried paths, counted as the device
 # tool counts them: in allocated 4 KiB blocks (by bytes the tree is 9.6 MiB, by blocks 12; session 26
 # had a SETUP call refused that the byte count said would fit).
-blocks() { xargs -0 du --block-size=1 2>/dev/null | awk '{s += $1} END {print s + 0}'; }
+# Paths git lists but the tree lacks (bench/results/archive moved out for a big carry) count nothing.
+blocks() { { xargs -0 du --block-size=1 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}'; }
 tree="$(git ls-files -z --cached --others --exclude-standard | blocks)"
 archive="$(git ls-files -z --cached --others --exclude-standard bench/results/archive | blocks)"
 vs="$(du -s --block-size=1 .carry/vs | cut -f1)"; son="$(du -s --block-size=1 .carry/sonicmoe | cut -f1)"
