@@ -215,6 +215,7 @@ PY
     if [ -n "${TRACE:-}" ] && ls "$W/r$round"/trace_*.csv >/dev/null 2>&1; then
       python3 dev/kernel_trace/summary.py "$W/r$round"/trace_*.csv --width 90 >"$W/r$round/trace_summary.txt" 2>&1
       python3 dev/kernel_trace/summary.py "$W/r$round"/trace_*.csv --gemms >>"$W/r$round/trace_summary.txt" 2>&1
+      python3 dev/kernel_trace/summary.py "$W/r$round"/trace_*.csv --tail --width 60 >>"$W/r$round/trace_summary.txt" 2>&1
       cat "$W/r$round/trace_summary.txt"
     fi
     args=(--leanmoe "$W/r${round}_leanmoe.json" --commit "$commit" --out "$W/side_by_side_r$round.md"

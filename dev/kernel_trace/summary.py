@@ -2,7 +2,7 @@
 """Per-kernel times at the steady state from kernel_trace.cpp's files, with the SM clock and the
 power during each kernel.
 
-    python3 dev/kernel_trace/summary.py TRACE.csv [TRACE.csv ...] [--last SECONDS] [--width N] [--gemms]
+    python3 dev/kernel_trace/summary.py TRACE.csv [TRACE.csv ...] [--last SECONDS] [--width N] [--gemms | --tail]
 
 For each file: the kernels that started in the last SECONDS (default 3) of its GPU activity (the
 warm-up and the power ramp left out: an idle H200 holds 1980 MHz for ~2 s before the 700 W cap
@@ -155,15 +155,45 @@ def gemm_table(path, last_s):
           f" (iterations: {min(len(v) for v in times.values())})")
 
 
+def tail_table(path, last_s, width):
+    """Per iteration (one up-projection GEMM to the next): how long the kernels already running when the
+    iteration's last expert GEMM (dW1) ends outlast it (a side stream's gather-sum, say); medians over
+    the iterations. Kernels started after it are not counted: the trace does not tell a backward's
+    last steps from the next iteration's first."""
+    kernels, _ = read(path)
+    t0 = max((k[1] for k in kernels), default=0) - int(last_s * 1e9)
+    ups = [k[0] for k in kernels if k[0] >= t0 and is_gemm(k[4]) and gemm_kind_by_name(k[4]) == "up"]
+    tails, last_names = [], {}
+    for a, b in zip(ups, ups[1:]):
+        it = [k for k in kernels if a <= k[0] < b]
+        gemm_end = max(k[1] for k in it if is_gemm(k[4]))
+        last = max((k for k in it if k[0] < gemm_end), key=lambda k: k[1])
+        tails.append((last[1] - gemm_end) / 1e3)
+        last_names[last[4]] = last_names.get(last[4], 0) + 1
+    if not tails:
+        print(f"{path}: fewer than two up-projection GEMMs in the last {last_s:g} s")
+        return
+    name, count = max(last_names.items(), key=lambda kv: kv[1])
+    print(f"{path}: kernels beside the last expert GEMM end {statistics.median(tails):.0f} us after it (median; "
+          f"min {min(tails):.0f}, max {max(tails):.0f}; 0: the GEMM ends last) over {len(tails)} iterations; "
+          f"last to end in {count}: {short_name(name, width)}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--last", type=float, default=3.0, help="seconds of GPU activity at the end to summarise")
     ap.add_argument("--width", type=int, default=110, help="kernel name width")
     ap.add_argument("--gemms", action="store_true", help="the six expert GEMMs' median times, one line per file")
+    ap.add_argument("--tail", action="store_true", help="how long the kernels beside each iteration's last expert GEMM outlast it")
     a = ap.parse_args()
     for p in a.traces:
-        (gemm_table(p, a.last) if a.gemms else summarise(p, a.last, a.width))
+        if a.gemms:
+            gemm_table(p, a.last)
+        elif a.tail:
+            tail_table(p, a.last, a.width)
+        else:
+            summarise(p, a.last, a.width)
 
 
 if __name__ == "__main__":
