@@ -3,7 +3,8 @@
 # (FINAL/summary.txt, emptied), B and L (fresh folders for the unpacked binaries and the logs; the
 # logs go back as FINAL/logs.tar.gz at exit); defines say (echo, also into S), cap N (N seconds, or
 # what is left of BUDGET, default 560, at least 5), unpack NAME=FILE.xz ... (binaries into B),
-# gpu_tests, gemm_rounds, ncu_ms and layer_rounds (below); then sources scripts/device_env.sh.
+# gpu_tests, gemm_rounds, ncu_ms, layer_rounds and trace_summaries (below); then sources
+# scripts/device_env.sh.
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"; S=$FINAL/summary.txt; : > "$S"
 B="$(mktemp -d)"; L="$(mktemp -d)"
 trap 'tar czf "$FINAL/logs.tar.gz" -C "$L" . 2>/dev/null' EXIT
@@ -65,25 +66,38 @@ ncu_ms() {
 # each named variant's flags (the caller's associative array V: NAME -> flags, "" for the default),
 # graph replays at the steady state (bench/steady_iters.py), the variants' order rotated by one per
 # round; logs and JSON into L, a line per run into S, then the medians over the rounds (bench/layer_ab.py).
-# A variant NAME with its own binary $B/leanmoe_NAME (unpack leanmoe_NAME=...) runs that binary.
+# A variant NAME with its own binary $B/leanmoe_NAME (unpack leanmoe_NAME=...) runs that binary. With
+# TRACE_LIB set (dev/kernel_trace's libkernel_trace.so, carried) every run is traced into
+# L/trace_rR_ROW_NAME.csv (trace_summaries below reads them).
 layer_rounds() {
   local rounds=$1 rows=$2 r c k v warm iters bin
   shift 2
-  local names=("$@")
+  local names=("$@") traced=()
   for ((r = 1; r <= rounds; ++r)); do
     for c in ${rows//,/ }; do
       read -r warm iters < <(python3 bench/steady_iters.py "$c")
       for ((k = 0; k < ${#names[@]}; ++k)); do
         v=${names[$(((r + k) % ${#names[@]}))]}
         bin=$B/leanmoe; [ -x "$B/leanmoe_$v" ] && bin=$B/leanmoe_$v
+        if [ -n "${TRACE_LIB:-}" ]; then
+          traced=(env "CUDA_INJECTION64_PATH=$(realpath "$TRACE_LIB")" "KERNEL_TRACE_OUT=$L/trace_r${r}_${c}_$v.csv")
+        fi
         # shellcheck disable=SC2086  # the variant's flags split into words
-        timeout "$(cap 60)" "$bin" bench --config "$c" --router topk_then_softmax --graph --iters "$iters" \
-          --warmup "$warm" ${V[$v]} --json "$L/layer_r${r}_${c}_$v.json" > "$L/layer_r${r}_${c}_$v.txt" 2>&1
+        timeout "$(cap 60)" "${traced[@]}" "$bin" bench --config "$c" --router topk_then_softmax --graph \
+          --iters "$iters" --warmup "$warm" ${V[$v]} --json "$L/layer_r${r}_${c}_$v.json" \
+          > "$L/layer_r${r}_${c}_$v.txt" 2>&1
         say "r$r $c $v rc=$? $(grep -E "^$c" "$L/layer_r${r}_${c}_$v.txt" | awk '{print $9, $10, $13, $14}') (t=$SECONDS)"
       done
     done
   done
   python3 bench/layer_ab.py "$L" | grep 'median of' | tee -a "$S"
+}
+# trace_summaries: what layer_rounds traced (TRACE_LIB): per file the side kernels' overrun past dW1
+# (--tail) and the six GEMMs' medians (--gemms) into S, the per-kernel tables into L/trace_summary.txt.
+trace_summaries() {
+  python3 dev/kernel_trace/summary.py "$L"/trace_*.csv --tail --width 50 | sed "s|$L/||" | tee -a "$S"
+  python3 dev/kernel_trace/summary.py "$L"/trace_*.csv --gemms | sed "s|$L/||" | tee -a "$S"
+  python3 dev/kernel_trace/summary.py "$L"/trace_*.csv --width 90 > "$L/trace_summary.txt" 2>&1
 }
 # in_logs_subdir DIR CMD...: CMD with L = L/DIR (made there), for runs whose log names would repeat
 # (e.g. layer_rounds of the same row in another layout).

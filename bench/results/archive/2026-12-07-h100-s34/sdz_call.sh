@@ -19,20 +19,9 @@ gpu_tests 'CudaBackend.*:BackwardOverlap.*:CudaRoutingGiven.*:TrainingLoopGpu.*'
   'CudaBackend.RouterGradientWithoutBalancingLosses'
 timeout "$(cap 60)" "$B/leanmoe_sdz" check --device cuda > "$L/check.log" 2>&1
 say "check rc=$? $(tail -1 "$L/check.log") (t=$SECONDS)"
-trace="$(realpath .carry/sdz/trace/libkernel_trace.so)"
-rows=30B-n1024,olmoe-1b-7b,120B-n2048
-for c in ${rows//,/ }; do
-  read -r warm iters < <(python3 bench/steady_iters.py "$c")
-  for v in p0 sdz; do
-    CUDA_INJECTION64_PATH=$trace KERNEL_TRACE_OUT="$L/trace_${c}_$v.csv" timeout "$(cap 40)" \
-      "$B/leanmoe_$v" bench --config "$c" --router topk_then_softmax --graph --iters "$iters" --warmup "$warm" \
-      > "$L/traced_${c}_$v.txt" 2>&1
-    say "traced $c $v rc=$? $(grep -E "^$c" "$L/traced_${c}_$v.txt" | awk '{print $9, $10, $13, $14}') (t=$SECONDS)"
-  done
-done
-python3 dev/kernel_trace/summary.py "$L"/trace_*.csv --tail --width 50 | sed "s|$L/||" | tee -a "$S"
-python3 dev/kernel_trace/summary.py "$L"/trace_*.csv --gemms | sed "s|$L/||" | tee -a "$S"
-python3 dev/kernel_trace/summary.py "$L"/trace_*.csv --width 90 > "$L/trace_summary.txt" 2>&1
 declare -A V=([p0]="" [sdz]="")
+rows=30B-n1024,olmoe-1b-7b,120B-n2048
+TRACE_LIB=.carry/sdz/trace/libkernel_trace.so in_logs_subdir traced layer_rounds 1 "$rows" p0 sdz
+L="$L/traced" trace_summaries
 [ $((budget - SECONDS)) -gt 80 ] && layer_rounds 2 "$rows" p0 sdz
 say "done t=$SECONDS"
