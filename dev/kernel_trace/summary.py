@@ -50,6 +50,11 @@ def read(path):
     return kernels, samples
 
 
+def window_start(kernels, last_s):
+    """The start of the summarised window: last_s seconds before the last kernel ends."""
+    return max(k[1] for k in kernels) - int(last_s * 1e9)
+
+
 def own_times(kernels):
     """Per kernel (in kernels' order): end - max(start, end of the previous kernel on its stream)."""
     last_end, own = {}, []
@@ -77,7 +82,7 @@ def summarise(path, last_s, width):
         print(f"== {path}: no kernels")
         return
     t_end = max(k[1] for k in kernels)
-    t0 = t_end - int(last_s * 1e9)
+    t0 = window_start(kernels, last_s)
     own = own_times(kernels)
     window = [(k, o) for k, o in zip(kernels, own) if k[0] >= t0]
     window, owns = [k for k, _ in window], [o for _, o in window]
@@ -135,7 +140,7 @@ def gemm_table(path, last_s):
     if not kernels:
         print(f"{path}: no kernels")
         return
-    t0 = max(k[1] for k in kernels) - int(last_s * 1e9)
+    t0 = window_start(kernels, last_s)
     gemms = [k for k in kernels if k[0] >= t0 and is_gemm(k[4])]
     first = next((i for i, k in enumerate(gemms) if gemm_kind_by_name(k[4]) == "up"), None)
     if first is None:
@@ -161,11 +166,12 @@ def tail_table(path, last_s, width):
     the iterations. Kernels started after it are not counted: the trace does not tell a backward's
     last steps from the next iteration's first."""
     kernels, _ = read(path)
-    t0 = max((k[1] for k in kernels), default=0) - int(last_s * 1e9)
+    t0 = window_start(kernels, last_s) if kernels else 0
     ups = [k[0] for k in kernels if k[0] >= t0 and is_gemm(k[4]) and gemm_kind_by_name(k[4]) == "up"]
+    starts = [k[0] for k in kernels]  # read() sorts the kernels by start
     tails, last_names = [], {}
     for a, b in zip(ups, ups[1:]):
-        it = [k for k in kernels if a <= k[0] < b]
+        it = kernels[bisect.bisect_left(starts, a):bisect.bisect_left(starts, b)]
         gemm_end = max(k[1] for k in it if is_gemm(k[4]))
         last = max((k for k in it if k[0] < gemm_end), key=lambda k: k[1])
         tails.append((last[1] - gemm_end) / 1e3)
