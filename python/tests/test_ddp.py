@@ -4,6 +4,7 @@ would step each rank's weights with its own gradient inside backward) takes the 
 there, and training matches DDP with the standard optimizer bit for bit on every rank."""
 import datetime
 import os
+import sys
 import tempfile
 
 import pytest
@@ -66,6 +67,13 @@ def _worker(rank, port, result_dir, in_backward, find_unused, no_sync):
         torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+    # With torch 2.15 a rank sometimes aborts at interpreter exit, after its results are saved and the
+    # group destroyed ("terminate called without an active exception", no Python frame: 2 of 2 clean-
+    # clone CI runs, 1 in ~5 runs after test_compile.py). The results are on disk and compared by the
+    # parent, so the worker leaves without that teardown; a failure before this line still fails.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _train(in_backward, find_unused=False, no_sync=False):
