@@ -4,7 +4,6 @@ would step each rank's weights with its own gradient inside backward) takes the 
 there, and training matches DDP with the standard optimizer bit for bit on every rank."""
 import datetime
 import os
-import sys
 import tempfile
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from test_ep_dist import _free_port
+from test_ep_dist import _free_port, _leave_worker
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is not available")
@@ -67,13 +66,7 @@ def _worker(rank, port, result_dir, in_backward, find_unused, no_sync):
         torch.save(result, os.path.join(result_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
-    # With torch 2.15 a rank sometimes aborts at interpreter exit, after its results are saved and the
-    # group destroyed ("terminate called without an active exception", no Python frame: 2 of 2 clean-
-    # clone CI runs, 1 in ~5 runs after test_compile.py). The results are on disk and compared by the
-    # parent, so the worker leaves without that teardown; a failure before this line still fails.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _leave_worker()
 
 
 def _train(in_backward, find_unused=False, no_sync=False):
