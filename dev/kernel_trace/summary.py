@@ -50,9 +50,10 @@ def read(path):
     return kernels, samples
 
 
-def window_start(kernels, last_s):
-    """The start of the summarised window: last_s seconds before the last kernel ends."""
-    return max(k[1] for k in kernels) - int(last_s * 1e9)
+def window_bounds(kernels, last_s):
+    """The summarised window (start, end): the last_s seconds up to the end of the last kernel."""
+    end = max(k[1] for k in kernels)
+    return end - int(last_s * 1e9), end
 
 
 def own_times(kernels):
@@ -81,8 +82,7 @@ def summarise(path, last_s, width):
     if not kernels:
         print(f"== {path}: no kernels")
         return
-    t_end = max(k[1] for k in kernels)
-    t0 = window_start(kernels, last_s)
+    t0, t_end = window_bounds(kernels, last_s)
     own = own_times(kernels)
     window = [(k, o) for k, o in zip(kernels, own) if k[0] >= t0]
     window, owns = [k for k, _ in window], [o for _, o in window]
@@ -140,7 +140,7 @@ def gemm_table(path, last_s):
     if not kernels:
         print(f"{path}: no kernels")
         return
-    t0 = window_start(kernels, last_s)
+    t0, _ = window_bounds(kernels, last_s)
     gemms = [k for k in kernels if k[0] >= t0 and is_gemm(k[4])]
     first = next((i for i, k in enumerate(gemms) if gemm_kind_by_name(k[4]) == "up"), None)
     if first is None:
@@ -166,7 +166,7 @@ def tail_table(path, last_s, width):
     the iterations. Kernels started after it are not counted: the trace does not tell a backward's
     last steps from the next iteration's first."""
     kernels, _ = read(path)
-    t0 = window_start(kernels, last_s) if kernels else 0
+    t0 = window_bounds(kernels, last_s)[0] if kernels else 0
     ups = [k[0] for k in kernels if k[0] >= t0 and is_gemm(k[4]) and gemm_kind_by_name(k[4]) == "up"]
     starts = [k[0] for k in kernels]  # read() sorts the kernels by start
     tails, last_names = [], {}
