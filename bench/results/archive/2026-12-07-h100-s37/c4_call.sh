@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Session 37 (prepared for the next session): branch dwc4 = main + dW1 / dW2 in 4x1 clusters as a
+# second compiled varlen-K kernel (gather:coop:128x256:s4:tma:c4; the heuristic keeps c2). Each CTA
+# multicasts a quarter of the TMA operand's k-tile into all four, so a CTA reads 16 KB of gathered
+# rows + 8 KB of boxes from L2 per k-tile instead of 16 + 16 (s37 call 7: the loads alone run at
+# 88-91% of the tensor pipe's time, L2 at 76% of its peak). The GEMM tests with memcheck and
+# racecheck on the 4x1 test; ncu at base clocks c2 / c4 on four rows; --digest c2 against c4 (the
+# same summation order: equal digests expected); the layer with --gemm-config dw1=..c4,dw2=..c4
+# against the default (graph, steady state, 2 rotating rounds).
+# Carry [".carry/dwc4"], bench/results/archive moved out of the tree. BUDGET=560, ~420 s.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
+source scripts/device_call.sh
+unpack gt=.carry/dwc4/gt.xz bg=.carry/dwc4/bg.xz leanmoe=.carry/dwc4/leanmoe.xz
+header .carry/dwc4/commit
+c2=gather:coop:128x256:s4:tma:c2; c4=gather:coop:128x256:s4:tma:c4
+gpu_tests 'ExpertGemms.*:LayerGemmConfigs.*:BackwardOverlap.*:GemmConfig.*:GemmHeuristics.*' 'ExpertGemms.DwIn4x1Clusters'
+for r in 120B-n2048 30B-n1024 gpt-oss-20b olmoe-1b-7b; do
+  for g in dw1 dw2; do for c in c2 c4; do ncu_ms "${r}_${g}_$c" bg --shape $r --layout hf --gemms $g --config "$g=${!c}"; done; done
+done
+for r in 30B-n1024 olmoe-1b-7b; do
+  for c in c2 c4; do
+    timeout "$(cap 60)" "$B/bg" --shape $r --gemms dw1,dw2 --layout hf,transposed --config "dw1=${!c},dw2=${!c}" --digest \
+      > "$L/digest_${r}_$c.txt" 2>&1
+    say "digest $r $c rc=$? $(grep -E '^\| ' "$L/digest_${r}_$c.txt" | grep -v '^| shape' | awk -F'|' '{print $2 $3 $4 $6}' | md5sum | cut -c1-12) (t=$SECONDS)"
+  done
+done
+declare -A V=([c2]="" [c4]="--gemm-config dw1=$c4,dw2=$c4")
+layer_rounds 2 120B-n2048,30B-n1024,olmoe-1b-7b,gpt-oss-20b c2 c4
+say "done t=$SECONDS"
