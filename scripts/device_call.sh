@@ -3,7 +3,7 @@
 # (FINAL/summary.txt, emptied), B and L (fresh folders for the unpacked binaries and the logs; the
 # logs go back as FINAL/logs.tar.gz at exit); defines say (echo, also into S), cap N (N seconds, or
 # what is left of BUDGET, default 560, at least 5), unpack NAME=FILE.xz ... (binaries into B),
-# gpu_tests, gemm_rounds, ncu_ms, layer_rounds and trace_summaries (below); then sources
+# gpu_tests, gemm_rounds, ncu_ms, digest, layer_rounds and trace_summaries (below); then sources
 # scripts/device_env.sh.
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"; S=$FINAL/summary.txt; : > "$S"
 B="$(mktemp -d)"; L="$(mktemp -d)"
@@ -61,6 +61,15 @@ ncu_ms() {
   timeout "$(cap 30)" ncu --metrics gpu__time_duration.sum -k regex:gather_grouped_gemm --launch-skip 1 -c 1 \
     "$B/$bin" "$@" --iters 1 --warmup 1 > "$L/ncu_$name.txt" 2>&1
   say "ncu $name rc=$? $(grep -E 'gpu__time_duration' "$L/ncu_$name.txt" | awk '{print $(NF-1), $NF}') (t=$SECONDS)"
+}
+# digest NAME BIN ARGS...: $B/BIN (leanmoe_bench_gemms) ARGS --digest; into S the md5 of its rows'
+# shape, layout, kind and output-digest columns (not the configuration's text, so that two
+# configurations of one kind compare), the output into L/digest_NAME.txt.
+digest() {
+  local name=$1 bin=$2
+  shift 2
+  timeout "$(cap 60)" "$B/$bin" "$@" --digest > "$L/digest_$name.txt" 2>&1
+  say "digest $name rc=$? $(grep -E '^\| ' "$L/digest_$name.txt" | grep -v '^| shape' | awk -F'|' '{print $2 $3 $4 $6}' | md5sum | cut -c1-12) (t=$SECONDS)"
 }
 # layer_rounds ROUNDS ROWS NAME... (ROWS comma-separated): `$B/leanmoe bench` of each grid row under
 # each named variant's flags (the caller's associative array V: NAME -> flags, "" for the default),

@@ -19,11 +19,7 @@ for r in 120B-n2048 30B-n1024 gpt-oss-20b olmoe-1b-7b; do
   for g in dw1 dw2; do for c in c2 c4; do ncu_ms "${r}_${g}_$c" bg --shape $r --layout hf --gemms $g --config "$g=${!c}"; done; done
 done
 for r in 30B-n1024 olmoe-1b-7b; do
-  for c in c2 c4; do
-    timeout "$(cap 60)" "$B/bg" --shape $r --gemms dw1,dw2 --layout hf,transposed --config "dw1=${!c},dw2=${!c}" --digest \
-      > "$L/digest_${r}_$c.txt" 2>&1
-    say "digest $r $c rc=$? $(grep -E '^\| ' "$L/digest_${r}_$c.txt" | grep -v '^| shape' | awk -F'|' '{print $2 $3 $4 $6}' | md5sum | cut -c1-12) (t=$SECONDS)"
-  done
+  for c in c2 c4; do digest "${r}_$c" bg --shape $r --gemms dw1,dw2 --layout hf,transposed --config "dw1=${!c},dw2=${!c}"; done
 done
 declare -A V=([c2]="" [c4]="--gemm-config dw1=$c4,dw2=$c4")
 layer_rounds 2 120B-n2048,30B-n1024,olmoe-1b-7b,gpt-oss-20b c2 c4

@@ -15,11 +15,6 @@ header .carry/spl/commit
 for r in 120B-n2048 30B-n1024 gpt-oss-20b; do
   for g in dw1 dw2; do for p in p0 spl; do ncu_ms "${r}_${g}_$p" $p --shape $r --layout hf --gemms $g; done; done
 done
-digest() {  # digest NAME BIN ARGS...
-  local name=$1 bin=$2; shift 2
-  timeout "$(cap 60)" "$B/$bin" "$@" --digest > "$L/digest_$name.txt" 2>&1
-  say "digest $name rc=$? $(grep -E '^\| ' "$L/digest_$name.txt" | grep -v '^| shape' | md5sum | cut -c1-12) (t=$SECONDS)"
-}
 for r in 30B-n1024 olmoe-1b-7b; do
   for p in p0 spl; do digest "${r}_dw_$p" $p --shape $r --gemms dw1,dw2 --layout hf,transposed; done
 done
