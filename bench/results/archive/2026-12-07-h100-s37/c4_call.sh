@@ -6,18 +6,21 @@
 # 88-91% of the tensor pipe's time, L2 at 76% of its peak). The GEMM tests with memcheck and
 # racecheck on the 4x1 test; ncu at base clocks c2 / c4 on four rows; --digest c2 against c4 (the
 # same summation order: equal digests expected); the layer with --gemm-config dw1=..c4,dw2=..c4
-# against the default (graph, steady state, 2 rotating rounds).
+# against the default (graph, steady state, 2 rotating rounds); and the loads alone (no wgmma) c2 / c4.
 # Carry [".carry/dwc4"], bench/results/archive moved out of the tree. BUDGET=560, ~420 s.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../../../.."
 source scripts/device_call.sh
-unpack gt=.carry/dwc4/gt.xz bg=.carry/dwc4/bg.xz leanmoe=.carry/dwc4/leanmoe.xz
+unpack gt=.carry/dwc4/gt.xz bg=.carry/dwc4/bg.xz leanmoe=.carry/dwc4/leanmoe.xz bg_p2=.carry/dwc4/bg_p2.xz
 header .carry/dwc4/commit
 c2=gather:coop:128x256:s4:tma:c2; c4=gather:coop:128x256:s4:tma:c4
 gpu_tests 'ExpertGemms.*:LayerGemmConfigs.*:BackwardOverlap.*:GemmConfig.*:GemmHeuristics.*' 'ExpertGemms.DwIn4x1Clusters'
 for r in 120B-n2048 30B-n1024 gpt-oss-20b olmoe-1b-7b; do
   for g in dw1 dw2; do for c in c2 c4; do ncu_ms "${r}_${g}_$c" bg --shape $r --layout hf --gemms $g --config "$g=${!c}"; done; done
 done
+# The loads alone (bg_p2: dwc4 + dwc4_probe.patch built with LEANMOE_PROBE 2, no wgmma), c2 / c4: does
+# sharing the boxes four ways shorten the loads' period (s37 call 7: 4.98 ms for dW1 in 2x1)?
+for g in dw1 dw2; do for c in c2 c4; do ncu_ms "120B-n2048_${g}_${c}_loads" bg_p2 --shape 120B-n2048 --layout hf --gemms $g --config "$g=${!c}"; done; done
 for r in 30B-n1024 olmoe-1b-7b; do
   for c in c2 c4; do digest "${r}_$c" bg --shape $r --gemms dw1,dw2 --layout hf,transposed --config "dw1=${!c},dw2=${!c}"; done
 done
