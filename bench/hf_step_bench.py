@@ -161,7 +161,7 @@ def build(model_key, mode, args, dtype):
         blocks = leanmoe.hf.apply(model)
         impl = f"leanmoe ({blocks} blocks)"
     if args.grad_ckpt:  # same for every mode: the dense blocks recompute their activations in backward
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        leanmoe.hf.enable_activation_checkpointing(model)
     model.train()
     return model, impl
 

@@ -37,9 +37,8 @@ def build(shape, dtype, device, seed, grad_ckpt=False, precision="storage"):
         model = transformers.OlmoeForCausalLM._from_config(cfg, dtype=dtype)
     leanmoe.hf.apply(model, precision=precision)
     if grad_ckpt:
-        # Works with in-backward updates: a block's forward is recomputed inside backward before
-        # its experts are updated (python/tests/test_hf.py checks bitwise equality with it on).
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # Works with in-backward updates (python/tests/test_hf.py checks bitwise equality with it on).
+        leanmoe.hf.enable_activation_checkpointing(model)
     model.train()
     return model
 

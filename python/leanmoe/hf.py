@@ -451,6 +451,20 @@ def remove(model: torch.nn.Module) -> int:
     return count
 
 
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """transformers' activation checkpointing, non-reentrant, under the name the installed
+    transformers has: activation_checkpointing_enable (gradient_checkpointing_enable, its former
+    name, warns that transformers 6 removes it) or, on older versions, gradient_checkpointing_enable.
+    With leanmoe's in-backward updates each block's forward is recomputed inside backward before its
+    experts are updated, so the recomputation sees the step's weights."""
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def is_applied(model: torch.nn.Module) -> bool:
     return any("_leanmoe" in m.__dict__ for m in model.modules())
 

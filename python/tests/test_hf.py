@@ -111,6 +111,24 @@ def test_apply_shares_weights_and_remove_restores(kind, device):
     assert torch.equal(after, before)
 
 
+def test_activation_checkpointing_under_either_name():
+    """enable_activation_checkpointing calls transformers' current name where the model has it and
+    the former one on older versions, non-reentrant either way."""
+    calls = []
+
+    class Old(torch.nn.Module):
+        def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
+            calls.append(("old", gradient_checkpointing_kwargs))
+
+    class New(Old):
+        def activation_checkpointing_enable(self, activation_checkpointing_kwargs=None):
+            calls.append(("new", activation_checkpointing_kwargs))
+
+    leanmoe.hf.enable_activation_checkpointing(New())
+    leanmoe.hf.enable_activation_checkpointing(Old())
+    assert calls == [("new", {"use_reentrant": False}), ("old", {"use_reentrant": False})]
+
+
 @pytest.mark.parametrize("grad_ckpt", [False, True])
 def test_in_backward_bitwise_over_10_steps_olmoe(grad_ckpt, device):
     """In-backward expert AdamW vs the standard path on an HF OLMoE model: every parameter bitwise
@@ -124,7 +142,7 @@ def test_in_backward_bitwise_over_10_steps_olmoe(grad_ckpt, device):
     for model, in_backward in ((standard, False), (inb, True)):
         leanmoe.hf.apply(model)
         if grad_ckpt:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            leanmoe.hf.enable_activation_checkpointing(model)
             model.train()  # transformers checkpoints only in training mode
         experts = ExpertAdamW(expert_parameters(model), lr=1e-3, weight_decay=0.1, in_backward=in_backward)
         dense = torch.optim.AdamW(dense_parameters(model), lr=1e-3)
