@@ -16,9 +16,10 @@
    ``is_concatenated`` (else interleaved gate/up), and the activation (the module's ``act_fn``, or
    an overridden ``_apply_gate`` such as gpt-oss's or DeepSeek-V4's clamped SwiGLU, or Inkling2's
    soft-capped one), recognised by evaluating the module's own function against leanmoe's once per
-   module. What leanmoe cannot run (a post-expert
-   norm, an unknown activation, or a feature the device's backend lacks) raises an error naming
-   the model and the feature. ``leanmoe.optim.ExpertAdamW`` updates these experts in backward.
+   module. A post-expert norm (MuseSpark's ``has_post_expert_norm``) runs as the module's own norm
+   on each (token, slot) output, at the cost of T*K*d activations (python/README.md). What
+   leanmoe cannot run (an unknown activation, or a feature the device's backend lacks) raises an
+   error naming the model and the feature. ``leanmoe.optim.ExpertAdamW`` updates these experts in backward.
    ``experts_implementation="leanmoe_fp8"`` runs the same with the up, down, dH and dX expert GEMMs
    in blockwise FP8 (``moe_routed(precision="fp8")``, docs/DESIGN.md "FP8"): bfloat16 models (or
    torch.autocast to bfloat16) whose hidden and expert widths are multiples of 128. Each experts
@@ -79,6 +80,7 @@ class ExpertsSpec(NamedTuple):
     transposed: bool
     gated: bool
     bias: bool
+    post_norm: bool = False  # the module's post_expert_norm on each expert's output (has_post_expert_norm)
 
 
 _SPEC_ATTR = "_leanmoe_experts_spec"
@@ -173,14 +175,15 @@ def experts_spec(module) -> ExpertsSpec:
 @torch.compiler.disable  # evaluates the module's own activation on a probe: eager, once per module
 def _compute_experts_spec(module) -> ExpertsSpec:
     name = _model_name(module)
-    if getattr(module, "has_post_expert_norm", False):
-        raise NotImplementedError(f"leanmoe experts implementation: {name}: experts with a post-expert norm "
-                                  "(has_post_expert_norm) are not supported")
+    post_norm = bool(getattr(module, "has_post_expert_norm", False))
+    if post_norm and not callable(getattr(module, "post_expert_norm", None)):
+        raise NotImplementedError(f"leanmoe experts implementation: {name}: has_post_expert_norm is set but the "
+                                  "module has no callable post_expert_norm")
     gated = bool(getattr(module, "has_gate", True))
     interleaved = gated and not bool(getattr(module, "is_concatenated", True))
     activation, alpha, limit, up_offset = _recognise_activation(module, gated, interleaved, name)
     spec = ExpertsSpec(activation, alpha, limit, up_offset, interleaved, bool(getattr(module, "is_transposed", False)),
-                       gated, bool(getattr(module, "has_bias", False)))
+                       gated, bool(getattr(module, "has_bias", False)), post_norm)
     w = module.gate_up_proj if gated else module.up_proj
     reason = ops.layer_unsupported_reason(w, spec.activation, spec.act_alpha, spec.act_limit, spec.act_up_offset,
                                           spec.interleaved, spec.transposed, spec.bias)
@@ -259,11 +262,28 @@ def _experts(self, hidden_states, top_k_index, top_k_weights, precision):
         self.__dict__[_fp8_codes.HF_PRECISION] = "storage"
     up_bias = (self.gate_up_proj_bias if spec.gated else self.up_proj_bias) if spec.bias else None
     down_bias = self.down_proj_bias if spec.bias else None
-    out = moe_routed(hidden_states.to(up.dtype), top_k_index, top_k_weights, up, self.down_proj, up_bias, down_bias,
+    x, ids, weights = hidden_states.to(up.dtype), top_k_index, top_k_weights
+    if spec.post_norm:
+        # The norm acts on each (token, slot) output before its weight, so the layer runs on the T*K
+        # (token, slot) rows as tokens of their own, each with one expert of weight 1; their outputs
+        # go through the module's own norm, then are weighted and summed over the slots as
+        # transformers does. This keeps T*K*d activations (the repeated rows and the norm's input),
+        # which the fused layer avoids; see python/README.md.
+        T, K = top_k_index.shape
+        x = x.repeat_interleave(K, dim=0)
+        ids = top_k_index.reshape(T * K, 1)
+        weights = torch.ones(T * K, 1, dtype=torch.float32, device=x.device)
+    out = moe_routed(x, ids, weights, up, self.down_proj, up_bias, down_bias,
                      activation=spec.activation, act_alpha=spec.act_alpha, act_limit=spec.act_limit,
                      act_up_offset=spec.act_up_offset,
                      interleaved=spec.interleaved, transposed=spec.transposed, precision=precision,
                      _fp8_weights=fp8_weights)
+    if spec.post_norm:
+        E = up.shape[0]
+        # A slot outside [0, E) adds nothing and gets no gradient (transformers masks its weight).
+        kept = top_k_weights.masked_fill((top_k_index < 0) | (top_k_index >= E), 0)
+        normed = self.post_expert_norm(out)
+        out = (normed.view(T, K, out.shape[-1]) * kept.unsqueeze(-1)).sum(dim=1)
     return out.to(hidden_states.dtype)
 
 

@@ -353,6 +353,7 @@ def _other_fp32_experts_grads(eager, b):
 def leanmoe_spec(module):
     s = module.__dict__["_leanmoe_experts_spec"]
     flags = [f for f in ("interleaved", "transposed", "bias") if getattr(s, f)] + ([] if s.gated else ["no gate"])
+    flags += ["post-expert norm"] if s.post_norm else []
     if s.activation == "swiglu_clamped":  # gpt-oss's (alpha 1.702, up offset 1) or DeepSeek-V4's (1, 0)
         flags.insert(0, f"alpha {s.act_alpha:g}, limit {s.act_limit:g}, up offset {s.act_up_offset:g}")
     if s.activation == "swiglu_softcapped":  # Inkling2's

@@ -11,7 +11,7 @@ import torch
 
 import leanmoe
 import leanmoe.hf
-from conftest import skip_unsupported
+from conftest import skip_unsupported, widths
 from hf_common import experts_modules, rel, run
 from leanmoe.optim import ExpertAdamW, dense_parameters, expert_parameters
 
@@ -303,8 +303,8 @@ def test_unsupported_features_name_the_model():
     model.set_experts_implementation("leanmoe")
     with pytest.raises(NotImplementedError, match=r"OlmoeExperts.*activation.*Tanh"):
         model(**batch("cpu"))
-    experts.has_post_expert_norm = True
-    with pytest.raises(NotImplementedError, match=r"OlmoeExperts.*post-expert norm"):
+    experts.has_post_expert_norm = True  # the flag without the norm module
+    with pytest.raises(NotImplementedError, match=r"OlmoeExperts.*has_post_expert_norm.*no callable post_expert_norm"):
         leanmoe.hf.experts_spec(experts)
 
 
@@ -682,3 +682,65 @@ def test_softcapped_swiglu_experts_with_the_caps_acting(family):
     ours = _experts_alone_match_eager(family, set_caps, 1.5)
     spec = ours.__dict__["_leanmoe_experts_spec"]
     assert (spec.activation, spec.act_alpha, spec.act_limit) == ("swiglu_softcapped", 1.0, 1.5)
+
+
+# ---- A norm on each expert's output before its routing weight (has_post_expert_norm; MuseSpark's
+# experts in transformers 5.25): leanmoe runs the T*K (token, slot) rows as tokens of their own and
+# the module's own norm on their outputs.
+def test_post_expert_norm_family_matches_eager():
+    model = _family_model_matching_eager("muse_spark")
+    assert leanmoe.hf.experts_spec(experts_modules(model)[0]).post_norm
+
+
+def _post_norm_reference(m, x, idx, w):
+    """MuseSpark's experts loop (transformers 5.25) on OLMoE's SwiGLU experts: each expert's output
+    through m.post_expert_norm, then times its routing weight; ids outside [0, E) add nothing."""
+    out = torch.zeros_like(x)
+    for e in range(m.gate_up_proj.shape[0]):
+        t, k = torch.nonzero(idx == e, as_tuple=True)
+        gate, up = torch.nn.functional.linear(x[t], m.gate_up_proj[e]).chunk(2, dim=-1)
+        y = m.post_expert_norm(torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, m.down_proj[e]))
+        out = out.index_add(0, t, y * w[t, k, None])
+    return out
+
+
+def test_post_expert_norm_as_transformers_computes_it(device):
+    """OLMoE's experts given an RMSNorm (random weight) after each expert: output and the gradients of
+    x, the routing weights, both expert weights and the norm's weight as MuseSpark's loop computes
+    them, with "no expert" slots (id E) and T = 0. The CUDA backend stores bf16 (d = 128, n = 64):
+    within 3e-2 of the fp32 reference there (bf16 operands and outputs, ~1e-2 each)."""
+    torch.manual_seed(0)
+    d, n = widths(device)
+    ref = experts_modules(build("olmoe", hidden_size=d, intermediate_size=n))[0]
+    E = ref.gate_up_proj.shape[0]
+    ref.has_post_expert_norm = True
+    ref.post_expert_norm = torch.nn.RMSNorm(d, eps=1e-6)
+    with torch.no_grad():
+        ref.post_expert_norm.weight.copy_(torch.rand(d) + 0.5)
+    dtype, tol = (torch.bfloat16, 3e-2) if device == "cuda" else (torch.float32, 1e-5)
+    ours = copy.deepcopy(ref).to(device, dtype)
+    assert leanmoe.hf.experts_spec(ours).post_norm
+    g = torch.Generator().manual_seed(4)
+    for T in (37, 0):
+        x = torch.randn(T, d, generator=g)
+        idx = torch.randint(0, E, (T, 2), generator=g)
+        idx[::5, 1] = E  # "no expert": adds nothing, no gradient
+        w = torch.rand(T, 2, generator=g)
+        dout = torch.randn(T, d, generator=g)
+        results = []
+        for m, run_experts in ((ref, _post_norm_reference), (ours, leanmoe.hf.experts_forward)):
+            dev, dt = m.gate_up_proj.device, m.gate_up_proj.dtype
+            xi, wi = x.to(dev, dt).requires_grad_(), w.to(dev).requires_grad_()
+            m.zero_grad(set_to_none=False)
+            out = run_experts(m, xi, idx.to(dev), wi)
+            out.backward(dout.to(dev, dt))
+            results.append([t.detach().float().cpu() for t in (out, xi.grad, wi.grad, m.gate_up_proj.grad, m.down_proj.grad,
+                                                       m.post_expert_norm.weight.grad)])
+        for name, a, b in zip(("out", "dx", "d_topk_weights", "d_gate_up_proj", "d_down_proj", "d_norm_weight"),
+                              *results):
+            if T == 0:
+                assert b.shape == a.shape and not b.abs().sum(), name
+            else:
+                assert rel(b, a) < tol, f"{name}: relative error {rel(b, a):.2e}"
+        if T:
+            assert not results[1][2][::5, 1].abs().sum()  # the "no expert" slots' weights get no gradient
