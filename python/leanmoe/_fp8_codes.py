@@ -13,9 +13,9 @@ ExpertOptimizer::set_fp8_copy: no separate quantization per step).
 
 Stale codes would be a silent wrong result (the CUDA backend reads them as they are), so before
 each use the layer checks that each weight is the one its codes were written from: the same
-storage (data_ptr, dtype, device), the same version counter (torch bumps it with every in-place op:
-load_state_dict, edits under torch.no_grad(), the foreach and for-loop optimizers), the same code
-buffers, and no step of another torch optimizer over the weight since (a global optimizer post-hook
+storage (the storage itself, not only its address; dtype, device), the same version counter (torch
+bumps it with every in-place op: load_state_dict, edits under torch.no_grad(), the foreach and
+for-loop optimizers), the same code buffers, and no step of another torch optimizer over the weight since (a global optimizer post-hook
 counts it in _WRITES: torch's fused Adam/AdamW kernels do not bump the version counter). Otherwise the
 codes are written again (leanmoe::optim::write_fp8_copy). Not seen: writes through ``weight.data``
 (a tensor with its own version counter) or outside torch: call ``layer.refresh_fp8_codes()`` after them.
@@ -127,11 +127,30 @@ def free(owner) -> None:
     for name in weight_names(owner):
         for suffix in CODE_BUFFERS:
             owner.__dict__.pop(f"{name}_{suffix}", None)
-    owner._fp8_stamps = {}
+    owner._fp8_stamps = Stamps()
+
+
+class Stamps(dict):
+    """An owner's stamps (weight name -> what its codes were written from, _stamp). They hold weak
+    references, which cannot be pickled; a pickled or copied owner gets none, so its codes are
+    written again at its first call."""
+
+    def __reduce__(self):
+        return Stamps, ()
+
+
+def _storage(t):
+    """The tensor's storage by identity: a weak reference (torch keeps one Python object per live
+    storage, so the reference dies with it) and the data pointer. An address alone is not enough:
+    a storage freed and another allocated at the same address (weights converted to float and back,
+    code buffers reallocated after that) compared equal, and codes never written were used."""
+    return weakref.ref(t.untyped_storage()), t.data_ptr()
 
 
 def _stamp(p, buffers):
-    return (p.data_ptr(), p._version, _WRITES.get(p, 0), p.dtype, p.device, tuple(b.data_ptr() for b in buffers))
+    # weakref equality: live references compare as their referents (the storage objects, by identity),
+    # a dead one equals only itself, so a freed storage never matches a new one.
+    return (_storage(p), p._version, _WRITES.get(p, 0), p.dtype, p.device, tuple(_storage(b) for b in buffers))
 
 
 def _written(p):

@@ -244,7 +244,7 @@ def _fp8_codes_for_call(module, spec):
     if _fp8_codes.HF_NAMES not in state:
         state[_fp8_codes.HF_NAMES] = ("gate_up_proj" if spec.gated else "up_proj", "down_proj")
         state.setdefault(_fp8_codes.HF_KEEPS, True)
-        state["_fp8_stamps"] = {}
+        state["_fp8_stamps"] = _fp8_codes.Stamps()
     state[_fp8_codes.HF_PRECISION] = "fp8"
     return _fp8_codes.codes_for_call(module)  # registers the weights: ExpertAdamW's update writes codes
 

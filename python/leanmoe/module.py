@@ -98,7 +98,7 @@ class MoE(nn.Module):
         _check_fp8_widths("leanmoe.MoE", value, self.d, self.n)
         self._precision = value
         if value == "fp8" and "_fp8_stamps" not in self.__dict__:
-            self._fp8_stamps = {}  # weight name -> what its codes were written from (_fp8_codes._stamp)
+            self._fp8_stamps = _fp8_codes.Stamps()  # weight name -> what its codes were written from
             for name in _fp8_codes.EXPERT_WEIGHTS:
                 for suffix in _fp8_codes.CODE_BUFFERS:  # allocated at first use, on the weights' device
                     self.register_buffer(f"{name}_{suffix}", None, persistent=False)

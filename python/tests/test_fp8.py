@@ -318,6 +318,40 @@ def test_fp8_layer_state_is_a_bf16_layers(device):
                for k in ("exp_avg", "exp_avg_sq"))
 
 
+def test_a_new_storage_at_a_freed_ones_address_is_not_the_same():
+    """The codes' stamp tells a storage from a later one the allocator placed at the freed one's
+    address (once, a weight converted to float and back and its reallocated code buffers matched the
+    old stamp by address, and code buffers never written were used)."""
+    held = []
+    for _ in range(16):  # a freed 1 KB CPU block is mostly handed out again within a few allocations
+        old = torch.empty(256)
+        address, stamp = old.data_ptr(), _fp8_codes._stamp(old, [old])
+        assert _fp8_codes._stamp(old, [old]) == stamp
+        del old
+        for _ in range(64):
+            held.append(torch.empty(256))
+            if held[-1].data_ptr() == address:
+                assert _fp8_codes._stamp(held[-1], [held[-1]]) != stamp
+                return
+    pytest.skip("the allocator gave no freed address back")
+
+
+def test_a_layer_keeping_codes_pickles_and_copies(device):
+    """torch.save of the whole layer (and deepcopy) after a call: the copy writes its own codes at its
+    first call and computes what the layer does (the stamps hold weak references, not pickled)."""
+    torch.manual_seed(0)
+    layer = leanmoe.MoE(256, 128, 4, 2, precision="fp8", device=device, dtype=torch.bfloat16)
+    x = torch.randn(50, 256, device=device, dtype=torch.bfloat16)
+    want = layer(x).output
+    buf = io.BytesIO()
+    torch.save(layer, buf)
+    buf.seek(0)
+    for other in (torch.load(buf, weights_only=False), copy.deepcopy(layer)):
+        assert not other._fp8_stamps
+        assert torch.equal(other(x).output, want)
+        assert_codes_current(other, "copy")
+
+
 @pytest.mark.parametrize("change", ["load_state_dict", "no_grad edit", "torch fused AdamW", "torch AdamW",
                                     "to float and back", "new parameter"])
 def test_changed_weights_get_their_codes_again(change, device):
