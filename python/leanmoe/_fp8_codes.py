@@ -139,7 +139,7 @@ class Stamps(dict):
         return Stamps, ()
 
 
-def _storage(t):
+def storage_identity(t):
     """The tensor's storage by identity: a weak reference (torch keeps one Python object per live
     storage, so the reference dies with it) and the data pointer. An address alone is not enough:
     a storage freed and another allocated at the same address (weights converted to float and back,
@@ -150,7 +150,8 @@ def _storage(t):
 def _stamp(p, buffers):
     # weakref equality: live references compare as their referents (the storage objects, by identity),
     # a dead one equals only itself, so a freed storage never matches a new one.
-    return (_storage(p), p._version, _WRITES.get(p, 0), p.dtype, p.device, tuple(_storage(b) for b in buffers))
+    return (storage_identity(p), p._version, _WRITES.get(p, 0), p.dtype, p.device,
+            tuple(storage_identity(b) for b in buffers))
 
 
 def _written(p):

@@ -205,7 +205,7 @@ class ExpertAdamW(torch.optim.Optimizer):
                 self._wrote(p)
             else:
                 del state["master"]
-        if self._uses_master(p) and "master" in state and self._written.get(p) != (p.data_ptr(), p._version):
+        if self._uses_master(p) and "master" in state and self._written.get(p) != self._stamp(p):
             # p changed since this optimizer wrote it (the model's load_state_dict, an edit, a load of this
             # optimizer's state): the master follows p unless p is its rounding, else the next update
             # would store the stale master back into p. One compare per change, not per step.
@@ -220,7 +220,13 @@ class ExpertAdamW(torch.optim.Optimizer):
     def _wrote(self, *params):
         for p in params:
             if self._uses_master(p):
-                self._written[p] = (p.data_ptr(), p._version)
+                self._written[p] = self._stamp(p)
+
+    @staticmethod
+    def _stamp(p):
+        # The storage itself, not only its address: p converted to float and back may land at the
+        # freed storage's address with the same version, and the stale master would be stored back.
+        return _fp8_codes.storage_identity(p), p._version
 
     def _master(self, state):
         return state.get("master") if self.master_weights else None

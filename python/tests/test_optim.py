@@ -265,6 +265,14 @@ def test_master_follows_weights_changed_outside_the_optimizer(in_backward, preci
         m.gate_up_proj.zero_()
     step()
     assert m.gate_up_proj.float().abs().max() < 2e-2
+    # Converted to float, edited there, and back: new storages, possibly at the freed ones' addresses
+    # with the same version counters (the optimizer's stamp names the storage, not its address).
+    m.float()
+    with torch.no_grad():
+        m.down_proj.fill_(0.5)
+    m.bfloat16()
+    step()
+    assert (m.down_proj.float() - 0.5).abs().max() < 2e-2
     for p in (m.gate_up_proj, m.down_proj):
         assert torch.equal(opt.state[p]["master"].bfloat16(), p)
     opt.release()
