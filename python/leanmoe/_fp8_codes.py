@@ -15,10 +15,11 @@ Stale codes would be a silent wrong result (the CUDA backend reads them as they 
 each use the layer checks that each weight is the one its codes were written from: the same
 storage (the storage itself, not only its address; dtype, device), the same version counter (torch
 bumps it with every in-place op: load_state_dict, edits under torch.no_grad(), the foreach and
-for-loop optimizers), the same code buffers, and no step of another torch optimizer over the weight since (a global optimizer post-hook
-counts it in _WRITES: torch's fused Adam/AdamW kernels do not bump the version counter). Otherwise the
-codes are written again (leanmoe::optim::write_fp8_copy). Not seen: writes through ``weight.data``
-(a tensor with its own version counter) or outside torch: call ``layer.refresh_fp8_codes()`` after them.
+for-loop optimizers), the same code buffers, and no step of another torch optimizer over the weight
+since (a global optimizer post-hook counts it in _WRITES: torch's fused Adam/AdamW kernels do not
+bump the version counter). Otherwise the codes are written again (leanmoe::optim::write_fp8_copy).
+Not seen: writes through ``weight.data`` (a tensor with its own version counter) or outside torch:
+call ``layer.refresh_fp8_codes()`` after them.
 """
 import weakref
 

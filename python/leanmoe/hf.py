@@ -262,28 +262,30 @@ def _experts(self, hidden_states, top_k_index, top_k_weights, precision):
         self.__dict__[_fp8_codes.HF_PRECISION] = "storage"
     up_bias = (self.gate_up_proj_bias if spec.gated else self.up_proj_bias) if spec.bias else None
     down_bias = self.down_proj_bias if spec.bias else None
-    x, ids, weights = hidden_states.to(up.dtype), top_k_index, top_k_weights
-    if spec.post_norm:
-        # The norm acts on each (token, slot) output before its weight, so the layer runs on the T*K
-        # (token, slot) rows as tokens of their own, each with one expert of weight 1; their outputs
-        # go through the module's own norm, then are weighted and summed over the slots as
-        # transformers does. This keeps T*K*d activations (the repeated rows and the norm's input),
-        # which the fused layer avoids; see python/README.md.
-        T, K = top_k_index.shape
-        x = x.repeat_interleave(K, dim=0)
-        ids = top_k_index.reshape(T * K, 1)
-        weights = torch.ones(T * K, 1, dtype=torch.float32, device=x.device)
-    out = moe_routed(x, ids, weights, up, self.down_proj, up_bias, down_bias,
-                     activation=spec.activation, act_alpha=spec.act_alpha, act_limit=spec.act_limit,
-                     act_up_offset=spec.act_up_offset,
-                     interleaved=spec.interleaved, transposed=spec.transposed, precision=precision,
-                     _fp8_weights=fp8_weights)
-    if spec.post_norm:
-        E = up.shape[0]
-        # A slot outside [0, E) adds nothing and gets no gradient (transformers masks its weight).
-        kept = top_k_weights.masked_fill((top_k_index < 0) | (top_k_index >= E), 0)
-        normed = self.post_expert_norm(out)
-        out = (normed.view(T, K, out.shape[-1]) * kept.unsqueeze(-1)).sum(dim=1)
+
+    def experts(x, ids, weights):
+        return moe_routed(x, ids, weights, up, self.down_proj, up_bias, down_bias,
+                          activation=spec.activation, act_alpha=spec.act_alpha, act_limit=spec.act_limit,
+                          act_up_offset=spec.act_up_offset,
+                          interleaved=spec.interleaved, transposed=spec.transposed, precision=precision,
+                          _fp8_weights=fp8_weights)
+
+    x = hidden_states.to(up.dtype)
+    if not spec.post_norm:
+        return experts(x, top_k_index, top_k_weights).to(hidden_states.dtype)
+    # The norm acts on each (token, slot) output before its weight, so the layer runs on the T*K
+    # (token, slot) rows as tokens of their own, each with one expert of weight 1; their outputs go
+    # through the module's own norm, then are weighted and summed over the slots as transformers
+    # does. This keeps T*K*d activations (the repeated rows and the norm's input), which the fused
+    # layer avoids; see python/README.md.
+    T, K = top_k_index.shape
+    out = experts(x.repeat_interleave(K, dim=0), top_k_index.reshape(T * K, 1),
+                  torch.ones(T * K, 1, dtype=torch.float32, device=x.device))
+    # A slot outside [0, E) adds nothing and gets no gradient (transformers masks its weight).
+    E = up.shape[0]
+    kept = top_k_weights.masked_fill((top_k_index < 0) | (top_k_index >= E), 0)
+    normed = self.post_expert_norm(out)
+    out = (normed.view(T, K, out.shape[-1]) * kept.unsqueeze(-1)).sum(dim=1)
     return out.to(hidden_states.dtype)
 
 

@@ -734,8 +734,8 @@ def test_post_expert_norm_as_transformers_computes_it(device):
             m.zero_grad(set_to_none=False)
             out = run_experts(m, xi, idx.to(dev), wi)
             out.backward(dout.to(dev, dt))
-            results.append([t.detach().float().cpu() for t in (out, xi.grad, wi.grad, m.gate_up_proj.grad, m.down_proj.grad,
-                                                       m.post_expert_norm.weight.grad)])
+            grads = (xi.grad, wi.grad, m.gate_up_proj.grad, m.down_proj.grad, m.post_expert_norm.weight.grad)
+            results.append([t.detach().float().cpu() for t in (out, *grads)])
         for name, a, b in zip(("out", "dx", "d_topk_weights", "d_gate_up_proj", "d_down_proj", "d_norm_weight"),
                               *results):
             if T == 0:
