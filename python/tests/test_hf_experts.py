@@ -730,12 +730,14 @@ def test_post_expert_norm_as_transformers_computes_it(device):
         results = []
         for m, run_experts in ((ref, _post_norm_reference), (ours, leanmoe.hf.experts_forward)):
             dev, dt = m.gate_up_proj.device, m.gate_up_proj.dtype
-            xi, wi = x.to(dev, dt).requires_grad_(), w.to(dev).requires_grad_()
+            # Leaves of their own: on the CPU .to() would return x and w themselves, and the two runs'
+            # gradients would add up in one tensor (and a later .to(cuda) would make a non-leaf).
+            xi, wi = x.to(dev, dt).clone().requires_grad_(), w.to(dev).clone().requires_grad_()
             m.zero_grad(set_to_none=False)
             out = run_experts(m, xi, idx.to(dev), wi)
             out.backward(dout.to(dev, dt))
             grads = (xi.grad, wi.grad, m.gate_up_proj.grad, m.down_proj.grad, m.post_expert_norm.weight.grad)
-            results.append([t.detach().float().cpu() for t in (out, *grads)])
+            results.append([t.detach().float().cpu().clone() for t in (out, *grads)])
         for name, a, b in zip(("out", "dx", "d_topk_weights", "d_gate_up_proj", "d_down_proj", "d_norm_weight"),
                               *results):
             if T == 0:
