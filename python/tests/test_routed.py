@@ -196,8 +196,6 @@ def test_expert_activation_op_matches_torch():
 @pytest.mark.parametrize("bias", [False, True])
 def test_opcheck(bias, device):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    if device == "cuda" and bias:
-        pytest.skip("the CUDA backend has no expert biases (so far)")
     d, n = widths(device)
     x, ids, wts, w1, w2, b1, b2 = make(24, d, n, 6, 2, "swiglu", False, bias, dtype, device, sentinels=True)
     fn = ("swiglu", 1.702, 7.0, 1.0, False, False, "storage")
@@ -243,8 +241,6 @@ def test_in_backward_adamw_bitwise_over_5_steps(bias, master, update, device):
     are stepped in step() from .grad in both), with either update; with master_weights (bf16) the
     fp32 masters too."""
     dtype = torch.bfloat16 if device == "cuda" or master else torch.float32
-    if device == "cuda" and bias:
-        pytest.skip("the CUDA backend has no expert biases (so far)")
     d, n = widths(device)
     runs = []
     for in_backward in (False, True):
