@@ -192,9 +192,19 @@ import glob, json, os, sys
 d, configs, fp8_rows = sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(",")
 
 
+def load(path):
+    """A row's JSON, or None where its process left none readable (killed at DEADLINE: an empty file)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        print(f"{os.path.basename(d)}: {os.path.relpath(path, d)} unreadable (the process cut?): not merged")
+        return None
+
+
 def merge(pattern, key, name):
     """The round's per-row JSON of one layer as one file (rN_name.json); the rows measured."""
-    runs = [json.load(open(f)) for f in sorted(glob.glob(os.path.join(d, pattern)))]
+    runs = [j for j in map(load, sorted(glob.glob(os.path.join(d, pattern)))) if j is not None]
     if runs:
         out = dict(runs[0]); out[key] = [r for j in runs for r in j[key]]
         if "command" in out:
