@@ -6,7 +6,9 @@ power during each kernel.
 
 For each file: the kernels that started in the last SECONDS (default 3) of its GPU activity (the
 warm-up and the power ramp left out: an idle H200 holds 1980 MHz for ~2 s before the 700 W cap
-pulls it down), grouped by name and launch shape (grid, block): launches, median and total time,
+pulls it down), grouped by name, launch shape (grid, block) and, for a kernel launched more than once
+per layer iteration (from one up-projection GEMM to the next), the launch's place in its iteration,
+#1, #2, ... (our gather-sum: #1 the forward's sum, #2 the backward's dx): launches, median and total time,
 and the mean SM clock and power of the samples taken while that kernel ran (the samples overlapping
 several concurrent kernels count for each). Then the window's busy time (union of kernel intervals)
 and its mean clock and power.
@@ -92,9 +94,19 @@ def summarise(path, last_s, width):
         i, j = bisect.bisect_left(times, start), bisect.bisect_right(times, end)
         return samples[i:j]
 
+    # Each launch's place among the launches of its name and shape in its iteration (before the first
+    # up-projection GEMM of the window: counted from the window's start).
+    ups = [k[0] for k in window if is_gemm(k[4]) and gemm_kind_by_name(k[4]) == "up"]
+    seen, nth = {}, []
+    for start, _, _, shape, name in window:
+        key = (bisect.bisect_right(ups, start), name, shape)
+        nth.append(seen.get(key, 0))
+        seen[key] = nth[-1] + 1
+    repeated = {(name, shape) for (_, name, shape), count in seen.items() if count > 1}
     groups = {}
-    for (start, end, _, shape, name), o in zip(window, owns):
-        g = groups.setdefault((name, shape), {"d": [], "own": [], "mhz": [], "mw": []})
+    for (start, end, _, shape, name), o, k in zip(window, owns, nth):
+        g = groups.setdefault((name, shape, k if (name, shape) in repeated else None),
+                              {"d": [], "own": [], "mhz": [], "mw": []})
         g["d"].append((end - start) / 1e3)
         g["own"].append(o / 1e3)
         for _, mhz, mw in during(start, end):
@@ -107,12 +119,12 @@ def summarise(path, last_s, width):
           + (f", mean SM {statistics.mean(s[1] for s in ws):.0f} MHz, {statistics.mean(s[2] for s in ws) / 1e3:.0f} W"
              f" ({len(ws)} samples)" if ws else ", no clock samples"))
     print(f"  {'launches':>8} {'median us':>10} {'own us':>8} {'own ms':>8} {'SM MHz':>7} {'W':>5}  kernel [grid x,y,z / block]")
-    for (name, shape), g in sorted(groups.items(), key=lambda kv: -sum(kv[1]["own"])):
+    for (name, shape, k), g in sorted(groups.items(), key=lambda kv: -sum(kv[1]["own"])):
         mhz = f"{statistics.mean(g['mhz']):7.0f}" if g["mhz"] else f"{'-':>7}"
         w = f"{statistics.mean(g['mw']) / 1e3:5.0f}" if g["mw"] else f"{'-':>5}"
         print(f"  {len(g['d']):8d} {statistics.median(g['d']):10.1f} {statistics.median(g['own']):8.1f} "
               f"{sum(g['own']) / 1e3:8.2f} {mhz} {w}  "
-              f"{short_name(name, width)} [{shape[0]},{shape[1]},{shape[2]} / {shape[3]}]")
+              f"{short_name(name, width)}{'' if k is None else f' #{k + 1}'} [{shape[0]},{shape[1]},{shape[2]} / {shape[3]}]")
 
 
 # The order a layer runs its six GEMMs in, which is also leanmoe's GemmKind enum order.

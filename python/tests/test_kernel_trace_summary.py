@@ -1,6 +1,7 @@
-"""dev/kernel_trace/summary.py --tail on a synthetic trace in kernel_trace.cpp's format: per iteration (one
+"""dev/kernel_trace/summary.py on synthetic traces in kernel_trace.cpp's format: --tail, per iteration (one
 up-projection GEMM to the next) how long the kernels already running beside the last expert GEMM outlast
-it, a kernel started after it not counted. CPU only, standard library."""
+it, a kernel started after it not counted; the per-kernel table's rows for a kernel launched twice an
+iteration. CPU only, standard library."""
 import os
 import subprocess
 import sys
@@ -55,3 +56,26 @@ def test_tail_is_zero_when_the_gemm_ends_last(tmp_path):
     out = run_tail(trace)
     assert "end 0 us after it" in out, out
     assert "last to end in 2:" in out and "GemmKindE3" in out.split("last to end in 2:")[1], out
+
+
+
+def test_table_splits_a_kernel_launched_twice_an_iteration(tmp_path):
+    """Per iteration (from one up-projection GEMM to the next) the gather-sum runs twice with one name and
+    grid: the forward's sum (200 us) and the backward's dx (300 us). Two rows, #1 and #2, each with its
+    own median, not one row whose median mixes them; the up GEMM, once an iteration, stays one row."""
+    trace = tmp_path / "t.csv"
+    us = 1000
+    lines = [f"n,0,{UP}", f"n,1,{SIDE}"]
+    for i in range(5):
+        base = i * 2000 * us
+        lines.append(f"k,{base},{base + 100 * us},14,132,1,1,384,0")
+        lines.append(f"k,{base + 200 * us},{base + 400 * us},14,32768,1,1,128,1")
+        lines.append(f"k,{base + 500 * us},{base + 800 * us},25,32768,1,1,128,1")
+    trace.write_text("\n".join(lines) + "\n")
+    out = subprocess.run([sys.executable, SUMMARY, str(trace), "--width", "200"], check=True, capture_output=True,
+                         text=True).stdout
+    rows = {line.split("gather_sum_kernel")[1].split()[0]: float(line.split()[1])
+            for line in out.splitlines() if "gather_sum_kernel" in line}
+    assert rows == {"#1": 200.0, "#2": 300.0}, out
+    ups = [line for line in out.splitlines() if "GemmKindE0" in line]
+    assert len(ups) == 1 and "#" not in ups[0], out
