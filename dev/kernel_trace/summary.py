@@ -95,14 +95,15 @@ def summarise(path, last_s, width):
         return samples[i:j]
 
     # Each launch's place among the launches of its name and shape in its iteration (before the first
-    # up-projection GEMM of the window: counted from the window's start).
+    # up-projection GEMM of the window: counted from the window's start). A trace without two up GEMMs
+    # (not a layer's) has no iterations: one row per name and shape.
     ups = [k[0] for k in window if is_gemm(k[4]) and gemm_kind_by_name(k[4]) == "up"]
     seen, nth = {}, []
     for start, _, _, shape, name in window:
         key = (bisect.bisect_right(ups, start), name, shape)
         nth.append(seen.get(key, 0))
         seen[key] = nth[-1] + 1
-    repeated = {(name, shape) for (_, name, shape), count in seen.items() if count > 1}
+    repeated = {(name, shape) for (_, name, shape), count in seen.items() if count > 1} if len(ups) > 1 else set()
     groups = {}
     for (start, end, _, shape, name), o, k in zip(window, owns, nth):
         g = groups.setdefault((name, shape, k if (name, shape) in repeated else None),

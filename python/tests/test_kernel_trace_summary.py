@@ -79,3 +79,15 @@ def test_table_splits_a_kernel_launched_twice_an_iteration(tmp_path):
     assert rows == {"#1": 200.0, "#2": 300.0}, out
     ups = [line for line in out.splitlines() if "GemmKindE0" in line]
     assert len(ups) == 1 and "#" not in ups[0], out
+
+
+def test_table_without_layer_iterations_keeps_one_row_per_kernel(tmp_path):
+    """No up-projection GEMM in the trace (any CUDA program): a kernel launched five times is one row."""
+    trace = tmp_path / "t.csv"
+    us = 1000
+    lines = [f"n,0,{SIDE}"] + [f"k,{i * 1000 * us},{i * 1000 * us + 200 * us},14,32768,1,1,128,0" for i in range(5)]
+    trace.write_text("\n".join(lines) + "\n")
+    out = subprocess.run([sys.executable, SUMMARY, str(trace), "--width", "200"], check=True, capture_output=True,
+                         text=True).stdout
+    rows = [line for line in out.splitlines() if "gather_sum_kernel" in line]
+    assert len(rows) == 1 and "#" not in rows[0] and rows[0].split()[0] == "5", out
