@@ -36,6 +36,9 @@ for r in 7B-n256 1.4B-n256 1.4B-n512 7B-n1024 30B-n1024 120B-n2048; do
   # dx on ping-pong 192x128 1x2, static (QuACK's autotuner's pick for dx on these rows, 4-10% ahead of
   # 128x192 in its own timing; s10 measured it on CUTLASS at 0.90-1.15x by row on the large ones).
   cncu "${r}_dx_192x128" c1 --shape $r --layout hf --gemms dx --config dx=cutlass:pingpong:192x128:auto:tma:c1x2
+  case $r in 1.4B-*|7B-*)  # 2x1 static on the small rows (s9, H200: down 1.4B-n512 572 vs 532 TFLOP/s for 1x2)
+    for g in down dx; do cncu "${r}_${g}_2x1" c1 --shape $r --layout hf --gemms $g --config $g=$P:tma:c2; done ;;
+  esac
   case $r in *-n256)
     for b in c1 c4; do cncu "${r}_down_dyn64_$b" $b --shape $r --layout hf --gemms down --config down=$P:tma64:c1x2:dyn; done ;;
   esac
