@@ -97,7 +97,7 @@ def summarise(path, last_s, width):
     # Each launch's place among the launches of its name and shape in its iteration (before the first
     # up-projection GEMM of the window: counted from the window's start). A trace without two up GEMMs
     # (not a layer's) has no iterations: one row per name and shape.
-    ups = [k[0] for k in window if is_gemm(k[4]) and gemm_kind_by_name(k[4]) == "up"]
+    ups = up_starts(window)
     seen, nth = {}, []
     for start, _, _, shape, name in window:
         key = (bisect.bisect_right(ups, start), name, shape)
@@ -148,6 +148,11 @@ def is_gemm(name):
     return "gather_grouped_gemm_kernel" in name or "quackgemm" in name or "cutlass13device_kernel" in name
 
 
+def up_starts(kernels):
+    """The start times of the up-projection GEMMs among kernels: where each layer iteration begins."""
+    return [k[0] for k in kernels if is_gemm(k[4]) and gemm_kind_by_name(k[4]) == "up"]
+
+
 def gemm_table(path, last_s):
     kernels, _ = read(path)
     if not kernels:
@@ -180,7 +185,7 @@ def tail_table(path, last_s, width):
     last steps from the next iteration's first."""
     kernels, _ = read(path)
     t0 = window_bounds(kernels, last_s)[0] if kernels else 0
-    ups = [k[0] for k in kernels if k[0] >= t0 and is_gemm(k[4]) and gemm_kind_by_name(k[4]) == "up"]
+    ups = [t for t in up_starts(kernels) if t >= t0]
     starts = [k[0] for k in kernels]  # read() sorts the kernels by start
     tails, last_names = [], {}
     for a, b in zip(ups, ups[1:]):

@@ -34,10 +34,14 @@ def write_trace(path, side_tails_us):
         f.write("\n".join(lines) + "\n")
 
 
-def run_tail(path):
-    out = subprocess.run([sys.executable, SUMMARY, path, "--tail", "--width", "200"], check=True,
+def run_summary(path, *flags):
+    out = subprocess.run([sys.executable, SUMMARY, str(path), *flags, "--width", "200"], check=True,
                          capture_output=True, text=True).stdout
     return out.strip()
+
+
+def run_tail(path):
+    return run_summary(path, "--tail")
 
 
 def test_tail_is_the_median_overrun_of_the_kernels_beside_the_last_gemm(tmp_path):
@@ -58,7 +62,6 @@ def test_tail_is_zero_when_the_gemm_ends_last(tmp_path):
     assert "last to end in 2:" in out and "GemmKindE3" in out.split("last to end in 2:")[1], out
 
 
-
 def test_table_splits_a_kernel_launched_twice_an_iteration(tmp_path):
     """Per iteration (from one up-projection GEMM to the next) the gather-sum runs twice with one name and
     grid: the forward's sum (200 us) and the backward's dx (300 us). Two rows, #1 and #2, each with its
@@ -72,8 +75,7 @@ def test_table_splits_a_kernel_launched_twice_an_iteration(tmp_path):
         lines.append(f"k,{base + 200 * us},{base + 400 * us},14,32768,1,1,128,1")
         lines.append(f"k,{base + 500 * us},{base + 800 * us},25,32768,1,1,128,1")
     trace.write_text("\n".join(lines) + "\n")
-    out = subprocess.run([sys.executable, SUMMARY, str(trace), "--width", "200"], check=True, capture_output=True,
-                         text=True).stdout
+    out = run_summary(trace)
     rows = {line.split("gather_sum_kernel")[1].split()[0]: float(line.split()[1])
             for line in out.splitlines() if "gather_sum_kernel" in line}
     assert rows == {"#1": 200.0, "#2": 300.0}, out
@@ -87,7 +89,6 @@ def test_table_without_layer_iterations_keeps_one_row_per_kernel(tmp_path):
     us = 1000
     lines = [f"n,0,{SIDE}"] + [f"k,{i * 1000 * us},{i * 1000 * us + 200 * us},14,32768,1,1,128,0" for i in range(5)]
     trace.write_text("\n".join(lines) + "\n")
-    out = subprocess.run([sys.executable, SUMMARY, str(trace), "--width", "200"], check=True, capture_output=True,
-                         text=True).stdout
+    out = run_summary(trace)
     rows = [line for line in out.splitlines() if "gather_sum_kernel" in line]
     assert len(rows) == 1 and "#" not in rows[0] and rows[0].split()[0] == "5", out

@@ -50,11 +50,12 @@ inline Routing make_routing(int64_t T, int64_t E, int64_t K, int64_t empty_exper
   return r;
 }
 
-// The expert owning routed row r.
-inline int64_t expert_of_row(const Routing& rt, int64_t r) {
-  return int64_t(std::upper_bound(rt.expert_offsets.begin(), rt.expert_offsets.end(), int32_t(r)) -
-                 rt.expert_offsets.begin()) - 1;
+// The expert owning routed row r, rows laid out by expert as expert_offsets [E+1] says.
+inline int64_t expert_of_row(const std::vector<int32_t>& expert_offsets, int64_t r) {
+  return int64_t(std::upper_bound(expert_offsets.begin(), expert_offsets.end(), int32_t(r)) -
+                 expert_offsets.begin()) - 1;
 }
+inline int64_t expert_of_row(const Routing& rt, int64_t r) { return expert_of_row(rt.expert_offsets, r); }
 
 // Device buffer of `count` elements of T, freed on scope exit.
 template <class T>

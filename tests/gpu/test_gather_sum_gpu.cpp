@@ -28,6 +28,7 @@ using leanmoe::bf16;
 using leanmoe::bf16_to_float;
 using leanmoe::float_to_bf16;
 using leanmoe::testing::DeviceBuffer;
+using leanmoe::testing::expert_of_row;
 
 #define REQUIRE_GPU() \
   if (!leanmoe::backend_available(leanmoe::Device::cuda)) GTEST_SKIP() << "no CUDA device visible"
@@ -96,11 +97,8 @@ std::vector<bf16> expected(const Case& c, const Inputs& in) {
         const int32_t row = in.token_rows[size_t(i)];
         const float s = c.gate ? in.gate[size_t(row)] : 1.f;
         acc = std::fma(s, bf16_to_float(in.y[size_t(row * c.d + j)]), acc);
-        if (c.bias) {
-          const int64_t e = std::upper_bound(in.expert_offsets.begin(), in.expert_offsets.end(), row) -
-                            in.expert_offsets.begin() - 1;
-          acc = std::fma(s, bf16_to_float(in.b2[size_t(e * c.d + j)]), acc);
-        }
+        if (c.bias)
+          acc = std::fma(s, bf16_to_float(in.b2[size_t(expert_of_row(in.expert_offsets, row) * c.d + j)]), acc);
       }
       if (c.extra) acc += in.extra[size_t(t * c.d + j)];
       out[size_t(t * c.d + j)] = float_to_bf16(acc);
