@@ -15,6 +15,13 @@
 //   fp8-n192-2part the 64 x 192 slice as two n96 halves into two parts, each promoted while the next
 //                 half's wgmmas run (wait<1>): no drain of the wgmma queue per k-block
 //   fp8-q64-2part  the library's 64 x 256 slice as four n64 quarters into two parts, wait<1>
+//   fp8-lib-alt   fp8-lib with the two warpgroups' wgmma groups issued in strict alternation (two
+//                 named barriers, CUTLASS's ordered-sequence pattern): warpgroup 1 issues a half only
+//                 after warpgroup 0 issued it, and 0 the next only after 1 did, so one warpgroup's
+//                 promotion runs while the other's group is in the tensor pipe. Free-running, the two
+//                 may stay in phase and promote together (fp8-lib reaches 0.71 of fp8-acc:
+//                 docs/kernels.md "What caps FP8").
+//   fp8-n192-alt  fp8-n192 in the same alternation
 // Built as leanmoe_dev_fp8_promotion in CUDA builds, or alone from the repository root:
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I. \
 //   dev/fp8_promotion_bench.cu -o fp8_promotion_bench
@@ -84,10 +91,24 @@ __device__ __forceinline__ void wgmma_m64n256k32_e4m3(float (&d)[128], uint64_t 
 }
 
 
-enum Variant { kBf16, kFp8Acc, kFp8AccHalves, kFp8Lib, kFp8Lib1Wg, kFp8N192, kFp8N192TwoPart, kFp8Q64TwoPart };
+enum Variant {
+  kBf16, kFp8Acc, kFp8AccHalves, kFp8Lib, kFp8Lib1Wg, kFp8N192, kFp8N192TwoPart, kFp8Q64TwoPart, kFp8LibAlt, kFp8N192Alt
+};
 constexpr int kStages = 4;
 constexpr int kStageBytes = 48 * 1024;  // A 128 rows x 128 B, B 256 rows x 128 B
 constexpr int kABytes = 16 * 1024;
+
+// Strict alternation of the two consumer warpgroups' wgmma groups: named barrier 1 + w means
+// "warpgroup w may issue its next group" (256 threads: its own 128 sync, the other's 128 arrive).
+// Group g of warpgroup w (g = 0 .. groups - 1) waits for the other's group g (w = 1) or g - 1 (w = 0,
+// g > 0) to have been issued, and after issuing lets the other go; the last arrive of warpgroup 1 is
+// left out so that every barrier's arrivals are consumed.
+__device__ __forceinline__ void alt_wait(int wg, int g) {
+  if (wg == 1 || g > 0) named_barrier_sync(1 + wg, 256);
+}
+__device__ __forceinline__ void alt_release(int wg, int g, int groups) {
+  if (wg == 0 || g + 1 < groups) asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + (1 - wg)), "r"(256) : "memory");
+}
 
 template <int kV>
 __global__ void __launch_bounds__(256, 1) promotion_bench(int k_tiles, float* out) {
@@ -128,16 +149,18 @@ __global__ void __launch_bounds__(256, 1) promotion_bench(int k_tiles, float* ou
       wgmma_commit();
       wgmma_wait<1>();
       fence_registers(acc);
-    } else if constexpr (kV == kFp8Lib || kV == kFp8Lib1Wg) {
+    } else if constexpr (kV == kFp8Lib || kV == kFp8Lib1Wg || kV == kFp8LibAlt) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         float part[64];
+        if constexpr (kV == kFp8LibAlt) alt_wait(wg, 2 * kt + h);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
           wgmma_m64n128k32_e4m3(part, smem_desc(a + kk * 32, 16, 1024),
                                 smem_desc(b + h * 128 * 128 + kk * 32, 16, 1024), kk > 0);
         wgmma_commit();
+        if constexpr (kV == kFp8LibAlt) alt_release(wg, 2 * kt + h, 2 * k_tiles);
         wgmma_wait<0>();
         fence_registers(part);
         const float s[2][2] = {{sa0 * sb0, sa0 * sb1}, {sa1 * sb0, sa1 * sb1}};
@@ -187,13 +210,15 @@ __global__ void __launch_bounds__(256, 1) promotion_bench(int k_tiles, float* ou
           for (int j = 0; j < 32; ++j) acc[32 * prev + j] += r[j] * s[(j >> 1) & 1][prev >> 1];
         }
       }
-    } else {  // kFp8N192
+    } else {  // kFp8N192, kFp8N192Alt
       float part[96];
+      if constexpr (kV == kFp8N192Alt) alt_wait(wg, kt);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
         wgmma_m64n192k32_e4m3(part, smem_desc(a + kk * 32, 16, 1024), smem_desc(b + kk * 32, 16, 1024), kk > 0);
       wgmma_commit();
+      if constexpr (kV == kFp8N192Alt) alt_release(wg, kt, k_tiles);
       wgmma_wait<0>();
       fence_registers(part);
       const float s0 = sa0 * sb0, s1 = sa1 * sb0;
@@ -233,6 +258,8 @@ int main(int argc, char** argv) {
       {"fp8-n192", promotion_bench<kFp8N192>, 128.0 * 192 * 128 * 2},
       {"fp8-n192-2part", promotion_bench<kFp8N192TwoPart>, 128.0 * 192 * 128 * 2},
       {"fp8-q64-2part", promotion_bench<kFp8Q64TwoPart>, 128.0 * 256 * 128 * 2},
+      {"fp8-lib-alt", promotion_bench<kFp8LibAlt>, 128.0 * 256 * 128 * 2},
+      {"fp8-n192-alt", promotion_bench<kFp8N192Alt>, 128.0 * 192 * 128 * 2},
   };
   float* out;
   CHECK(cudaMalloc(&out, sizeof(float) * sms * 256));
