@@ -54,11 +54,12 @@ gemm_rounds() {
 # ncu_ms NAME BIN ARGS...: one launch of the gather kernel by $B/BIN (leanmoe_bench_gemms ARGS, after a
 # warm-up launch) under ncu at base clocks: its gpu__time_duration into S as "ncu NAME ...", the log
 # into L/ncu_NAME.txt. Fixed clocks and no power cap: about 1% run to run, against the steady
-# state's 2-5% (docs/kernels.md "Where dW1's time goes").
+# state's 2-5% (docs/kernels.md "Where dW1's time goes"). NCU_KERNEL=GemmUniversal times CUTLASS's
+# kernel (down, dx) instead.
 ncu_ms() {
   local name=$1 bin=$2
   shift 2
-  timeout "$(cap 30)" ncu --metrics gpu__time_duration.sum -k regex:gather_grouped_gemm --launch-skip 1 -c 1 \
+  timeout "$(cap 40)" ncu --metrics gpu__time_duration.sum -k "regex:${NCU_KERNEL:-gather_grouped_gemm}" --launch-skip 1 -c 1 \
     "$B/$bin" "$@" --iters 1 --warmup 1 > "$L/ncu_$name.txt" 2>&1
   say "ncu $name rc=$? $(grep -E 'gpu__time_duration' "$L/ncu_$name.txt" | awk '{print $(NF-1), $NF}') (t=$SECONDS)"
 }

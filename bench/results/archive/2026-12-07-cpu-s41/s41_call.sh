@@ -22,13 +22,7 @@ for r in 120B-n2048 30B-n1024 7B-n256; do
   done
 done
 P=cutlass:pingpong:128x192:auto
-cncu() {  # NAME BIN ARGS...: one launch of the CUTLASS kernel under ncu (as ncu_ms, for down / dx)
-  local name=$1 bin=$2
-  shift 2
-  timeout "$(cap 40)" ncu --metrics gpu__time_duration.sum -k regex:GemmUniversal --launch-skip 1 -c 1 \
-    "$B/$bin" "$@" --iters 1 --warmup 1 > "$L/ncu_$name.txt" 2>&1
-  say "ncu $name rc=$? $(grep -E 'gpu__time_duration' "$L/ncu_$name.txt" | awk '{print $(NF-1), $NF}') (t=$SECONDS)"
-}
+cncu() { NCU_KERNEL=GemmUniversal ncu_ms "$@"; }  # CUTLASS's down / dx
 for r in 7B-n256 1.4B-n256 1.4B-n512 7B-n1024 30B-n1024 120B-n2048; do
   for g in down dx; do
     cncu "${r}_${g}_static" c1 --shape $r --layout hf --gemms $g
