@@ -107,7 +107,7 @@ __device__ __forceinline__ void alt_wait(int wg, int g) {
   if (wg == 1 || g > 0) named_barrier_sync(1 + wg, 256);
 }
 __device__ __forceinline__ void alt_release(int wg, int g, int groups) {
-  if (wg == 0 || g + 1 < groups) asm volatile("bar.arrive %0, %1;\n" ::"r"(1 + (1 - wg)), "r"(256) : "memory");
+  if (wg == 0 || g + 1 < groups) named_barrier_arrive(1 + (1 - wg), 256);
 }
 
 template <int kV>

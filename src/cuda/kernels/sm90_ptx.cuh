@@ -169,6 +169,10 @@ __device__ __forceinline__ void bulk_wait_group_all() { asm volatile("cp.async.b
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// Arrive on named barrier `id` without waiting (the signalling side of an ordered sequence).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 // barrier.cluster arrive + wait of every thread of both CTAs (release / acquire at cluster scope);
 // the non-.aligned form, so that it is also safe after divergent code.
 __device__ __forceinline__ void cluster_sync_all() {
