@@ -1,0 +1,99 @@
+"""How close issue 17's bars sit to the physical floor of the layer: a model, not a measurement.
+
+Per grid row and step of the layer, the larger of its tensor-core time (GEMM FLOPs at --peak, the
+dense bf16 GEMM rate measured on the H200: 785-795 TFLOP/s) and its compulsory DRAM time (each
+operand read once, each output written once, at --dram TB/s): the "step floor". A step cannot run
+faster than its floor; the layer's floor is their sum (steps one after another, as the forward runs;
+the backward's side streams overlap a little of it, which --overlapped bounds instead by
+max(all FLOPs / peak, all bytes / dram)). The compulsory bytes count X and dO once (their K gathered
+copies come from L2 at best) and nothing of the router, top-K or the metadata passes (tens of us).
+
+Steps (SPEC.md section 3-4; R = T*K routed rows, W = 2n gated): forward up (X[tok]·W1ᵀ -> H, A),
+down (A·W2ᵀ -> Y), gather-sum (Y -> out); backward dH (dO[tok]·W2, H -> dH, A'), dW2 (dO[tok]ᵀ·A'),
+dx (dH·W1 -> dX_exp), dW1 (dHᵀ·X[tok]), dx gather-sum.
+
+Against the measured graph replays of bench/results/latest.md (its "Against SonicMoE as CUDA-graph
+replays" table) it prints, per row and direction, floor / time for leanmoe, SonicMoE and the bar
+(SonicMoE's time / 1.10): the share of the floor each reaches, 1.0 being the floor itself.
+
+    python3 dev/layer_floor.py [--peak 790] [--dram 3.0] [--latest bench/results/latest.md]
+"""
+import argparse
+import os
+import re
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+BYTES = 2  # bf16
+
+
+def grid_shapes():
+    """name -> (T, d, n, E, K) from tools/configs.cpp's grid (the one definition of the grid)."""
+    text = open(os.path.join(ROOT, "tools", "configs.cpp")).read()
+    pattern = r'\{"([^"]+)",\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+),\s*(\d+)\}'
+    return {m[0]: tuple(int(v) for v in m[1:]) for m in re.findall(pattern, text)}
+
+
+def graph_times(latest):
+    """name -> (leanmoe fwd, bwd, SonicMoE fwd, bwd) in ms from latest.md's graph-replay table."""
+    times, in_table = {}, False
+    for line in open(latest):
+        if line.startswith("## "):
+            in_table = "CUDA-graph replays" in line and "SonicMoE" in line and "FP8" not in line
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if in_table and len(cells) >= 9 and re.match(r"^[\d.]+$", cells[1] or "x"):
+            times[cells[0]] = (float(cells[1]), float(cells[2]), float(cells[5]), float(cells[6]))
+    return times
+
+
+def steps(T, d, n, E, K):
+    """(name, FLOPs, compulsory bytes) per step, forward then backward."""
+    R, W = T * K, 2 * n
+    forward = [
+        ("up", 2 * R * d * W, (T * d + E * W * d + R * W + R * n) * BYTES),
+        ("down", 2 * R * n * d, (R * n + E * d * n + R * d) * BYTES),
+        ("gather-sum", 0, (R * d + T * d) * BYTES),
+    ]
+    backward = [
+        ("dH", 2 * R * d * n, (T * d + E * d * n + 2 * R * W + R * n) * BYTES),
+        ("dW2", 2 * R * d * n, (T * d + R * n + E * d * n) * BYTES),
+        ("dx", 2 * R * W * d, (R * W + E * W * d + R * d) * BYTES),
+        ("dW1", 2 * R * W * d, (R * W + T * d + E * W * d) * BYTES),
+        ("dx gather-sum", 0, (R * d + T * d) * BYTES),
+    ]
+    return forward, backward
+
+
+def floor_ms(step_list, peak, dram, overlapped):
+    if overlapped:
+        return 1e3 * max(sum(f for _, f, _ in step_list) / peak, sum(b for _, _, b in step_list) / dram)
+    return 1e3 * sum(max(f / peak, b / dram) for _, f, b in step_list)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--peak", type=float, default=790.0, help="dense bf16 GEMM TFLOP/s (default 790)")
+    ap.add_argument("--dram", type=float, default=3.0, help="achievable DRAM TB/s (default 3.0: ~90%% of the H100's 3.35)")
+    ap.add_argument("--latest", default=os.path.join(ROOT, "bench", "results", "latest.md"))
+    ap.add_argument("--overlapped", action="store_true", help="floor = max(FLOPs/peak, bytes/dram) over a direction")
+    ap.add_argument("--bar", type=float, default=1.10, help="issue 17's ratio over SonicMoE (default 1.10)")
+    args = ap.parse_args()
+    peak, dram = args.peak * 1e12, args.dram * 1e12
+    shapes, times = grid_shapes(), graph_times(args.latest)
+    print(f"floor: {'overlapped' if args.overlapped else 'per step, summed'}; peak {args.peak:g} TFLOP/s, DRAM {args.dram:g} TB/s; "
+          f"times: {os.path.relpath(args.latest, ROOT)} (graph replays)")
+    print("| row | dir | floor ms | leanmoe ms | SonicMoE ms | bar ms | floor/leanmoe | floor/SonicMoE | floor/bar |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, (lf, lb, sf, sb) in times.items():
+        if name not in shapes:
+            continue
+        forward, backward = steps(*shapes[name])
+        for direction, step_list, ours, theirs in (("fwd", forward, lf, sf), ("bwd", backward, lb, sb)):
+            fl = floor_ms(step_list, peak, dram, args.overlapped)
+            bar = theirs / args.bar
+            print(f"| {name} | {direction} | {fl:.3f} | {ours:.3f} | {theirs:.3f} | {bar:.3f} | "
+                  f"{fl / ours:.2f} | {fl / theirs:.2f} | {fl / bar:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
