@@ -16,7 +16,14 @@ Against the measured graph replays of bench/results/latest.md (its "Against Soni
 replays" table) it prints, per row and direction, floor / time for leanmoe, SonicMoE and the bar
 (SonicMoE's time / 1.10): the share of the floor each reaches, 1.0 being the floor itself.
 
+With --fp8 (issue 16's bar, FP8 fwd + bwd >= 1.5x leanmoe bf16): the FLOP floor alone (DRAM is
+3-5% of the large rows' floors) with up, down, dH and dX at --fp8-rate of twice --peak (0.71: the
+128-deep promotion's ceiling, docs/kernels.md "What caps FP8") and dW1 / dW2 at --peak (bf16, as the
+library runs them) or, with --fp8-dw, at the FP8 rate too; against latest.md's FP8 table: floor /
+FP8 time, and floor / the bar's time (bf16 fwd + bwd / 1.5).
+
     python3 dev/layer_floor.py [--peak 790] [--dram 3.0] [--latest bench/results/latest.md]
+    python3 dev/layer_floor.py --fp8 [--fp8-dw] [--fp8-rate 0.71]
 """
 import argparse
 import os
@@ -46,6 +53,19 @@ def graph_times(latest):
     return times
 
 
+def fp8_times(latest):
+    """name -> (FP8 fwd, bwd, bf16 fwd, bwd) in ms from latest.md's FP8 table (rows with numbers)."""
+    times, in_table = {}, False
+    for line in open(latest):
+        if line.startswith("## "):
+            in_table = "FP8" in line
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if in_table and len(cells) >= 10 and all(re.match(r"^[\d.]+$", c) for c in cells[3:5] + cells[8:10]):
+            times[cells[0]] = (float(cells[3]), float(cells[4]), float(cells[8]), float(cells[9]))
+    return times
+
+
 def steps(T, d, n, E, K):
     """(name, FLOPs, compulsory bytes) per step, forward then backward."""
     R, W = T * K, 2 * n
@@ -70,6 +90,15 @@ def floor_ms(step_list, peak, dram, overlapped):
     return 1e3 * sum(max(f / peak, b / dram) for _, f, b in step_list)
 
 
+def fp8_floor_ms(T, d, n, E, K, peak, fp8_rate, fp8_dw):
+    """FLOP floor of FP8 forward + backward: the FP8 GEMMs (up, down, dH, dX) at fp8_rate · 2 · peak,
+    dW1 / dW2 at peak, or at the FP8 rate with fp8_dw."""
+    forward, backward = steps(T, d, n, E, K)
+    fp8 = fp8_rate * 2 * peak
+    return 1e3 * sum(f / (fp8 if name in ("up", "down", "dH", "dx") or fp8_dw else peak)
+                     for name, f, _ in forward + backward)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--peak", type=float, default=790.0, help="dense bf16 GEMM TFLOP/s (default 790)")
@@ -77,8 +106,22 @@ def main():
     ap.add_argument("--latest", default=os.path.join(ROOT, "bench", "results", "latest.md"))
     ap.add_argument("--overlapped", action="store_true", help="floor = max(FLOPs/peak, bytes/dram) over a direction")
     ap.add_argument("--bar", type=float, default=1.10, help="issue 17's ratio over SonicMoE (default 1.10)")
+    ap.add_argument("--fp8", action="store_true", help="issue 16's bar against an FP8 FLOP floor")
+    ap.add_argument("--fp8-rate", type=float, default=0.71, help="FP8 GEMMs' share of twice --peak (default 0.71)")
+    ap.add_argument("--fp8-dw", action="store_true", help="with --fp8: dW1 / dW2 at the FP8 rate too")
     args = ap.parse_args()
     peak, dram = args.peak * 1e12, args.dram * 1e12
+    if args.fp8:
+        shapes = grid_shapes()
+        print(f"FP8 FLOP floor: up, down, dH, dX at {args.fp8_rate:g} x 2 x {args.peak:g} TFLOP/s, dW1 / dW2 at "
+              f"{'the same' if args.fp8_dw else f'{args.peak:g}'}; bar = bf16 fwd+bwd / 1.5")
+        print("| row | floor ms | FP8 fwd+bwd ms | bar ms | floor/FP8 | floor/bar |")
+        print("|---|---|---|---|---|---|")
+        for name, (ff, fb, bf, bb) in fp8_times(args.latest).items():
+            fl = fp8_floor_ms(*shapes[name], peak, args.fp8_rate, args.fp8_dw)
+            bar = (bf + bb) / 1.5
+            print(f"| {name} | {fl:.2f} | {ff + fb:.2f} | {bar:.2f} | {fl / (ff + fb):.2f} | {fl / bar:.2f} |")
+        return
     shapes, times = grid_shapes(), graph_times(args.latest)
     print(f"floor: {'overlapped' if args.overlapped else 'per step, summed'}; peak {args.peak:g} TFLOP/s, DRAM {args.dram:g} TB/s; "
           f"times: {os.path.relpath(args.latest, ROOT)} (graph replays)")

@@ -21,9 +21,10 @@ LATEST = """# summary
 
 ## leanmoe FP8 beside leanmoe bf16 and SonicMoE bf16 (issue 16; CUDA-graph replays)
 
-| config | d | n | FP8 fwd ms | FP8 bwd ms | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | bf16 fwd ms |
-|---|---|---|---|---|---|---|---|---|
-| 120B-n2048 | 4096 | 2048 | 8.186 | 19.296 | 805.9 | 683.8 | 720.1 | 11.507 |
+| config | d | n | FP8 fwd ms | FP8 bwd ms | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | bf16 fwd ms | bf16 bwd ms | × bf16 fwd |
+|---|---|---|---|---|---|---|---|---|---|---|
+| 120B-n2048 | 4096 | 2048 | 8.186 | 19.296 | 805.9 | 683.8 | 720.1 | 11.507 | 23.409 | 1.41 |
+| gpt-oss-20b | 2880 | 2880 | not applicable (d or n not a multiple of 128) | - | - | - | - | - | - | - |
 
 ## Against SonicMoE, eager (host launch path included)
 
@@ -72,3 +73,18 @@ def test_table_rows_against_the_bar(tmp_path):
     floor, ours, theirs, bar = (float(c) for c in cells[2:6])
     assert abs(bar - theirs / 1.10) < 1e-3
     assert abs(float(cells[6]) - floor / ours) < 0.01 and float(cells[8]) > float(cells[7])
+
+
+def test_fp8_times_and_floor(tmp_path):
+    path = tmp_path / "latest.md"
+    path.write_text(LATEST)
+    # The FP8 table's numeric rows only (gpt-oss-20b's "not applicable" row left out).
+    assert layer_floor.fp8_times(str(path)) == {"120B-n2048": (8.186, 19.296, 11.507, 23.409)}
+    # In units u = 2·T·K·d·n FLOPs (down's): up 2u, down u, dH u, dX 2u in FP8 (6u), dW2 u and dW1 2u in
+    # bf16 unless fp8_dw (3u). At peak 1 and an FP8 rate of 0.5 (FP8 at 1 FLOP/s too) all 9u cost the
+    # same; at rate 1 the FP8 ones cost half.
+    T, d, n, E, K = 4, 128, 64, 2, 2
+    unit = 2 * T * K * d * n
+    assert abs(layer_floor.fp8_floor_ms(T, d, n, E, K, 1.0, 0.5, False) - 1e3 * 9 * unit) < 1e-6
+    assert abs(layer_floor.fp8_floor_ms(T, d, n, E, K, 1.0, 1.0, False) - 1e3 * (6 * unit / 2 + 3 * unit)) < 1e-6
+    assert abs(layer_floor.fp8_floor_ms(T, d, n, E, K, 1.0, 1.0, True) - 1e3 * 9 * unit / 2) < 1e-6
