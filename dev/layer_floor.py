@@ -24,6 +24,7 @@ FP8 time, and floor / the bar's time (bf16 fwd + bwd / 1.5).
 
     python3 dev/layer_floor.py [--peak 790] [--dram 3.0] [--latest bench/results/latest.md]
     python3 dev/layer_floor.py --fp8 [--fp8-dw] [--fp8-rate 0.71]
+    python3 dev/layer_floor.py --steps 1.4B-n256,7B-n256     # each step's floors, for per-kernel times
 """
 import argparse
 import os
@@ -106,11 +107,23 @@ def main():
     ap.add_argument("--latest", default=os.path.join(ROOT, "bench", "results", "latest.md"))
     ap.add_argument("--overlapped", action="store_true", help="floor = max(FLOPs/peak, bytes/dram) over a direction")
     ap.add_argument("--bar", type=float, default=1.10, help="issue 17's ratio over SonicMoE (default 1.10)")
+    ap.add_argument("--steps", help="comma-separated grid rows: each step's FLOP and DRAM floors in us instead")
     ap.add_argument("--fp8", action="store_true", help="issue 16's bar against an FP8 FLOP floor")
     ap.add_argument("--fp8-rate", type=float, default=0.71, help="FP8 GEMMs' share of twice --peak (default 0.71)")
     ap.add_argument("--fp8-dw", action="store_true", help="with --fp8: dW1 / dW2 at the FP8 rate too")
     args = ap.parse_args()
     peak, dram = args.peak * 1e12, args.dram * 1e12
+    if args.steps:
+        shapes = grid_shapes()
+        print(f"per step: tensor-core time at {args.peak:g} TFLOP/s, DRAM time at {args.dram:g} TB/s, floor = the larger (us)")
+        print("| row | step | FLOP us | DRAM us | DRAM GB | floor us |")
+        print("|---|---|---|---|---|---|")
+        for name in args.steps.split(","):
+            forward, backward = steps(*shapes[name])
+            for step, f, b in forward + backward:
+                print(f"| {name} | {step} | {1e6 * f / peak:.0f} | {1e6 * b / dram:.0f} | {b / 1e9:.2f} | "
+                      f"{1e6 * max(f / peak, b / dram):.0f} |")
+        return
     if args.fp8:
         shapes = grid_shapes()
         print(f"FP8 FLOP floor: up, down, dH, dX at {args.fp8_rate:g} x 2 x {args.peak:g} TFLOP/s, dW1 / dW2 at "

@@ -88,3 +88,13 @@ def test_fp8_times_and_floor(tmp_path):
     assert abs(layer_floor.fp8_floor_ms(T, d, n, E, K, 1.0, 0.5, False) - 1e3 * 9 * unit) < 1e-6
     assert abs(layer_floor.fp8_floor_ms(T, d, n, E, K, 1.0, 1.0, False) - 1e3 * (6 * unit / 2 + 3 * unit)) < 1e-6
     assert abs(layer_floor.fp8_floor_ms(T, d, n, E, K, 1.0, 1.0, True) - 1e3 * 9 * unit / 2) < 1e-6
+
+
+def test_steps_print_each_step_floor_as_the_larger_time():
+    out = subprocess.run([sys.executable, SCRIPT, "--steps", "7B-n256"], capture_output=True, text=True, check=True)
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.stdout.splitlines()
+            if line.startswith("| 7B-n256")]
+    assert [r[1] for r in rows] == ["up", "down", "gather-sum", "dH", "dW2", "dx", "dW1", "dx gather-sum"]
+    for r in rows:
+        assert float(r[5]) == max(float(r[2]), float(r[3]))
+    assert float(rows[2][2]) == 0  # the gather-sum has no GEMM FLOPs
