@@ -20,20 +20,12 @@
 #include "../src/cuda/kernels/optim_update.cuh"
 #include "../src/cuda/launchers.h"
 #include "leanmoe/optim.h"
+#include "dev_cuda_check.h"
 
 using namespace leanmoe;
 using namespace leanmoe::optim;
 
 namespace {
-
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 template <class F>
 double median_ms(int reps, F&& f) {

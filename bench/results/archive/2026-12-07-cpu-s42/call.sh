@@ -4,6 +4,8 @@
 # folder's patches (all). Most decisive first:
 # 1. dev/fp8_promotion_bench.cu: the FP8 promotion with the two consumer warpgroups' wgmma groups in
 #    strict alternation (fp8-lib-alt, fp8-n192-alt) beside s17's variants (seconds).
+#    dev/epilogue_overlap_bench.cu: a tile's epilogue under the warpgroup's next tile's wgmmas (two
+#    64-register accumulator sets) against the cooperative order (seconds).
 # 2. The chunked counter's correctness: down / dx with `:dyn` bitwise equal to the static kernel's
 #    (ExpertGemms.CutlassDynamicTilesMatchStatic, now with tma64 1x2 too) before any of its timings.
 # 3. FP8 up / dH, main against fp8alt.patch (the same alternation in the library's FP8 mainloop),
@@ -18,10 +20,12 @@
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/device_call.sh
-unpack fp8p=.carry/s42/fp8p.xz c1=.carry/s42/bg_c1.xz all=.carry/s42/bg_all.xz gt=.carry/s42/gt_all.xz
+unpack fp8p=.carry/s42/fp8p.xz eob=.carry/s42/eob.xz c1=.carry/s42/bg_c1.xz all=.carry/s42/bg_all.xz gt=.carry/s42/gt_all.xz
 header .carry/s42/commit
 timeout "$(cap 60)" "$B/fp8p" 20000 > "$L/fp8_promotion.txt" 2>&1
 say "fp8_promotion rc=$? (t=$SECONDS)"; grep -E '^\|' "$L/fp8_promotion.txt" | tee -a "$S"
+timeout "$(cap 60)" "$B/eob" 2000 > "$L/epilogue_overlap.txt" 2>&1
+say "epilogue_overlap rc=$? (t=$SECONDS)"; grep -E '^\|' "$L/epilogue_overlap.txt" | tee -a "$S"
 gpu_tests 'ExpertGemms.CutlassDynamicTilesMatchStatic'
 for r in 120B-n2048 30B-n1024 7B-n256; do
   for g in up dh; do

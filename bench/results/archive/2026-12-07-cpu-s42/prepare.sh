@@ -7,7 +7,8 @@
 #         forward's orchestration, off unless `--fwd-overlap G[:S]`), so one build serves the three
 #         A/Bs: its down / dx with `:dyn` are the chunks of 4, its FP8 up / dH the alternation, its
 #         forward with --fwd-overlap the expert groups, and everything else is main's.
-# Into .carry/s42 (call.sh; 36 MB): fp8p (dev/fp8_promotion_bench.cu), bg_c1 / bg_all
+# Into .carry/s42 (call.sh; 36 MB): fp8p (dev/fp8_promotion_bench.cu), eob
+# (dev/epilogue_overlap_bench.cu), bg_c1 / bg_all
 # (leanmoe_bench_gemms), gt_all (leanmoe_gpu_tests), commit. Into .carry/s42_layer (24 MB;
 # layer_call.sh and fwd_call.sh): leanmoe_main / leanmoe_all (the CLI), commit.
 # Usage: bash bench/results/archive/2026-12-07-cpu-s42/prepare.sh   (ccache is used when installed)
@@ -47,8 +48,9 @@ build all chunk.patch fp8alt.patch fwdgroups.patch
 pack /tmp/leanmoe-s42-all/build-device/leanmoe_bench_gemms .carry/s42/bg_all.xz
 pack /tmp/leanmoe-s42-all/build-device/tests/leanmoe_gpu_tests .carry/s42/gt_all.xz
 pack /tmp/leanmoe-s42-all/build-device/leanmoe .carry/s42_layer/leanmoe_all.xz
-ninja -C /tmp/leanmoe-s42-main/build-device leanmoe_dev_fp8_promotion
+ninja -C /tmp/leanmoe-s42-main/build-device leanmoe_dev_fp8_promotion leanmoe_dev_epilogue_overlap
 pack /tmp/leanmoe-s42-main/build-device/leanmoe_dev_fp8_promotion .carry/s42/fp8p.xz
+pack /tmp/leanmoe-s42-main/build-device/leanmoe_dev_epilogue_overlap .carry/s42/eob.xz
 for d in .carry/s42 .carry/s42_layer; do
   echo "main $head; all = $head + chunk.patch + fp8alt.patch + fwdgroups.patch (bench/results/archive/2026-12-07-cpu-s42)" > "$d/commit"
 done
