@@ -41,30 +41,32 @@ def grid_shapes():
     return {m[0]: tuple(int(v) for v in m[1:]) for m in re.findall(pattern, text)}
 
 
-def graph_times(latest):
-    """name -> (leanmoe fwd, bwd, SonicMoE fwd, bwd) in ms from latest.md's graph-replay table."""
-    times, in_table = {}, False
+def table_rows(latest, section):
+    """The cells of every table row under the latest.md sections whose heading section(heading) accepts."""
+    in_section = False
     for line in open(latest):
         if line.startswith("## "):
-            in_table = "CUDA-graph replays" in line and "SonicMoE" in line and "FP8" not in line
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if in_table and len(cells) >= 9 and re.match(r"^[\d.]+$", cells[1] or "x"):
-            times[cells[0]] = (float(cells[1]), float(cells[2]), float(cells[5]), float(cells[6]))
-    return times
+            in_section = section(line)
+        elif in_section and line.startswith("|"):
+            yield [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def is_number(cell):
+    return re.match(r"^[\d.]+$", cell) is not None
+
+
+def graph_times(latest):
+    """name -> (leanmoe fwd, bwd, SonicMoE fwd, bwd) in ms from latest.md's graph-replay table."""
+    section = lambda h: "CUDA-graph replays" in h and "SonicMoE" in h and "FP8" not in h
+    return {c[0]: (float(c[1]), float(c[2]), float(c[5]), float(c[6]))
+            for c in table_rows(latest, section) if len(c) >= 9 and is_number(c[1])}
 
 
 def fp8_times(latest):
     """name -> (FP8 fwd, bwd, bf16 fwd, bwd) in ms from latest.md's FP8 table (rows with numbers)."""
-    times, in_table = {}, False
-    for line in open(latest):
-        if line.startswith("## "):
-            in_table = "FP8" in line
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if in_table and len(cells) >= 10 and all(re.match(r"^[\d.]+$", c) for c in cells[3:5] + cells[8:10]):
-            times[cells[0]] = (float(cells[3]), float(cells[4]), float(cells[8]), float(cells[9]))
-    return times
+    return {c[0]: (float(c[3]), float(c[4]), float(c[8]), float(c[9]))
+            for c in table_rows(latest, lambda h: "FP8" in h)
+            if len(c) >= 10 and all(is_number(x) for x in c[3:5] + c[8:10])}
 
 
 def steps(T, d, n, E, K):
