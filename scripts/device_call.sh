@@ -3,7 +3,7 @@
 # (FINAL/summary.txt, emptied), B and L (fresh folders for the unpacked binaries and the logs; the
 # logs go back as FINAL/logs.tar.gz at exit); defines say (echo, also into S), cap N (N seconds, or
 # what is left of BUDGET, default 560, at least 5), unpack NAME=FILE.xz ... (binaries into B),
-# gpu_tests, gemm_rounds, ncu_ms, digest, layer_rounds and trace_summaries (below); then sources
+# gpu_tests, dev_bench, gemm_rounds, ncu_ms, digest, layer_rounds and trace_summaries (below); then sources
 # scripts/device_env.sh.
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"; S=$FINAL/summary.txt; : > "$S"
 B="$(mktemp -d)"; L="$(mktemp -d)"
@@ -31,6 +31,14 @@ gpu_tests() {
   say "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$L/memcheck_$n.log" | tail -1) (t=$SECONDS)"
   timeout "$(cap 90)" compute-sanitizer --tool racecheck "$B/gt" --gtest_filter="$2" > "$L/racecheck_$n.log" 2>&1
   say "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$L/racecheck_$n.log" | tail -1) (t=$SECONDS)"
+}
+# dev_bench NAME BIN ARGS...: a dev/ bench $B/BIN ARGS (at most 60 s), its output into L/NAME.txt, its rc
+# and its table rows into S.
+dev_bench() {
+  local name=$1 bin=$2
+  shift 2
+  timeout "$(cap 60)" "$B/$bin" "$@" > "$L/$name.txt" 2>&1
+  say "$name rc=$? (t=$SECONDS)"; grep -E '^\|' "$L/$name.txt" | tee -a "$S"
 }
 # gemm_rounds ROUNDS NAME ARGS...: $B/bg (leanmoe_bench_gemms) ROUNDS times with ARGS, each round's
 # rows into S and its output into L/NAME_rR.txt; in even rounds the --config list is reversed, so each

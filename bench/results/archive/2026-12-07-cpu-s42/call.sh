@@ -22,10 +22,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/device_call.sh
 unpack fp8p=.carry/s42/fp8p.xz eob=.carry/s42/eob.xz c1=.carry/s42/bg_c1.xz all=.carry/s42/bg_all.xz gt=.carry/s42/gt_all.xz
 header .carry/s42/commit
-timeout "$(cap 60)" "$B/fp8p" 20000 > "$L/fp8_promotion.txt" 2>&1
-say "fp8_promotion rc=$? (t=$SECONDS)"; grep -E '^\|' "$L/fp8_promotion.txt" | tee -a "$S"
-timeout "$(cap 60)" "$B/eob" 2000 > "$L/epilogue_overlap.txt" 2>&1
-say "epilogue_overlap rc=$? (t=$SECONDS)"; grep -E '^\|' "$L/epilogue_overlap.txt" | tee -a "$S"
+dev_bench fp8_promotion fp8p 20000
+dev_bench epilogue_overlap eob 2000
 gpu_tests 'ExpertGemms.CutlassDynamicTilesMatchStatic'
 for r in 120B-n2048 30B-n1024 7B-n256; do
   for g in up dh; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 43: one call in place of s42's three (2026-12-07-cpu-s42: call.sh, fwd_call.sh,
-# layer_call.sh), because each refused start cost 180 s of the device budget this session. The
+# layer_call.sh), because refused starts cost 90 s (H100) or 180 s (H200) of the device budget. The
 # binaries are s42's prepare.sh's (main 4945a4d, and "all" = main + chunk.patch + fp8alt.patch +
 # fwdgroups.patch). Most decisive first:
 # 1. the dev benches (seconds): FP8 promotion with the warpgroups' wgmma groups alternating; a
@@ -19,10 +19,8 @@ source scripts/device_call.sh
 unpack fp8p=.carry/s42/fp8p.xz eob=.carry/s42/eob.xz c1=.carry/s42/bg_c1.xz all=.carry/s42/bg_all.xz \
   gt=.carry/s42/gt_all.xz leanmoe=.carry/s42_layer/leanmoe_all.xz
 header .carry/s42/commit
-timeout "$(cap 60)" "$B/fp8p" 20000 > "$L/fp8_promotion.txt" 2>&1
-say "fp8_promotion rc=$? (t=$SECONDS)"; grep -E '^\|' "$L/fp8_promotion.txt" | tee -a "$S"
-timeout "$(cap 60)" "$B/eob" 2000 > "$L/epilogue_overlap.txt" 2>&1
-say "epilogue_overlap rc=$? (t=$SECONDS)"; grep -E '^\|' "$L/epilogue_overlap.txt" | tee -a "$S"
+dev_bench fp8_promotion fp8p 20000
+dev_bench epilogue_overlap eob 2000
 gpu_tests 'ForwardOverlap.*:ExpertGemms.CutlassDynamicTilesMatchStatic'
 declare -A V
 V[off]=""
