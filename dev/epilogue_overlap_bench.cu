@@ -33,15 +33,14 @@
 #include "dev/dev_cuda_check.h"
 
 using namespace leanmoe::cuda::kernels::sm90;
+using leanmoe::cuda::kernels::ActConstants;
+using leanmoe::cuda::kernels::SwiGLU;
 
 enum Variant { kCoopNoEpi, kCoop, kDbNoEpi, kDb };
 constexpr int kK = 12;                  // k-tiles per tile
 constexpr int kStages = 4;              // resident "stages" the k-tiles cycle through
 constexpr int kStageBytes = 48 * 1024;  // A 128 rows x 128 B, B 256 rows x 128 B
 constexpr int kABytes = 16 * 1024;
-
-using leanmoe::cuda::kernels::ActConstants;
-using leanmoe::cuda::kernels::SwiGLU;
 
 // Up's epilogue for (gate, up) register pairs [j0, j1) of a slice whose gate half is registers
 // [0, kHalf) and up half [kHalf, 2 kHalf) (m64nN's layout: register j is column 8 (j / 4) +
