@@ -3,7 +3,7 @@
 # (FINAL/summary.txt, emptied), B and L (fresh folders for the unpacked binaries and the logs; the
 # logs go back as FINAL/logs.tar.gz at exit); defines say (echo, also into S), cap N (N seconds, or
 # what is left of BUDGET, default 560, at least 5), unpack NAME=FILE.xz ... (binaries into B),
-# gpu_tests, dev_bench, gemm_rounds, ncu_ms, digest, layer_rounds and trace_summaries (below); then sources
+# gpu_tests, dev_bench, gemm_rounds, ncu_ms, ncu_sections, digest, layer_rounds and trace_summaries (below); then sources
 # scripts/device_env.sh.
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"; S=$FINAL/summary.txt; : > "$S"
 B="$(mktemp -d)"; L="$(mktemp -d)"
@@ -70,6 +70,18 @@ ncu_ms() {
   timeout "$(cap 40)" ncu --metrics gpu__time_duration.sum -k "regex:${NCU_KERNEL:-gather_grouped_gemm}" --launch-skip 1 -c 1 \
     "$B/$bin" "$@" --iters 1 --warmup 1 > "$L/ncu_$name.txt" 2>&1
   say "ncu $name rc=$? $(grep -E 'gpu__time_duration' "$L/ncu_$name.txt" | awk '{print $(NF-1), $NF}') (t=$SECONDS)"
+}
+# ncu_sections NAME BIN ARGS...: as ncu_ms, with ncu's speed-of-light, warp-state, scheduler and
+# memory-workload sections (where a kernel's time goes: issue slots, stall reasons, DRAM and L2
+# throughput); the report into L/ncu_sections_NAME.txt, its duration, issue and throughput lines into S.
+ncu_sections() {
+  local name=$1 bin=$2
+  shift 2
+  timeout "$(cap 90)" ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+    --section MemoryWorkloadAnalysis -k "regex:${NCU_KERNEL:-gather_grouped_gemm}" --launch-skip 1 -c 1 \
+    "$B/$bin" "$@" --iters 1 --warmup 1 > "$L/ncu_sections_$name.txt" 2>&1
+  say "ncu_sections $name rc=$? $(grep -E '^ +(Duration|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Throughput|Issued Warp Per Scheduler|No Eligible|Warp Cycles Per Issued Instruction) ' \
+    "$L/ncu_sections_$name.txt" | sed 's/  */ /g' | tr '\n' ';') (t=$SECONDS)"
 }
 # digest NAME BIN ARGS...: $B/BIN (leanmoe_bench_gemms) ARGS --digest; into S the md5 of its rows'
 # shape, layout, kind and output-digest columns (not the configuration's text, so that two

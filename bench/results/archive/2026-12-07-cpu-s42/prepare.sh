@@ -17,27 +17,16 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../../.." && pwd)"
 cd "$root"
 bash scripts/install-deps.sh
-cutlass="$(python3 -c 'import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))')/source"
-launcher=()
-command -v ccache > /dev/null && launcher=(-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 head="$(git rev-parse --short HEAD)"
 mkdir -p .carry/s42 .carry/s42_layer
 
-# build NAME PATCH...: a detached worktree of HEAD under /tmp with the patches applied, built.
+# build NAME PATCH...: HEAD with this folder's patches applied, built in /tmp/leanmoe-s42-NAME
+# (scripts/build_patched.sh).
 build() {
-  local name=$1 wt=/tmp/leanmoe-s42-$1 p
+  local name=$1 p patches=()
   shift
-  git worktree remove --force "$wt" 2> /dev/null || rm -rf "$wt"
-  git worktree add --detach "$wt" HEAD > /dev/null
-  for p in "$@"; do git -C "$wt" apply "$here/$p"; done
-  (
-    cd "$wt"
-    export CCACHE_BASEDIR="$wt"
-    cmake -S . -B build-device -G Ninja -DCMAKE_BUILD_TYPE=Release -DLEANMOE_CUDA=ON -DLEANMOE_STATIC_BLAS=ON \
-      -DLEANMOE_CUTLASS_DIR="$cutlass" -DLEANMOE_NCCL_INCLUDE=/usr/local/cuda/include \
-      -DLEANMOE_NCCL_LIBRARY=/usr/local/cuda/lib/libnccl.so "${launcher[@]}" > /dev/null
-    ninja -C build-device leanmoe leanmoe_bench_gemms leanmoe_gpu_tests
-  )
+  for p in "$@"; do patches+=("$here/$p"); done
+  bash scripts/build_patched.sh "s42-$name" "leanmoe leanmoe_bench_gemms leanmoe_gpu_tests" "${patches[@]}"
 }
 pack() { xz -T2 -6 -c "$1" > "$2"; }
 
