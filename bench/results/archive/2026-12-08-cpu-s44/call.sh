@@ -18,8 +18,8 @@
 # 5. FP8 up / dH, main against the alternation, ncu at base clocks;
 # 6. down / dx static against the chunks of 4 on the small rows, ncu;
 # 7. where dH's and up's time goes, cooperative and ping-pong: ncu's issue, stall and memory sections
-#    (the cooperative dH at 7B-n256 is 0.45 of its floor, with neither DRAM nor the issue slots busy
-#    by the per-tile estimate: docs/kernels.md);
+#    (the cooperative dH at 7B-n256 is 0.45 of its floor; docs/kernels.md "The bars against the
+#    layer's floor" has the estimate these test);
 # 8. every compiled configuration (ping-pong among them), sanitizers on the ping-pong layer test and
 #    the grouped forward.
 # Carry [".carry/s44", ".carry/s44_layer/leanmoe_all.xz"], bench/results/archive moved out. BUDGET=540.
