@@ -3,8 +3,8 @@
 # (FINAL/summary.txt, emptied), B and L (fresh folders for the unpacked binaries and the logs; the
 # logs go back as FINAL/logs.tar.gz at exit); defines say (echo, also into S), cap N (N seconds, or
 # what is left of BUDGET, default 560, at least 5), unpack NAME=FILE.xz ... (binaries into B),
-# gpu_tests, dev_bench, gemm_rounds, ncu_ms, ncu_sections, digest, layer_rounds and trace_summaries (below); then sources
-# scripts/device_env.sh.
+# step, gpu_tests, dev_bench, gemm_rounds, ncu_ms, ncu_sections, digest, layer_rounds and trace_summaries
+# (below); then sources scripts/device_env.sh.
 FINAL="${OUT:-/tmp/leanmoe-out}"; mkdir -p "$FINAL"; S=$FINAL/summary.txt; : > "$S"
 B="$(mktemp -d)"; L="$(mktemp -d)"
 trap 'tar czf "$FINAL/logs.tar.gz" -C "$L" . 2>/dev/null' EXIT
@@ -17,6 +17,12 @@ unpack() {
 }
 # header COMMIT_FILE: the call's first summary line, what runs (the file's text) and on which GPU.
 header() { say "$(cat "$1"); $(nvidia-smi --query-gpu=name,driver_version,power.limit --format=csv,noheader)"; }
+# step N TITLE: whether step N of a call script runs (N >= FROM, default 1: a second call resumes
+# where the cap cut the first, FROM=N), saying so into S.
+step() {
+  [ "$1" -ge "${FROM:-1}" ] || return 1
+  say "step $1: $2 (t=$SECONDS)"
+}
 # gpu_tests FILTER [SANITIZED]: $B/gt (leanmoe_gpu_tests) on the gtest FILTER ('*': the whole suite), the verdict and any
 # failures into S; then memcheck and racecheck on the tests SANITIZED names. Logs into L (L/gpu_tests_N.log
 # for the N-th call).

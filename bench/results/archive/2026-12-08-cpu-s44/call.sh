@@ -22,42 +22,61 @@
 #    layer's floor" has the estimate these test);
 # 8. every compiled configuration (ping-pong among them), sanitizers on the ping-pong layer test and
 #    the grouped forward.
-# Carry [".carry/s44", ".carry/s44_layer/leanmoe_all.xz"], bench/results/archive moved out. BUDGET=540.
+# Carry [".carry/s44", ".carry/s44_layer/leanmoe_all.xz"], bench/results/archive moved out. BUDGET=540;
+# FROM=N starts at step N (a second call for what the cap cut from the first).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source scripts/device_call.sh
 unpack fp8p=.carry/s44/fp8p.xz eob=.carry/s44/eob.xz c1=.carry/s44/bg_c1.xz all=.carry/s44/bg_all.xz \
   bg=.carry/s44/bg_all.xz gt=.carry/s44/gt_all.xz leanmoe=.carry/s44_layer/leanmoe_all.xz
 header .carry/s44/commit
-dev_bench fp8_promotion fp8p 20000
-dev_bench epilogue_overlap eob 2000
-gpu_tests 'LayerGemmConfigs.PingPongKeepsOutputsBitwise:ForwardOverlap.*:ExpertGemms.CutlassDynamicTilesMatchStatic'
 CU=gather:coop:128x256:s4:warp:c1 PU=gather:pingpong:128x128:s6:warp:c1
 CD=gather:coop:128x256:s4:warp:c2 PD=gather:pingpong:128x128:s6:warp:c2
 SMALL=1.4B-n256,1.4B-n512,7B-n256,7B-n1024
-digest coop all --shape $SMALL,olmoe-1b-7b --layout hf --gemms up,dh --config up=$CU,dh=$CD
-digest pingpong all --shape $SMALL,olmoe-1b-7b --layout hf --gemms up,dh --config up=$PU,dh=$PD
-gemm_rounds 2 updh --shape $SMALL,olmoe-1b-7b,120B-n2048 --layout hf --gemms up,dh \
-  --config up=$CU,up=$PU,dh=$CD,dh=$PD
+P=cutlass:pingpong:128x192:auto
 declare -A V
 V[off]=""
 V[g4s16]="--fwd-overlap 4:16"
 V[ppdh]="--gemm-config dh=$PD"
-layer_rounds 2 7B-n256,1.4B-n256 off g4s16 ppdh
-for r in 120B-n2048 7B-n256; do
-  for g in up dh; do
-    for b in c1 all; do ncu_ms "fp8_${r}_${g}_$b" $b --shape $r --layout hf --gemms $g --precision fp8; done
+if step 1 "dev benches"; then
+  dev_bench fp8_promotion fp8p 20000
+  dev_bench epilogue_overlap eob 2000
+fi
+if step 2 "correctness"; then
+  gpu_tests 'LayerGemmConfigs.PingPongKeepsOutputsBitwise:ForwardOverlap.*:ExpertGemms.CutlassDynamicTilesMatchStatic'
+  digest coop all --shape $SMALL,olmoe-1b-7b --layout hf --gemms up,dh --config up=$CU,dh=$CD
+  digest pingpong all --shape $SMALL,olmoe-1b-7b --layout hf --gemms up,dh --config up=$PU,dh=$PD
+fi
+if step 3 "up and dH, cooperative against ping-pong"; then
+  gemm_rounds 2 updh --shape $SMALL,olmoe-1b-7b,120B-n2048 --layout hf --gemms up,dh \
+    --config up=$CU,up=$PU,dh=$CD,dh=$PD
+fi
+if step 4 "the layer"; then layer_rounds 2 7B-n256,1.4B-n256 off g4s16 ppdh; fi
+if step 5 "FP8 alternation, ncu"; then
+  for r in 120B-n2048 7B-n256; do
+    for g in up dh; do
+      for b in c1 all; do ncu_ms "fp8_${r}_${g}_$b" $b --shape $r --layout hf --gemms $g --precision fp8; done
+    done
   done
-done
-P=cutlass:pingpong:128x192:auto
-for r in 7B-n256 1.4B-n256; do
-  for g in down dx; do
-    NCU_KERNEL=GemmUniversal ncu_ms "${r}_${g}_static" c1 --shape $r --layout hf --gemms $g
-    NCU_KERNEL=GemmUniversal ncu_ms "${r}_${g}_dyn1x2_c4" all --shape $r --layout hf --gemms $g --config $g=$P:tma:c1x2:dyn
+fi
+if step 6 "down / dx chunks, ncu"; then
+  for r in 7B-n256 1.4B-n256; do
+    for g in down dx; do
+      NCU_KERNEL=GemmUniversal ncu_ms "${r}_${g}_static" c1 --shape $r --layout hf --gemms $g
+      NCU_KERNEL=GemmUniversal ncu_ms "${r}_${g}_dyn1x2_c4" all --shape $r --layout hf --gemms $g --config $g=$P:tma:c1x2:dyn
+    done
+    NCU_KERNEL=GemmUniversal ncu_ms "${r}_down_dyn64_c4" all --shape $r --layout hf --gemms down --config down=$P:tma64:c1x2:dyn
   done
-  NCU_KERNEL=GemmUniversal ncu_ms "${r}_down_dyn64_c4" all --shape $r --layout hf --gemms down --config down=$P:tma64:c1x2:dyn
-done
-for c in $CD $PD; do ncu_sections "7B-n256_dh_$(echo $c | cut -d: -f2)" all --shape 7B-n256 --layout hf --gemms dh --config dh=$c; done
-for c in $CU $PU; do ncu_sections "1.4B-n256_up_$(echo $c | cut -d: -f2)" all --shape 1.4B-n256 --layout hf --gemms up --config up=$c; done
-gpu_tests 'ExpertGemms.EveryCompiledConfig' 'LayerGemmConfigs.PingPongKeepsOutputsBitwise:ForwardOverlap.TopKBiasesAndLayoutsBitwise'
+fi
+if step 7 "where up's and dH's time goes, ncu sections"; then
+  for c in $CD $PD; do
+    ncu_sections "7B-n256_dh_$(echo $c | cut -d: -f2)" all --shape 7B-n256 --layout hf --gemms dh --config dh=$c
+  done
+  for c in $CU $PU; do
+    ncu_sections "1.4B-n256_up_$(echo $c | cut -d: -f2)" all --shape 1.4B-n256 --layout hf --gemms up --config up=$c
+  done
+fi
+if step 8 "every compiled configuration, sanitizers"; then
+  gpu_tests 'ExpertGemms.EveryCompiledConfig' 'LayerGemmConfigs.PingPongKeepsOutputsBitwise:ForwardOverlap.TopKBiasesAndLayoutsBitwise'
+fi
 say "done t=$SECONDS"
